@@ -1,0 +1,43 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# Where no NVIDIA GPU is present the CPU torch wheel is pinned first, so no multi-GB CUDA
+# build is pulled; on a machine with CUDA torch already installed, see the README.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH_CPU := torch==2.13.0
+
+.PHONY: demo test lint bench install dev clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+		echo "NVIDIA GPU found: installing the default torch build"; \
+	else \
+		$(PIP) install -q "$(TORCH_CPU)"; \
+	fi
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.installed
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+dev: $(VENV)/.dev
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/kvbench demo --out runs/demo
+
+test: $(VENV)/.dev
+	$(PY) -m pytest -n 2
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/sim_speed.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis

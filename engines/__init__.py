@@ -1,0 +1,106 @@
+"""Engines by name: each is an allocator x a scheduler, nothing else (DESIGN.md, principle 1).
+
+| engine        | allocator                               | scheduler        |
+|---------------|-----------------------------------------|------------------|
+| static        | contiguous, max length                  | request-level    |
+| orca-max      | contiguous (buddy), max length          | iteration-level  |
+| orca-pow2     | contiguous (buddy), next power of two   | iteration-level  |
+| orca-oracle   | contiguous (buddy), exact true length   | iteration-level  |
+| paged         | blocks, block tables, ref counts        | iteration-level  |
+| paged-static  | blocks (ablation)                       | request-level    |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engines.allocator import KVAllocator
+from engines.arena import BuddyArena, FirstFitArena, SlotArena
+from engines.contiguous import (
+    ContiguousAllocator,
+    MaxReservation,
+    OracleReservation,
+    Pow2Reservation,
+    ReservationPolicy,
+)
+from engines.paged import PagedAllocator
+from engines.scheduler import IterationScheduler, RequestScheduler, Scheduler, SchedulerConfig
+from kvbench.errors import KvbenchError
+
+ARENAS: dict[str, Callable[[int], SlotArena]] = {"buddy": BuddyArena, "first-fit": FirstFitArena}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Everything an engine is built from; the same for every engine of a comparison."""
+
+    num_slots: int  # KV arena size, from the byte budget
+    max_len: int  # model maximum length: what `max` reservations take
+    block_size: int = 16  # paged engines: slots per block (vLLM's default)
+    contiguous_fit: str = "buddy"  # contiguous engines: "buddy" (the paper's Orca) or "first-fit"
+    watermark: float = 0.01  # paged engines: fraction of blocks kept free at admission
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+def _contiguous(policy: Callable[[EngineOptions], ReservationPolicy]):
+    def build(options: EngineOptions) -> KVAllocator:
+        arena = ARENAS[options.contiguous_fit](options.num_slots)
+        return ContiguousAllocator(arena, policy(options))
+
+    return build
+
+
+def _paged(options: EngineOptions) -> KVAllocator:
+    return PagedAllocator(options.num_slots, options.block_size, options.watermark)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    summary: str  # one line for --help and reports
+    allocator: Callable[[EngineOptions], KVAllocator]
+    scheduler: Callable[[KVAllocator, SchedulerConfig], Scheduler]
+
+    def build(self, options: EngineOptions) -> Scheduler:
+        return self.scheduler(self.allocator(options), options.scheduler)
+
+
+_max = _contiguous(lambda o: MaxReservation(o.max_len))
+ENGINES: dict[str, EngineSpec] = {
+    e.name: e
+    for e in (
+        EngineSpec(
+            "static",
+            "FasterTransformer-style: static batches, max-length reservations",
+            _max,
+            RequestScheduler,
+        ),
+        EngineSpec(
+            "orca-max", "Orca: continuous batching, max-length reservations", _max, IterationScheduler
+        ),
+        EngineSpec(
+            "orca-pow2",
+            "Orca: continuous batching, power-of-two reservations",
+            _contiguous(lambda o: Pow2Reservation()),
+            IterationScheduler,
+        ),
+        EngineSpec(
+            "orca-oracle",
+            "Orca: continuous batching, exact-length reservations",
+            _contiguous(lambda o: OracleReservation()),
+            IterationScheduler,
+        ),
+        EngineSpec(
+            "paged", "vLLM: continuous batching, paged blocks, preemption", _paged, IterationScheduler
+        ),
+        EngineSpec("paged-static", "ablation: paged blocks with static batches", _paged, RequestScheduler),
+    )
+}
+
+
+def get_engine(name: str) -> EngineSpec:
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise KvbenchError(f"unknown --engine {name!r}; choose one of: {', '.join(ENGINES)}") from None

@@ -1,0 +1,91 @@
+"""The allocator seam: how an engine carves the one KV arena among sequences.
+
+Every engine owns exactly one `KVAllocator` over the same `num_slots` token slots (sized once
+from the byte budget). Allocators are pure integer bookkeeping: no tensors, no device, so
+they are tested on CPU with exact slot and block ids, and the same object drives a real GPU
+run (through `addressing`) and a simulation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvbench.occupancy import Footprint, Growth
+from kvbench.requests import Request
+from kvbench.sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class Extent:
+    """A contiguous reservation: slots `[start, start + granted)`; `slot = start + pos`."""
+
+    start: int
+    asked: int  # slots the policy reserved
+    granted: int  # slots the arena handed out (>= asked)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockTable:
+    """A paged mapping: `slot = blocks[pos // block_size] * block_size + pos % block_size`."""
+
+    blocks: tuple[int, ...]
+    block_size: int
+
+
+Addressing = Extent | BlockTable
+
+
+class KVAllocator(Protocol):
+    """Contract every allocator keeps.
+
+    - A sequence is *resident* from `allocate` to `free`; only resident sequences hold slots.
+    - `allocate`/`append` are only called after the matching `can_*` returned True; a sequence
+      is then able to hold `seq.num_tokens` tokens (the next step's writes).
+    - `footprint()` totals cover resident sequences only; with `external_frag` they yield the
+      six occupancy categories, which always sum to `num_slots`.
+    - `grow` is the multi-step form of `append` used by the simulator: after
+      `growth_horizon(seqs, k) >= n`, `grow(seqs, n)` makes the allocations that `n - 1`
+      further decode steps need, in the order step-by-step appends would make them.
+    """
+
+    num_slots: int
+
+    def can_ever_hold(self, request: Request) -> bool:
+        """Whether this request could run alone in an empty arena."""
+        ...
+
+    def can_allocate(self, seq: Sequence) -> bool: ...
+
+    def allocate(self, seq: Sequence) -> None: ...
+
+    def can_append(self, seq: Sequence) -> bool: ...
+
+    def append(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Make room for `seq.num_tokens`; return `(src, dst)` block copies to perform first."""
+        ...
+
+    def free(self, seq: Sequence) -> None: ...
+
+    def growth_horizon(self, seqs: Seq[Sequence], max_steps: int) -> int:
+        """Most decode steps (<= max_steps) these sequences can run with no allocation failing."""
+        ...
+
+    def grow(self, seqs: Seq[Sequence], num_steps: int) -> Growth | None:
+        """Allocate for decode steps 1..num_steps-1 (step 0 was `append`ed)."""
+        ...
+
+    def footprint(self) -> Footprint:
+        """Totals over resident sequences, external fragmentation left at 0."""
+        ...
+
+    def external_frag(self, head: Sequence | None) -> int:
+        """Free slots unusable by `head`, the request waiting first (0 if none waits)."""
+        ...
+
+    def addressing(self, seq: Sequence) -> Addressing: ...
+
+    def check_integrity(self) -> None:
+        """Assert every internal invariant (no slot owned twice, counts consistent)."""
+        ...

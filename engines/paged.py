@@ -1,0 +1,219 @@
+"""Paged allocation (vLLM): fixed-size blocks on demand, block tables, reference counts.
+
+A sequence holds only the blocks its computed tokens need, plus at most one partly filled
+last block, so nearly every held slot stores a token. Blocks are shared by reference
+count (`fork`); writing into a shared block first copies it (copy-on-write).
+
+Free blocks sit in a FIFO queue: allocation takes from the front, and a freed sequence
+returns its blocks to the back, last block first. The order is irrelevant to occupancy
+(any free block serves any need, so paging has no external fragmentation), but fixing it
+makes block ids exact in tests, and it is the order a prefix cache wants later: a
+sequence's head blocks, the likeliest to be shared, are the last to be reused.
+
+Arena layout (block_size 4, num_slots 18 -> 4 blocks, 2 tail slots nobody can use)::
+
+    slot  0  1  2  3 | 4  5  6  7 | 8  9 10 11 |12 13 14 15 |16 17
+    block     0      |     1      |     2      |     3      | tail
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence as Seq
+
+import numpy as np
+
+from engines.allocator import BlockTable
+from kvbench.occupancy import Footprint, Growth
+from kvbench.requests import Request
+from kvbench.sequence import Sequence
+
+
+class PagedAllocator:
+    """Blocks of `block_size` slots from a FIFO free queue. See `KVAllocator`.
+
+    `watermark` (fraction of blocks, vLLM's default 0.01) is kept free at admission so
+    that running sequences can grow a while before someone must be preempted.
+    """
+
+    def __init__(self, num_slots: int, block_size: int, watermark: float = 0.01) -> None:
+        self.num_slots = num_slots
+        self.block_size = block_size
+        self.num_blocks = num_slots // block_size
+        self.watermark_blocks = int(watermark * self.num_blocks)
+        self._free: deque[int] = deque(range(self.num_blocks))
+        self._refs = [0] * self.num_blocks
+        self._tables: dict[Sequence, list[int]] = {}
+        self._num_shared = 0  # blocks with more than one reference
+        self._target = 0  # sum over sequences of min(final length, slots in their table)
+        # growth_horizon's crossing list, reused by the grow() that follows for the same batch
+        self._plan: tuple[Seq[Sequence] | None, list[tuple[int, int]]] = (None, [])
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def can_ever_hold(self, request: Request) -> bool:
+        return self.blocks_for(request.kv_len) <= self.num_blocks - self.watermark_blocks
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        need = self.blocks_for(seq.num_tokens)
+        return len(self._free) - need >= self.watermark_blocks
+
+    def allocate(self, seq: Sequence) -> None:
+        assert seq not in self._tables, f"seq {seq.seq_id} is already resident"
+        table = [self._take() for _ in range(self.blocks_for(seq.num_tokens))]
+        self._tables[seq] = table
+        self._target += self._target_of(seq, len(table))
+
+    def can_append(self, seq: Sequence) -> bool:
+        table = self._tables[seq]
+        need = -(-seq.num_tokens // self.block_size) - len(table)
+        if self._num_shared:
+            need += len(self._shared_written(seq, table))
+        return len(self._free) >= need
+
+    def append(self, seq: Sequence) -> list[tuple[int, int]]:
+        table = self._tables[seq]
+        copies = []
+        if self._num_shared:
+            for index in self._shared_written(seq, table):
+                old, new = table[index], self._take()
+                self._unref(old)
+                table[index] = new
+                copies.append((old, new))
+        need = -(-seq.num_tokens // self.block_size)
+        if len(table) < need:
+            self._target += self._target_of(seq, need) - self._target_of(seq, len(table))
+            table.extend(self._take() for _ in range(need - len(table)))
+        return copies
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Let `child` share every block of `parent` (parallel sampling, beam search)."""
+        assert child not in self._tables, f"seq {child.seq_id} is already resident"
+        table = self._tables[parent]
+        for block in table:
+            self._refs[block] += 1
+            self._num_shared += self._refs[block] == 2
+        self._tables[child] = list(table)
+        self._target += self._target_of(child, len(table))
+
+    def free(self, seq: Sequence) -> None:
+        table = self._tables.pop(seq)
+        self._target -= self._target_of(seq, len(table))
+        for block in reversed(table):
+            self._unref(block)
+
+    def growth_horizon(self, seqs: Seq[Sequence], max_steps: int) -> int:
+        if self._num_shared:
+            return 1  # copy-on-write is decided step by step
+        firsts = self._first_crossings(seqs)
+        self._plan = (seqs, firsts)
+        # the n-th new block (0-based) is needed at step firsts[n % B] + (n // B) * bs,
+        # so the first allocation that would fail is the one numbered len(free)
+        rounds, index = divmod(len(self._free), len(firsts))
+        return min(max_steps, firsts[index][0] + rounds * self.block_size)
+
+    def grow(self, seqs: Seq[Sequence], num_steps: int) -> Growth | None:
+        planned, firsts = self._plan
+        if planned is not seqs:
+            firsts = self._first_crossings(seqs)
+        self._plan = (None, [])
+        if firsts[0][0] >= num_steps:
+            return None
+        asked = np.zeros(num_steps, dtype=np.int64)
+        target = np.zeros(num_steps, dtype=np.int64)
+        for offset in range(0, num_steps, self.block_size):
+            for first, index in firsts:
+                step = first + offset
+                if step >= num_steps:
+                    break
+                seq = seqs[index]
+                table = self._tables[seq]
+                added = self._target_of(seq, len(table) + 1) - self._target_of(seq, len(table))
+                table.append(self._take())
+                self._target += added
+                asked[step] += self.block_size
+                target[step] += added
+        return Growth(asked=asked, target=target)
+
+    def footprint(self) -> Footprint:
+        if self._num_shared:
+            return self._footprint_by_blocks()
+        tokens = sum(seq.num_computed for seq in self._tables)
+        used = (self.num_blocks - len(self._free)) * self.block_size
+        return Footprint(tokens, self._target, used, used)
+
+    def external_frag(self, head: Sequence | None) -> int:
+        return self.num_slots - self.num_blocks * self.block_size  # the tail past the last block
+
+    def addressing(self, seq: Sequence) -> BlockTable:
+        return BlockTable(tuple(self._tables[seq]), self.block_size)
+
+    def check_integrity(self) -> None:
+        refs = [0] * self.num_blocks
+        for seq, table in self._tables.items():
+            assert len(set(table)) == len(table), f"seq {seq.seq_id} maps a block twice"
+            low, high = self.blocks_for(seq.num_computed), self.blocks_for(seq.num_tokens)
+            assert low <= len(table) <= high, f"seq {seq.seq_id} holds {len(table)} blocks"
+            for block in table:
+                refs[block] += 1
+        assert refs == self._refs, "reference counts differ from the block tables"
+        assert len(set(self._free)) == len(self._free), "a block is free twice"
+        assert set(self._free) == {b for b, r in enumerate(refs) if r == 0}, "free set wrong"
+        assert self._num_shared == sum(r > 1 for r in refs), "shared-block count wrong"
+        want = sum(self._target_of(seq, len(table)) for seq, table in self._tables.items())
+        assert self._target == want, "target total out of date"
+
+    def _footprint_by_blocks(self) -> Footprint:
+        """Footprint counting each physical block once (the reference for shared blocks)."""
+        fill: dict[int, int] = {}
+        target: dict[int, int] = {}
+        for seq, table in self._tables.items():
+            for index, block in enumerate(table):
+                start = index * self.block_size
+                filled = min(max(seq.num_computed - start, 0), self.block_size)
+                wanted = min(max(seq.request.kv_len - start, 0), self.block_size)
+                fill[block] = max(fill.get(block, 0), filled)
+                target[block] = max(target.get(block, 0), wanted, filled)
+        used = len(fill) * self.block_size
+        return Footprint(sum(fill.values()), sum(target.values()), used, used)
+
+    def _first_crossings(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:
+        """Sorted `(step, batch index)` of each sequence's next new block.
+
+        After step 0's append a sequence with c computed tokens holds L blocks; step j
+        writes position c + j, which needs block L at step L * bs - c (in 1..bs), and one
+        more every `block_size` steps after that. Every sequence has the same stride, so
+        round m of new blocks is this list shifted by m * bs: step-by-step appends make
+        them in exactly this (step, batch index) order.
+        """
+        bs = self.block_size
+        return sorted(
+            (len(self._tables[seq]) * bs - seq.num_computed, index) for index, seq in enumerate(seqs)
+        )
+
+    def _target_of(self, seq: Sequence, num_blocks: int) -> int:
+        return min(seq.request.kv_len, num_blocks * self.block_size)
+
+    def _shared_written(self, seq: Sequence, table: list[int]) -> list[int]:
+        """Indices of shared blocks that the next step writes into (copy them first)."""
+        if not self._num_shared:
+            return []
+        first = seq.num_computed // self.block_size
+        last = min(self.blocks_for(seq.num_tokens), len(table))
+        return [i for i in range(first, last) if self._refs[table[i]] > 1]
+
+    def _take(self) -> int:
+        block = self._free.popleft()
+        self._refs[block] = 1
+        return block
+
+    def _unref(self, block: int) -> None:
+        self._refs[block] -= 1
+        self._num_shared -= self._refs[block] == 1
+        if self._refs[block] == 0:
+            self._free.append(block)

@@ -1,0 +1,168 @@
+"""Schedulers: who runs in the next step. Two policies over one set of mechanics.
+
+Both keep a FCFS `waiting` queue and an admission-ordered `running` list, admit from the
+head of the queue only (no request overtakes an earlier one), give every running sequence
+the slot its next token needs, and preempt the newest running sequence (recompute) when
+the allocator cannot. They differ in *when* they admit and *when* memory comes back:
+
+- `IterationScheduler` (Orca, vLLM): admits at any step the head fits; a step with new
+  prompts runs them alone (prefill first, as the paper's vLLM); frees a sequence's memory
+  the step it finishes.
+- `RequestScheduler` (FasterTransformer-style static batching): admits only when idle, up
+  to B earliest arrivals; the batch runs until all of them finish, and their memory is
+  freed together then.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from engines.allocator import KVAllocator
+from kvbench.sequence import SeqStatus, Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int | None = None  # cap on running sequences (B); None: engine default
+    max_num_batched_tokens: int | None = None  # cap on prompt tokens per prefill step
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One step's work: the sequences whose uncomputed tokens go through the model."""
+
+    seqs: tuple[Sequence, ...]
+    is_prefill: bool
+    num_tokens: int  # tokens fed through the model: whole prompts, or one per sequence
+    block_copies: tuple[tuple[int, int], ...] = ()  # (src, dst) copy-on-write before the step
+
+
+class Scheduler:
+    """Shared mechanics; subclasses set the admission and release policy."""
+
+    #: cap on tokens prefilled in one step (inf: a static batch is prefilled whole)
+    token_cap: float = math.inf
+
+    def __init__(self, allocator: KVAllocator, max_num_seqs: float) -> None:
+        self.allocator = allocator
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.held: list[Sequence] = []  # finished, memory not yet returned
+        self.num_preempted = 0  # waiting sequences that lost their K/V
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.held)
+
+    def admission_open(self) -> bool:
+        raise NotImplementedError
+
+    def release(self, finished: list[Sequence]) -> None:
+        """Return memory of sequences that left `running` (policy-specific)."""
+        raise NotImplementedError
+
+    def schedule(self) -> Batch | None:
+        """Admit what fits and is allowed (a prefill step), else grow the running (decode)."""
+        if prefill := self._admit():
+            return prefill
+        if not self.running:
+            return None
+        copies = self._make_room()
+        if self.running:
+            running = tuple(self.running)
+            return Batch(running, is_prefill=False, num_tokens=len(running), block_copies=tuple(copies))
+        self.release([])  # every running sequence was preempted: start over from the queue
+        return self._admit()
+
+    def update(self, finished: list[Sequence]) -> None:
+        """After a step: drop the sequences that finished in it and release their memory."""
+        if finished:
+            self.running = [seq for seq in self.running if seq.status is SeqStatus.RUNNING]
+            self.release(finished)
+
+    def _admit(self) -> Batch | None:
+        """Admit from the head of the queue while memory and caps allow: a prefill batch."""
+        if not self.admission_open():
+            return None
+        admitted: list[Sequence] = []
+        tokens = 0
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if tokens + seq.num_tokens > self.token_cap:
+                break
+            if not self.allocator.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            self.num_preempted -= seq.status is SeqStatus.PREEMPTED
+            self.allocator.allocate(seq)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            admitted.append(seq)
+            tokens += seq.num_tokens
+        return Batch(tuple(admitted), is_prefill=True, num_tokens=tokens) if admitted else None
+
+    def _make_room(self) -> list[tuple[int, int]]:
+        """Give every running sequence its next slot, preempting the newest when out of room.
+
+        `running[:placed]` have their slot; victims are taken from the end of the list
+        (the newest admitted), possibly down to the sequence being placed itself.
+        """
+        alloc, running = self.allocator, self.running
+        copies: list[tuple[int, int]] = []
+        placed, end = 0, len(running)
+        while placed < end:
+            seq = running[placed]
+            while not alloc.can_append(seq):
+                end -= 1
+                self._preempt(running[end])
+                if end == placed:
+                    break
+            else:
+                copies += alloc.append(seq)
+                placed += 1
+        del running[placed:]
+        return copies
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute preemption: drop the K/V, requeue at the head (it is the oldest waiter)."""
+        self.allocator.free(seq)
+        seq.preempt()
+        self.num_preempted += 1
+        self.waiting.appendleft(seq)
+
+
+class IterationScheduler(Scheduler):
+    """Continuous batching: admission at every step, memory freed at each finish."""
+
+    def __init__(self, allocator: KVAllocator, config: SchedulerConfig) -> None:
+        super().__init__(allocator, config.max_num_seqs or 256)
+        self.token_cap = config.max_num_batched_tokens or math.inf
+
+    def admission_open(self) -> bool:
+        return True
+
+    def release(self, finished: list[Sequence]) -> None:
+        for seq in finished:
+            self.allocator.free(seq)
+
+
+class RequestScheduler(Scheduler):
+    """Static batching: a new batch only when the previous one has fully drained."""
+
+    def __init__(self, allocator: KVAllocator, config: SchedulerConfig) -> None:
+        super().__init__(allocator, config.max_num_seqs or math.inf)
+
+    def admission_open(self) -> bool:
+        return not self.running and not self.held
+
+    def release(self, finished: list[Sequence]) -> None:
+        self.held += finished
+        if not self.running:
+            for seq in self.held:
+                self.allocator.free(seq)
+            self.held.clear()

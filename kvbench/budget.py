@@ -1,0 +1,102 @@
+"""The KV byte budget, and the GPUs it can be derived from.
+
+Every engine of a run gets the same budget, turned into one arena of
+`num_slots = budget_bytes // kv_bytes_per_token` token slots.
+
+`--emulate-gpu NAME` derives the budget the way a serving system sizes its cache::
+
+    budget = memory x utilization - weight bytes - activation reserve
+
+with utilization 0.9 (vLLM's default `gpu_memory_utilization`) and an activation reserve
+estimated, until the real runner measures it, as the peak of one layer's forward pass
+over a full prefill step plus the logits of a full batch::
+
+    reserve = max_num_batched_tokens x (5 x hidden + ffn) x dtype bytes
+              + max_num_seqs x vocab x 4 bytes (fp32 logits)
+
+For OPT-13B on an A100-40GB that gives 11.8 GiB (15,512 slots); the paper used 12 GB
+(15.7K slots), which `--kv-cache-gib 12` reproduces exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvbench.errors import KvbenchError
+from kvbench.models import ModelSpec
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    memory_bytes: int
+    read_bandwidth: float  # bytes/s, datasheet HBM bandwidth
+    fp16_flops: float  # dense fp16/bf16 tensor-core FLOP/s, datasheet
+
+
+GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        GpuSpec("a100-40gb", 40 * GIB, 1.555e12, 312e12),
+        GpuSpec("a100-80gb", 80 * GIB, 2.039e12, 312e12),
+        GpuSpec("h100-80gb", 80 * GIB, 3.35e12, 989e12),
+        GpuSpec("h200-141gb", 141 * 10**9, 4.8e12, 989e12),
+    )
+}
+
+
+def get_gpu(name: str) -> GpuSpec:
+    try:
+        return GPUS[name]
+    except KeyError:
+        raise KvbenchError(f"unknown --emulate-gpu {name!r}; choose one of: {', '.join(GPUS)}") from None
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    budget_bytes: int
+    num_slots: int
+    source: str  # how the budget was obtained, for config.json and reports
+
+
+def activation_reserve(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+    per_token = (5 * model.hidden + model.ffn) * model.dtype_bytes
+    return max_num_batched_tokens * per_token + max_num_seqs * model.vocab * 4
+
+
+def _budget(budget_bytes: float, model: ModelSpec, source: str, param: str) -> KVBudget:
+    num_slots = int(budget_bytes // model.kv_bytes_per_token)
+    if num_slots < 1:
+        raise KvbenchError(
+            f"{param} leaves {budget_bytes / GIB:.3g} GiB for the KV cache of {model.name}, "
+            f"less than one token ({model.kv_bytes_per_token} bytes)"
+        )
+    return KVBudget(int(budget_bytes), num_slots, source)
+
+
+def budget_from_gib(gib: float, model: ModelSpec) -> KVBudget:
+    if not math.isfinite(gib) or gib <= 0:
+        raise KvbenchError(f"--kv-cache-gib must be a positive number, got {gib}")
+    return _budget(gib * GIB, model, f"--kv-cache-gib {gib}", "--kv-cache-gib")
+
+
+def budget_emulating(
+    gpu: GpuSpec,
+    model: ModelSpec,
+    *,
+    utilization: float = 0.9,
+    max_num_batched_tokens: int = 2048,
+    max_num_seqs: int = 256,
+) -> KVBudget:
+    if not 0 < utilization <= 1:
+        raise KvbenchError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
+    reserve = activation_reserve(model, max_num_batched_tokens, max_num_seqs)
+    budget = gpu.memory_bytes * utilization - model.weight_bytes - reserve
+    source = (
+        f"--emulate-gpu {gpu.name}: {gpu.memory_bytes / GIB:.1f} GiB x {utilization} "
+        f"- weights {model.weight_bytes / GIB:.2f} GiB - activations {reserve / GIB:.2f} GiB"
+    )
+    return _budget(budget, model, source, f"--emulate-gpu {gpu.name}")

@@ -1,0 +1,129 @@
+"""A run's configuration: frozen, validated once, written to config.json to rerun it.
+
+Validation turns every bad value into a one-line `KvbenchError` naming the CLI flag, so
+nothing downstream has to re-check user input.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from engines import ARENAS, EngineOptions, get_engine
+from engines.scheduler import SchedulerConfig
+from kvbench.budget import KVBudget, budget_emulating, budget_from_gib, get_gpu
+from kvbench.cost_model import CostModel
+from kvbench.errors import KvbenchError
+from kvbench.models import ModelSpec, get_model
+from kvbench.requests import Trace
+from workloads import make_trace
+from workloads.arrivals import check_rate
+
+DEFAULT_GPU = "a100-40gb"  # the paper's GPU: budgets and step times are emulated on it
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    engine: str
+    model: str = "opt-13b"
+    trace: str = "sharegpt-paper"
+    rate: float = 1.0  # requests/s of the Poisson arrivals; inf: all at t=0
+    num_requests: int = 1000
+    seed: int = 0
+    kv_cache_gib: float | None = None  # KV budget; None: derived from emulate_gpu
+    emulate_gpu: str = DEFAULT_GPU  # sizes the budget (unless kv_cache_gib) and the cost model
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    max_num_seqs: int | None = None  # None: 256 for continuous batching, memory-bound for static
+    max_num_batched_tokens: int | None = None  # None: max(model max length, 2048), as vLLM
+    contiguous_fit: str = "buddy"
+    watermark: float = 0.01
+    cost_fixed_s: float | None = None  # cost-model overrides; None: roofline of the GPU
+    cost_per_token_s: float | None = None
+    cost_per_kv_token_s: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything a run needs, resolved from a `RunConfig`."""
+
+    config: RunConfig
+    model: ModelSpec
+    budget: KVBudget
+    options: EngineOptions
+    cost: CostModel
+    trace: Trace
+
+
+def _positive_int(flag: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise KvbenchError(f"{flag} must be a positive integer, got {value}")
+
+
+def prepare(config: RunConfig) -> Prepared:
+    spec = get_engine(config.engine)
+    model = get_model(config.model)
+    gpu = get_gpu(config.emulate_gpu)
+    check_rate(config.rate)
+    bs = config.block_size
+    if bs < 1 or bs & (bs - 1):
+        raise KvbenchError(f"--block-size must be a positive power of two, got {bs}")
+    _positive_int("--max-num-seqs", config.max_num_seqs)
+    tokens = config.max_num_batched_tokens or max(model.max_len, 2048)
+    if tokens < model.max_len:
+        raise KvbenchError(
+            f"--max-num-batched-tokens {tokens} is below {model.name}'s maximum length "
+            f"{model.max_len}: a long prompt could never be scheduled"
+        )
+    if config.contiguous_fit not in ARENAS:
+        choices = ", ".join(ARENAS)
+        raise KvbenchError(f"unknown --contiguous-fit {config.contiguous_fit!r}; choose one of: {choices}")
+    if not 0 <= config.watermark < 1:
+        raise KvbenchError(f"--watermark must be in [0, 1), got {config.watermark}")
+    if config.kv_cache_gib is not None:
+        budget = budget_from_gib(config.kv_cache_gib, model)
+    else:
+        budget = budget_emulating(
+            gpu,
+            model,
+            utilization=config.gpu_memory_utilization,
+            max_num_batched_tokens=tokens,
+            max_num_seqs=config.max_num_seqs or 256,
+        )
+    if bs > budget.num_slots:
+        raise KvbenchError(f"--block-size {bs} exceeds the KV arena ({budget.num_slots} slots)")
+    roofline = CostModel.roofline(model, gpu)
+    cost = CostModel(
+        fixed_s=_or(config.cost_fixed_s, roofline.fixed_s, "--cost-fixed-s"),
+        per_token_s=_or(config.cost_per_token_s, roofline.per_token_s, "--cost-per-token-s"),
+        per_kv_token_s=_or(config.cost_per_kv_token_s, roofline.per_kv_token_s, "--cost-per-kv-token-s"),
+    )
+    trace = make_trace(config.trace, config.num_requests, config.rate, config.seed)
+    for request in trace.requests:
+        if request.total_len > model.max_len:
+            raise KvbenchError(
+                f"--trace {config.trace}: request {request.request_id} has prompt "
+                f"{request.prompt_len} + output {request.output_len} tokens, more than "
+                f"{model.name}'s maximum length {model.max_len}"
+            )
+    options = EngineOptions(
+        num_slots=budget.num_slots,
+        max_len=model.max_len,
+        block_size=bs,
+        contiguous_fit=config.contiguous_fit,
+        watermark=config.watermark,
+        scheduler=SchedulerConfig(config.max_num_seqs, tokens),
+    )
+    spec.build(options)  # fail now, not mid-sweep, if the engine cannot be built
+    return Prepared(config, model, budget, options, cost, trace)
+
+
+def _or(value: float | None, default: float, flag: str) -> float:
+    if value is None:
+        return default
+    if not math.isfinite(value) or value < 0:
+        raise KvbenchError(f"{flag} must be a non-negative number, got {value}")
+    return value

@@ -1,0 +1,138 @@
+"""KV occupancy: the six categories of DESIGN.md, and their exact time integrals.
+
+An allocator reports a `Footprint`: four additive totals over the sequences it holds.
+Every category is a *linear* function of (footprint, external fragmentation, arena size),
+so the time integral of the categories is the same function applied to the integrals of
+those totals. That is what lets the simulator skip thousands of identical decode steps and
+still report exact time-weighted occupancy.
+
+How the categories split one sequence's slots (F = its final K/V length)::
+
+    granted  |<----------------------------------------------------------->|
+    asked    |<---------------------------------------------->|
+    target   |<------------------------------->|  (min(F, asked))
+    tokens   |<------------->|
+             [ token_states  | reservation     | internal     | allocator |
+                                                  frag          overhead
+
+and the arena's free slots split into `external_frag` (free, but in extents too small for
+the request waiting at the head of the queue) and `free`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+CATEGORIES = (
+    "token_states",
+    "reservation",
+    "internal_frag",
+    "allocator_overhead",
+    "external_frag",
+    "free",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """Totals over resident sequences, in slots (or slot-seconds for an integral)."""
+
+    tokens: float  # slots holding computed K/V (shared slots once)
+    target: float  # slots asked for that lie below the sequences' final lengths
+    asked: float  # slots the reservation policy asked for
+    granted: float  # slots the allocator handed out (asked + rounding)
+    external: float = 0.0  # free slots unusable by the request waiting at the head
+
+    def __add__(self, o: Footprint) -> Footprint:
+        return Footprint(
+            self.tokens + o.tokens,
+            self.target + o.target,
+            self.asked + o.asked,
+            self.granted + o.granted,
+            self.external + o.external,
+        )
+
+    def scaled(self, factor: float) -> Footprint:
+        return Footprint(
+            self.tokens * factor,
+            self.target * factor,
+            self.asked * factor,
+            self.granted * factor,
+            self.external * factor,
+        )
+
+
+def categories(fp: Footprint, capacity: float) -> dict[str, float]:
+    """Split `capacity` slots (or slot-seconds) into the six categories; they sum to it."""
+    return {
+        "token_states": fp.tokens,
+        "reservation": fp.target - fp.tokens,
+        "internal_frag": fp.asked - fp.target,
+        "allocator_overhead": fp.granted - fp.asked,
+        "external_frag": fp.external,
+        "free": capacity - fp.granted - fp.external,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class KVSnapshot:
+    """Occupancy of the arena at one instant, in slots; the six categories sum to num_slots."""
+
+    num_slots: int
+    token_states: int
+    reservation: int
+    internal_frag: int
+    allocator_overhead: int
+    external_frag: int
+    free: int
+
+    @classmethod
+    def of(cls, fp: Footprint, num_slots: int) -> KVSnapshot:
+        return cls(num_slots, *(int(v) for v in categories(fp, num_slots).values()))
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in CATEGORIES}
+
+
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """Slots an allocator added at each step of a multi-step segment.
+
+    `asked[j]` and `target[j]` are the increments made before step j (0 for contiguous
+    engines, whose reservation is made once at admission); `granted == asked` for them all.
+    """
+
+    asked: np.ndarray  # (k,)
+    target: np.ndarray  # (k,)
+
+
+def segment_integral(
+    end: Footprint, durations: np.ndarray, tokens_per_step: int, growth: Growth | None
+) -> Footprint:
+    """Exact integral of the footprint over the k steps of one segment.
+
+    `end` is the footprint after the last step; step j's footprint is `end` minus the tokens
+    computed and the slots grown after it. With d the (k,) step durations and D_j the time
+    elapsed before step j, sum_j d_j * (end - later_j) = end * sum(d) - sum_j delta_j * D_j
+    for the slot growth, and tokens_per_step * sum_j d_j * (k - 1 - j) for the tokens.
+    """
+    if len(durations) == 1:
+        return end.scaled(float(durations[0]))
+    # durations: (k,) seconds; before: (k,) time elapsed before each step
+    total = float(durations.sum())
+    before = np.cumsum(durations) - durations
+    later_steps = np.arange(len(durations) - 1, -1, -1)  # (k,) steps after step j
+    token_deficit = tokens_per_step * float(durations @ later_steps)
+    asked_deficit = target_deficit = 0.0
+    if growth is not None:
+        asked_deficit = float(growth.asked @ before)
+        target_deficit = float(growth.target @ before)
+    return Footprint(
+        tokens=end.tokens * total - token_deficit,
+        target=end.target * total - target_deficit,
+        asked=end.asked * total - asked_deficit,
+        granted=end.granted * total - asked_deficit,
+        external=end.external * total,
+    )

@@ -1,0 +1,89 @@
+"""Runtime state of one request inside an engine.
+
+Lifecycle::
+
+    WAITING --admit--> RUNNING --last token--> FINISHED
+                          |  ^
+                   preempt|  |re-admit (recompute the prompt and the tokens so far)
+                          v  |
+                        PREEMPTED
+
+Token bookkeeping, for a request with prompt P and output O:
+
+- `num_tokens` = P + tokens generated so far: every token the sequence knows.
+- `num_computed` = tokens whose K/V is in the arena. A step computes the uncomputed tokens
+  `[num_computed, num_tokens)` (the whole prompt at prefill, one token at decode) and samples
+  one new token, so after every step `num_computed == num_tokens - 1`.
+- The sequence finishes when it has generated O tokens, holding P + O - 1 slots
+  (`Request.kv_len`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from kvbench.requests import Request
+
+
+class SeqStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """Mutable per-request state; identity is the object (eq=False keeps hashing by id)."""
+
+    request: Request
+    status: SeqStatus = SeqStatus.WAITING
+    num_tokens: int = 0  # prompt + generated tokens (set from the request)
+    num_computed: int = 0  # tokens with K/V in the arena
+    num_generated: int = 0  # output tokens sampled so far
+    admitted_s: float | None = None  # first time it was scheduled (end of queueing)
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        self.num_tokens = self.request.prompt_len + self.num_generated
+
+    @property
+    def seq_id(self) -> int:
+        return self.request.request_id
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens the next step must feed through the model (prefill > 1, decode == 1)."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def remaining(self) -> int:
+        """Output tokens still to sample."""
+        return self.request.output_len - self.num_generated
+
+    def advance(self, num_steps: int, end_s: float) -> bool:
+        """Record `num_steps` consecutive steps of this sequence ending at `end_s`.
+
+        Only the first step may be a prefill (many tokens); later ones are decodes, so after
+        the call the sequence again has exactly one uncomputed token. Returns whether the
+        sequence finished.
+        """
+        self.num_tokens += num_steps
+        self.num_computed = self.num_tokens - 1
+        self.num_generated += num_steps
+        if self.first_token_s is None:
+            self.first_token_s = end_s
+        if self.num_generated < self.request.output_len:
+            return False
+        self.status = SeqStatus.FINISHED
+        self.finish_s = end_s
+        return True
+
+    def preempt(self) -> None:
+        """Drop the K/V (recompute later): the tokens stay known, none stay computed."""
+        self.status = SeqStatus.PREEMPTED
+        self.num_computed = 0
+        self.num_preemptions += 1

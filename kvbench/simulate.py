@@ -1,0 +1,53 @@
+"""The simulate job: config -> trace -> engine -> cost-model runner -> results."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from engines import get_engine
+from kvbench.config import Prepared, RunConfig, prepare
+from kvbench.cost_model import CostModelRunner
+from kvbench.engine import Engine, EngineRun, StepRecord
+from kvbench.metrics import RequestRecord, request_record, summarize
+from kvbench.results import environment, write_csv, write_json, write_run_atomically
+
+
+@dataclass(frozen=True)
+class RunResult:
+    prepared: Prepared
+    run: EngineRun
+    requests: list[RequestRecord]
+    summary: dict
+
+
+def simulate(config: RunConfig, *, coalesce: bool = True, prepared: Prepared | None = None) -> RunResult:
+    """Replay the config's trace through the real allocator and scheduler in simulated time."""
+    prepared = prepared or prepare(config)
+    scheduler = get_engine(config.engine).build(prepared.options)
+    run = Engine(scheduler, CostModelRunner(prepared.cost), coalesce=coalesce).run(prepared.trace)
+    records = [request_record(seq) for seq in run.sequences]
+    summary = {
+        "engine": config.engine,
+        "model": config.model,
+        "trace": config.trace,
+        "mode": "simulated",
+        "kv_budget_bytes": prepared.budget.budget_bytes,
+        "kv_budget_source": prepared.budget.source,
+        "kv_bytes_per_token": prepared.model.kv_bytes_per_token,
+        **summarize(run, records),
+    }
+    return RunResult(prepared, run, records, summary)
+
+
+def write_result(result: RunResult, out: Path) -> None:
+    config = {**result.prepared.config.to_dict(), "cost_model": asdict(result.prepared.cost)}
+
+    def write(tmp: Path) -> None:
+        write_json(tmp / "config.json", config)
+        write_json(tmp / "env.json", environment())
+        write_csv(tmp / "steps.csv", result.run.steps, StepRecord)
+        write_csv(tmp / "requests.csv", result.requests, RequestRecord)
+        write_json(tmp / "summary.json", result.summary)
+
+    write_run_atomically(out, write)
