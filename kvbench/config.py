@@ -102,13 +102,7 @@ def prepare(config: RunConfig) -> Prepared:
         per_kv_token_s=_or(config.cost_per_kv_token_s, roofline.per_kv_token_s, "--cost-per-kv-token-s"),
     )
     trace = make_trace(config.trace, config.num_requests, config.rate, config.seed)
-    for request in trace.requests:
-        if request.total_len > model.max_len:
-            raise KvbenchError(
-                f"--trace {config.trace}: request {request.request_id} has prompt "
-                f"{request.prompt_len} + output {request.output_len} tokens, more than "
-                f"{model.name}'s maximum length {model.max_len}"
-            )
+    check_trace(trace, model)
     options = EngineOptions(
         num_slots=budget.num_slots,
         max_len=model.max_len,
@@ -119,6 +113,22 @@ def prepare(config: RunConfig) -> Prepared:
     )
     spec.build(options)  # fail now, not mid-sweep, if the engine cannot be built
     return Prepared(config, model, budget, options, cost, trace)
+
+
+def check_trace(trace: Trace, model: ModelSpec) -> None:
+    """Refuse requests the model cannot hold, naming the first offender."""
+    for request in trace.requests:
+        if request.output_len < 1 or request.prompt_len < 1:
+            raise KvbenchError(
+                f"--trace {trace.name}: request {request.request_id} needs a prompt and an output "
+                f"of at least 1 token, got {request.prompt_len} and {request.output_len}"
+            )
+        if request.total_len > model.max_len:
+            raise KvbenchError(
+                f"--trace {trace.name}: request {request.request_id} has prompt "
+                f"{request.prompt_len} + output {request.output_len} tokens, more than "
+                f"{model.name}'s maximum length {model.max_len} (--model)"
+            )
 
 
 def _or(value: float | None, default: float, flag: str) -> float:

@@ -14,9 +14,12 @@ A GPU runner runs one step per call, as does the loop with `coalesce=False`.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 
-from engines.scheduler import Scheduler
+import numpy as np
+
+from engines.scheduler import Batch, Scheduler
 from kvbench.errors import KvbenchError
 from kvbench.occupancy import Footprint, categories, segment_integral
 from kvbench.requests import Trace
@@ -109,68 +112,96 @@ class Engine:
     def run(self, trace: Trace) -> EngineRun:
         self.check_fits(trace)
         sched, alloc = self.scheduler, self.allocator
-        seqs = tuple(Sequence(request) for request in trace.requests)
-        clock, arrived, step = 0.0, 0, 0
-        rows: list[StepRecord] = []
-        busy, saturated = _Integrator(), _Integrator()
-        peak = 0
-        while arrived < len(seqs) or sched.has_work():
-            # 1. admit every request that has arrived by now to the waiting queue
-            while arrived < len(seqs) and seqs[arrived].request.arrival_s <= clock:
-                sched.add(seqs[arrived])
-                arrived += 1
-            # 2. schedule one step (allocations made); idle: jump to the next arrival
+        log = _RunLog(trace, alloc.num_slots)
+        while log.pending() or sched.has_work():
+            # 1. queue every request that has arrived by now
+            for seq in log.arrivals_until(log.clock):
+                sched.add(seq)
+            # 2. schedule one step (its allocations made); idle: jump to the next arrival
             batch = sched.schedule()
             if batch is None:
-                if arrived == len(seqs):
+                if not log.pending():
                     raise RuntimeError("scheduler stalled with work left")  # a bug, not input
-                clock = seqs[arrived].request.arrival_s
+                log.clock = log.next_arrival()
                 continue
-            # 3. how far the batch may run unchanged, then run it
+            # 3. run it, for as many steps as the batch provably stays the same
             max_steps = 1
             if self.coalesce and not batch.is_prefill:
                 first_finish = min([seq.remaining for seq in batch.seqs])
                 max_steps = alloc.growth_horizon(batch.seqs, first_finish)
-            until = math.inf
-            if arrived < len(seqs) and not sched.waiting:
-                until = seqs[arrived].request.arrival_s - clock
+            until = log.next_arrival() - log.clock if log.pending() and not sched.waiting else math.inf
             durations = self.runner.run(batch, max_steps, until)  # (k,) seconds
-            k = len(durations)
-            growth = alloc.grow(batch.seqs, k) if k > 1 else None
-            num_tokens = batch.num_tokens + (k - 1) * len(batch.seqs)
-            # 4. advance the sequences and measure memory before anyone leaves
-            end = clock + float(durations.sum())
-            finished = []
-            for seq in batch.seqs:
-                if seq.admitted_s is None:
-                    seq.admitted_s = clock
-                if seq.advance(k, end):
-                    finished.append(seq)
+            growth = alloc.grow(batch.seqs, len(durations)) if len(durations) > 1 else None
+            # 4. advance the sequences, then measure memory before anyone leaves
+            end = log.clock + float(durations.sum())
+            finished = [seq for seq in batch.seqs if _advance(seq, len(durations), log.clock, end)]
             head = sched.waiting[0] if sched.waiting else None
             fp = alloc.footprint()
             fp = Footprint(fp.tokens, fp.target, fp.asked, fp.granted, alloc.external_frag(head))
-            integral = segment_integral(fp, durations, len(batch.seqs), growth)
-            running = len(sched.running)
-            peak = max(peak, running)
-            busy.add(integral, end - clock, running)
-            if sched.waiting:
-                saturated.add(integral, end - clock, running)
-            rows.append(
-                StepRecord(
-                    step,
-                    k,
-                    clock,
-                    end - clock,
-                    "prefill" if batch.is_prefill else "decode",
-                    len(batch.seqs),
-                    num_tokens,
-                    len(sched.waiting),
-                    running,
-                    sched.num_preempted,
-                    *map(int, categories(fp, alloc.num_slots).values()),
-                )
-            )
-            # 5. release the finished (per the scheduler's policy) and move the clock
+            log.record(batch, durations, fp, segment_integral(fp, durations, len(batch.seqs), growth), sched)
+            # 5. release the finished (per the scheduler's policy)
             sched.update(finished)
-            clock, step = end, step + k
-        return EngineRun(seqs, tuple(rows), alloc.num_slots, busy.totals(), saturated.totals(), peak)
+        return log.result()
+
+
+def _advance(seq: Sequence, num_steps: int, start: float, end: float) -> bool:
+    if seq.admitted_s is None:
+        seq.admitted_s = start
+    return seq.advance(num_steps, end)
+
+
+class _RunLog:
+    """The loop's clock, arrival cursor, rows and integrals (mutable, local to one run)."""
+
+    def __init__(self, trace: Trace, num_slots: int) -> None:
+        self.seqs = tuple(Sequence(request) for request in trace.requests)
+        self.arrivals = [request.arrival_s for request in trace.requests]
+        self.num_slots = num_slots
+        self.clock = 0.0
+        self.arrived = 0
+        self.step = 0
+        self.rows: list[StepRecord] = []
+        self.busy, self.saturated = _Integrator(), _Integrator()
+        self.peak = 0
+
+    def pending(self) -> bool:
+        return self.arrived < len(self.seqs)
+
+    def next_arrival(self) -> float:
+        return self.arrivals[self.arrived]
+
+    def arrivals_until(self, t: float) -> tuple[Sequence, ...]:
+        first, self.arrived = self.arrived, bisect_right(self.arrivals, t, lo=self.arrived)
+        return self.seqs[first : self.arrived]
+
+    def record(
+        self, batch: Batch, durations: np.ndarray, end: Footprint, integral: Footprint, sched: Scheduler
+    ) -> None:
+        k, seconds = len(durations), float(durations.sum())
+        running = len(sched.running)
+        self.peak = max(self.peak, running)
+        self.busy.add(integral, seconds, running)
+        if sched.waiting:
+            self.saturated.add(integral, seconds, running)
+        # requests that arrived by the last step's start wait too (a step-by-step run would
+        # have queued them); they cannot change the batch, see `until`
+        late = bisect_right(self.arrivals, self.clock + seconds - durations[-1]) - self.arrived
+        self.rows.append(
+            StepRecord(
+                self.step, k, self.clock, seconds, "prefill" if batch.is_prefill else "decode",
+                len(batch.seqs), batch.num_tokens + (k - 1) * len(batch.seqs), len(sched.waiting) + late,
+                running, sched.num_preempted, *map(int, categories(end, self.num_slots).values()),
+            )
+        )  # fmt: skip
+        self.clock += seconds
+        self.step += k
+
+    def result(self) -> EngineRun:
+        return EngineRun(
+            self.seqs,
+            tuple(self.rows),
+            self.num_slots,
+            self.busy.totals(),
+            self.saturated.totals(),
+            self.peak,
+        )
