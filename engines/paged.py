@@ -28,6 +28,8 @@ from kvbench.occupancy import Footprint, Growth
 from kvbench.requests import Request
 from kvbench.sequence import Sequence
 
+_NO_COPIES: list[tuple[int, int]] = []  # returned, never mutated: most appends copy nothing
+
 
 class PagedAllocator:
     """Blocks of `block_size` slots from a FIFO free queue. See `KVAllocator`.
@@ -78,17 +80,20 @@ class PagedAllocator:
 
     def append(self, seq: Sequence) -> list[tuple[int, int]]:
         table = self._tables[seq]
-        copies = []
-        if self._num_shared:
-            for index in self._shared_written(seq, table):
-                old, new = table[index], self._take()
-                self._unref(old)
-                table[index] = new
-                copies.append((old, new))
+        copies = self._copy_on_write(seq, table) if self._num_shared else _NO_COPIES
         need = -(-seq.num_tokens // self.block_size)
         if len(table) < need:
             self._target += self._target_of(seq, need) - self._target_of(seq, len(table))
             table.extend(self._take() for _ in range(need - len(table)))
+        return copies
+
+    def _copy_on_write(self, seq: Sequence, table: list[int]) -> list[tuple[int, int]]:
+        copies = []
+        for index in self._shared_written(seq, table):
+            old, new = table[index], self._take()
+            self._unref(old)
+            table[index] = new
+            copies.append((old, new))
         return copies
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
@@ -133,7 +138,7 @@ class PagedAllocator:
                     break
                 seq = seqs[index]
                 table = self._tables[seq]
-                added = self._target_of(seq, len(table) + 1) - self._target_of(seq, len(table))
+                added = min(max(seq.request.kv_len - len(table) * self.block_size, 0), self.block_size)
                 table.append(self._take())
                 self._target += added
                 asked[step] += self.block_size

@@ -36,6 +36,8 @@ class Batch:
     seqs: tuple[Sequence, ...]
     is_prefill: bool
     num_tokens: int  # tokens fed through the model: whole prompts, or one per sequence
+    num_context: int  # K/V tokens attended (each sequence's length after the step)
+    steps_to_finish: int = 1  # decode steps until the first sequence finishes
     block_copies: tuple[tuple[int, int], ...] = ()  # (src, dst) copy-on-write before the step
 
 
@@ -72,10 +74,8 @@ class Scheduler:
             return prefill
         if not self.running:
             return None
-        copies = self._make_room()
-        if self.running:
-            running = tuple(self.running)
-            return Batch(running, is_prefill=False, num_tokens=len(running), block_copies=tuple(copies))
+        if decode := self._make_room():
+            return decode
         self.release([])  # every running sequence was preempted: start over from the queue
         return self._admit()
 
@@ -104,17 +104,19 @@ class Scheduler:
             self.running.append(seq)
             admitted.append(seq)
             tokens += seq.num_tokens
-        return Batch(tuple(admitted), is_prefill=True, num_tokens=tokens) if admitted else None
+        return Batch(tuple(admitted), True, tokens, tokens) if admitted else None
 
-    def _make_room(self) -> list[tuple[int, int]]:
+    def _make_room(self) -> Batch | None:
         """Give every running sequence its next slot, preempting the newest when out of room.
 
         `running[:placed]` have their slot; victims are taken from the end of the list
-        (the newest admitted), possibly down to the sequence being placed itself.
+        (the newest admitted), possibly down to the sequence being placed itself. Returns
+        the decode batch of those placed, None if none could be.
         """
         alloc, running = self.allocator, self.running
         copies: list[tuple[int, int]] = []
         placed, end = 0, len(running)
+        context, shortest = 0, math.inf
         while placed < end:
             seq = running[placed]
             while not alloc.can_append(seq):
@@ -123,10 +125,15 @@ class Scheduler:
                 if end == placed:
                     break
             else:
-                copies += alloc.append(seq)
+                if cow := alloc.append(seq):
+                    copies += cow
+                context += seq.num_tokens
+                shortest = min(shortest, seq.request.output_len - seq.num_generated)
                 placed += 1
         del running[placed:]
-        return copies
+        if not running:
+            return None
+        return Batch(tuple(running), False, len(running), context, shortest, tuple(copies))
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: drop the K/V, requeue at the head (it is the oldest waiter)."""

@@ -10,7 +10,7 @@ Default constants are a roofline of the model on the emulated GPU's datasheet nu
 
 Both divide by an efficiency (`bandwidth_efficiency` 0.8, `compute_efficiency` 0.6: what
 well-tuned kernels reach). For OPT-13B on an A100-40GB a decode step of 30 sequences at
-400 tokens of context models at 24.7 ms. `kvbench calibrate` (a later issue) replaces these
+400 tokens of context models at 32.7 ms (20.7 ms of it weights). `kvbench calibrate` (a later issue) replaces these
 constants by ones fitted to real runs.
 """
 
@@ -57,7 +57,7 @@ class CostModelRunner:
     def run(self, batch: Batch, max_steps: int, until_s: float) -> np.ndarray:
         c = self.cost
         tokens = batch.num_tokens
-        context = sum([seq.num_tokens for seq in batch.seqs])  # K/V attended in step 0
+        context = batch.num_context  # K/V attended in step 0
         first = c.fixed_s + c.per_token_s * tokens + c.per_kv_token_s * context
         if max_steps == 1:
             return np.array([first])

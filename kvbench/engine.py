@@ -127,14 +127,13 @@ class Engine:
             # 3. run it, for as many steps as the batch provably stays the same
             max_steps = 1
             if self.coalesce and not batch.is_prefill:
-                first_finish = min([seq.remaining for seq in batch.seqs])
-                max_steps = alloc.growth_horizon(batch.seqs, first_finish)
+                max_steps = alloc.growth_horizon(batch.seqs, batch.steps_to_finish)
             until = log.next_arrival() - log.clock if log.pending() and not sched.waiting else math.inf
             durations = self.runner.run(batch, max_steps, until)  # (k,) seconds
             growth = alloc.grow(batch.seqs, len(durations)) if len(durations) > 1 else None
             # 4. advance the sequences, then measure memory before anyone leaves
             end = log.clock + float(durations.sum())
-            finished = [seq for seq in batch.seqs if _advance(seq, len(durations), log.clock, end)]
+            finished = [seq for seq in batch.seqs if seq.advance(len(durations), end, log.clock)]
             head = sched.waiting[0] if sched.waiting else None
             fp = alloc.footprint()
             fp = Footprint(fp.tokens, fp.target, fp.asked, fp.granted, alloc.external_frag(head))
@@ -142,12 +141,6 @@ class Engine:
             # 5. release the finished (per the scheduler's policy)
             sched.update(finished)
         return log.result()
-
-
-def _advance(seq: Sequence, num_steps: int, start: float, end: float) -> bool:
-    if seq.admitted_s is None:
-        seq.admitted_s = start
-    return seq.advance(num_steps, end)
 
 
 class _RunLog:

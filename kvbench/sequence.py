@@ -64,13 +64,15 @@ class Sequence:
         """Output tokens still to sample."""
         return self.request.output_len - self.num_generated
 
-    def advance(self, num_steps: int, end_s: float) -> bool:
-        """Record `num_steps` consecutive steps of this sequence ending at `end_s`.
+    def advance(self, num_steps: int, end_s: float, start_s: float | None = None) -> bool:
+        """Record `num_steps` consecutive steps of this sequence, run from `start_s` to `end_s`.
 
         Only the first step may be a prefill (many tokens); later ones are decodes, so after
-        the call the sequence again has exactly one uncomputed token. Returns whether the
-        sequence finished.
+        the call the sequence again has exactly one uncomputed token. The start of its first
+        step is when the sequence left the queue (`admitted_s`). Returns whether it finished.
         """
+        if self.admitted_s is None:
+            self.admitted_s = start_s
         self.num_tokens += num_steps
         self.num_computed = self.num_tokens - 1
         self.num_generated += num_steps
