@@ -10,13 +10,13 @@ from engines import ENGINES, EngineOptions
 from engines.arena import BuddyArena
 from engines.contiguous import ContiguousAllocator, MaxReservation
 from engines.paged import PagedAllocator
-from engines.scheduler import IterationScheduler, RequestScheduler, SchedulerConfig
+from engines.scheduler import Batch, IterationScheduler, RequestScheduler, SchedulerConfig
 from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.engine import Engine
 from kvbench.errors import KvbenchError
 from kvbench.occupancy import categories
 from kvbench.requests import Request, Trace
-from kvbench.sequence import SeqStatus
+from kvbench.sequence import SeqStatus, Sequence
 from workloads import make_trace
 
 ONE_SECOND_STEPS = CostModel(fixed_s=1.0, per_token_s=0.0, per_kv_token_s=0.0)
@@ -165,18 +165,15 @@ def test_a_request_that_can_never_fit_is_refused_up_front():
 
 
 def test_cost_model_runner_stops_at_the_first_step_reaching_the_next_arrival():
-    trace = trace_of((10, 50))
-    sched = IterationScheduler(contiguous_max(64, 64), SchedulerConfig())
-    sched.add(next(iter(Engine(sched, CostModelRunner(ONE_SECOND_STEPS)).run(trace).sequences)))
     runner = CostModelRunner(CostModel(fixed_s=1.0, per_token_s=0.0, per_kv_token_s=0.5))
-    from engines.scheduler import Batch
-    from kvbench.sequence import Sequence
-
     seq = Sequence(Request(0, 0.0, 10, 50))
-    seq.advance(1, 0.0)  # prefilled: 11 tokens known, 10 computed
-    batch = Batch((seq,), is_prefill=False, num_tokens=1)
+    seq.advance(1, end_s=0.0)  # prefilled: 11 tokens known, 10 computed
+    batch = Batch((seq,), is_prefill=False, num_tokens=1, num_context=11, steps_to_finish=49)
     durations = runner.run(batch, 20, math.inf)
+    assert len(durations) == 20
     assert list(durations[:3]) == [1.0 + 0.5 * 11, 1.0 + 0.5 * 12, 1.0 + 0.5 * 13]
-    assert len(runner.run(batch, 20, until_s=13.5)) == 2  # 6.5, 13.0 < 13.5, then 20.0 >= 13.5
+    # steps end at 6.5, 13.5, 21.0 s: the first to reach the arrival is the last to run
+    assert len(runner.run(batch, 20, until_s=13.5)) == 2
     assert len(runner.run(batch, 20, until_s=13.0)) == 2
+    assert len(runner.run(batch, 20, until_s=6.0)) == 1
     assert len(runner.run(batch, 1, until_s=1e9)) == 1
