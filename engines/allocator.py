@@ -9,10 +9,10 @@ run (through `addressing`) and a simulation.
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from kvbench.occupancy import Footprint, Growth
+from kvbench.occupancy import Footprint, Growth, KVSnapshot
 from kvbench.requests import Request
 from kvbench.sequence import Sequence
 
@@ -89,3 +89,13 @@ class KVAllocator(Protocol):
     def check_integrity(self) -> None:
         """Assert every internal invariant (no slot owned twice, counts consistent)."""
         ...
+
+
+def measure(allocator: KVAllocator, head: Sequence | None) -> Footprint:
+    """The allocator's footprint, with external fragmentation as `head` (first waiter) sees it."""
+    return replace(allocator.footprint(), external=allocator.external_frag(head))
+
+
+def snapshot(allocator: KVAllocator, head: Sequence | None = None) -> KVSnapshot:
+    """Occupancy categories of the arena now, in slots (they sum to `num_slots`)."""
+    return KVSnapshot.of(measure(allocator, head), allocator.num_slots)

@@ -47,7 +47,7 @@ def _choices(names) -> str:
     return ", ".join(names)
 
 
-@app.command()
+@app.command(short_help="Simulate one engine on a trace: real allocator and scheduler, modelled time.")
 @_user_errors
 def simulate(
     engine: Annotated[str, typer.Option(help=f"Engine: {_choices(ENGINES)}.")],
@@ -126,7 +126,7 @@ def simulate(
     )
 
 
-@app.command()
+@app.command(short_help="Every engine on the paper's OPT-13B setting, beside the paper's numbers.")
 @_user_errors
 def demo(
     out: Annotated[Path, typer.Option(help="Folder for each engine's results and demo.md.")] = Path(

@@ -10,8 +10,8 @@ Default constants are a roofline of the model on the emulated GPU's datasheet nu
 
 Both divide by an efficiency (`bandwidth_efficiency` 0.8, `compute_efficiency` 0.6: what
 well-tuned kernels reach). For OPT-13B on an A100-40GB a decode step of 30 sequences at
-400 tokens of context models at 32.7 ms (20.7 ms of it weights). `kvbench calibrate` (a later issue) replaces these
-constants by ones fitted to real runs.
+400 tokens of context models at 32.7 ms (20.7 ms of it weights). `kvbench calibrate` (a
+later issue) replaces these constants by ones fitted to real runs.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engines.allocator import measure
 from engines.scheduler import Batch, Scheduler
 from kvbench.errors import KvbenchError
 from kvbench.occupancy import Footprint, categories, segment_integral
@@ -134,9 +135,7 @@ class Engine:
             # 4. advance the sequences, then measure memory before anyone leaves
             end = log.clock + float(durations.sum())
             finished = [seq for seq in batch.seqs if seq.advance(len(durations), end, log.clock)]
-            head = sched.waiting[0] if sched.waiting else None
-            fp = alloc.footprint()
-            fp = Footprint(fp.tokens, fp.target, fp.asked, fp.granted, alloc.external_frag(head))
+            fp = measure(alloc, sched.waiting[0] if sched.waiting else None)
             log.record(batch, durations, fp, segment_integral(fp, durations, len(batch.seqs), growth), sched)
             # 5. release the finished (per the scheduler's policy)
             sched.update(finished)
