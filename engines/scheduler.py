@@ -85,6 +85,22 @@ class Scheduler:
             self.running = [seq for seq in self.running if seq.status is SeqStatus.RUNNING]
             self.release(finished)
 
+    def check_integrity(self) -> None:
+        """Assert the queue invariants that make "preempt the newest" FCFS-fair.
+
+        Admission takes the queue's head and victims go back to it newest-first, so both
+        `waiting` and `running` stay in arrival order, every waiter arrived after every
+        running request it has not overtaken, and "newest admitted" is "latest arrived".
+        """
+        for queue in (list(self.waiting), self.running):
+            keys = [(seq.request.arrival_s, seq.seq_id) for seq in queue]
+            assert keys == sorted(keys), "a queue is out of arrival order"
+        assert all(seq.status is SeqStatus.RUNNING for seq in self.running)
+        assert all(seq.status in (SeqStatus.WAITING, SeqStatus.PREEMPTED) for seq in self.waiting)
+        assert all(seq.status is SeqStatus.FINISHED for seq in self.held)
+        assert self.num_preempted == sum(seq.status is SeqStatus.PREEMPTED for seq in self.waiting)
+        assert len(self.running) <= self.max_num_seqs
+
     def _admit(self) -> Batch | None:
         """Admit from the head of the queue while memory and caps allow: a prefill batch."""
         if not self.admission_open():

@@ -177,3 +177,30 @@ def test_cost_model_runner_stops_at_the_first_step_reaching_the_next_arrival():
     assert len(runner.run(batch, 20, until_s=13.0)) == 2
     assert len(runner.run(batch, 20, until_s=6.0)) == 1
     assert len(runner.run(batch, 1, until_s=1e9)) == 1
+
+
+class CheckingRunner(CostModelRunner):
+    """The cost-model runner, asserting scheduler and allocator invariants before each step."""
+
+    def __init__(self, cost: CostModel, scheduler) -> None:
+        super().__init__(cost)
+        self.scheduler = scheduler
+        self.calls = 0
+
+    def run(self, batch, max_steps, until_s):
+        self.scheduler.check_integrity()
+        self.scheduler.allocator.check_integrity()
+        self.calls += 1
+        return super().run(batch, max_steps, until_s)
+
+
+@pytest.mark.parametrize("engine", ["paged", "paged-static", "orca-pow2", "static"])
+@pytest.mark.parametrize("coalesce", [False, True])
+def test_invariants_hold_at_every_step_under_heavy_preemption(engine, coalesce):
+    trace = make_trace("sharegpt-paper", 80, rate=math.inf, seed=2)
+    sched = ENGINES[engine].build(EngineOptions(num_slots=4100, max_len=2048, block_size=4))
+    runner = CheckingRunner(ROOFLINE_LIKE, sched)
+    run = Engine(sched, runner, coalesce=coalesce).run(trace)
+    assert runner.calls == len(run.steps)
+    if engine.startswith("paged"):
+        assert sum(seq.num_preemptions for seq in run.sequences) > 10  # the case is exercised
