@@ -123,6 +123,12 @@ def check_trace(trace: Trace, model: ModelSpec) -> None:
                 f"--trace {trace.name}: request {request.request_id} needs a prompt and an output "
                 f"of at least 1 token, got {request.prompt_len} and {request.output_len}"
             )
+        if request.n > 1 or request.beam_width > 1:
+            raise KvbenchError(
+                f"--trace {trace.name}: request {request.request_id} asks for n={request.n} samples "
+                f"and beam width {request.beam_width}; engines do not share KV between samples "
+                "yet, so they cannot run it faithfully"
+            )
         if request.total_len > model.max_len:
             raise KvbenchError(
                 f"--trace {trace.name}: request {request.request_id} has prompt "

@@ -3,11 +3,15 @@
 A `Request` carries the *true* output length from the trace: every engine generates exactly
 that many tokens (EOS is ignored), so engines do the same work and differ only in memory
 management and scheduling (DESIGN.md, principles 1 and 2).
+
+The optional fields describe sharing (DESIGN.md: the paged allocator's prefix cache, parallel
+sampling and beam search). They are carried by every trace format; engines that do not share
+KV simply compute every request's whole prompt, as the paper's Orca does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +21,13 @@ class Request:
     prompt_len: int  # tokens in the prompt
     output_len: int  # tokens to generate (>= 1), from the trace
     prompt_ids: tuple[int, ...] | None = None  # real token ids when the trace has them
+    prefix_group: str | None = None  # requests of a group share their first prefix_len tokens
+    prefix_len: int = 0  # length of that shared prefix (<= prompt_len)
+    block_hashes: tuple[int, ...] | None = None  # content hashes of the prompt's hash blocks
+    conversation_id: str | None = None  # multi-turn chat: which conversation
+    turn: int | None = None  # and which turn of it (0-based)
+    n: int = 1  # parallel samples of the same prompt
+    beam_width: int = 1  # beam search width (1: no beam search)
 
     @property
     def kv_len(self) -> int:
@@ -39,6 +50,9 @@ class Trace:
 
     name: str
     requests: tuple[Request, ...]
+    source: str = ""  # where it came from (preset, file, spec), for reports
+    hash_block_size: int | None = None  # tokens per `block_hashes` entry (Mooncake: 512)
+    meta: dict = field(default_factory=dict, compare=False)  # free-form provenance (JSON-able)
 
     def __len__(self) -> int:
         return len(self.requests)
