@@ -64,7 +64,10 @@ def _fail(where: str, cols: Columns, bad: np.ndarray, column: str, why: str, val
     """Raise for the first True of `bad` (N,), naming file, line and column."""
     row = int(np.flatnonzero(bad)[0])
     line = int(cols.lines[row]) if cols.lines is not None else row + 1
-    raise KvbenchError(f"{where}: line {line}, column {column}: {why}, got {values[row]!r}")
+    value = values[row].item() if isinstance(values[row], np.generic) else values[row]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    raise KvbenchError(f"{where}: line {line}, column {column}: {why}, got {value!r}")
 
 
 def to_trace(cols: Columns, name: str, where: str, *, hash_block_size: int | None = None) -> Trace:
