@@ -66,9 +66,10 @@ class BuddyArena:
     buddy free (the address `start ^ size` begins a smaller region), so the usual XOR test
     alone keeps merges inside the arena.
 
-    Free blocks live in one min-heap per order (lowest address wins, so grants are
-    deterministic and tests can assert exact slots) with `_free` as the source of truth:
-    heap entries of merged-away blocks are dropped lazily when they surface.
+    Free blocks live in one min-heap per order (a request takes the smallest order that
+    fits, lowest address first, so grants are deterministic and tests can assert exact slots)
+    with `_free` as the source of truth: heap entries of merged-away blocks are dropped when
+    they surface, or in bulk once they outnumber the live ones.
     """
 
     def __init__(self, num_slots: int) -> None:
@@ -122,6 +123,7 @@ class BuddyArena:
                 break
             del self._free[buddy]  # its heap entry goes stale
             self._count[order] -= 1
+            self._compact(order)
             start = min(start, buddy)
             order += 1
         self._push(start, order)
@@ -151,6 +153,13 @@ class BuddyArena:
         self._free[start] = order
         self._count[order] += 1
         heapq.heappush(self._heaps[order], start)
+
+    def _compact(self, order: int) -> None:
+        """Drop stale entries once they outnumber the live ones, so heaps stay O(free blocks)."""
+        heap = self._heaps[order]
+        if len(heap) > 2 * self._count[order] + 8:
+            heap[:] = [start for start in heap if self._free.get(start) == order]
+            heapq.heapify(heap)
 
     def _pop(self, order: int) -> int:
         heap = self._heaps[order]
