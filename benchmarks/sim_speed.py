@@ -14,6 +14,7 @@ import time
 
 from kvbench.config import RunConfig
 from kvbench.simulate import simulate
+from workloads.spec import WorkloadSpec
 
 ENGINES = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged")
 
@@ -26,7 +27,8 @@ def main() -> None:
     total = 0.0
     print(f"{'engine':<12} {'seconds':>8} {'steps':>9} {'rows':>7} {'batched':>8} {'preempt':>8}")
     for engine in ENGINES:
-        config = RunConfig(engine=engine, num_requests=args.num_requests, rate=args.rate, kv_cache_gib=12.0)
+        workload = WorkloadSpec(num_requests=args.num_requests, rate=args.rate)
+        config = RunConfig(engine=engine, workload=workload, kv_cache_gib=12.0)
         start = time.perf_counter()
         result = simulate(config)
         elapsed = time.perf_counter() - start

@@ -6,7 +6,6 @@ traceback means a kvbench bug.
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 from typing import Annotated
@@ -14,11 +13,13 @@ from typing import Annotated
 import typer
 
 from engines import ENGINES
+from kvbench import cli_options as opt
+from kvbench import cli_trace
 from kvbench.budget import GPUS
 from kvbench.config import DEFAULT_GPU, RunConfig
-from kvbench.errors import KvbenchError
 from kvbench.models import MODELS
-from workloads import PRESETS
+from workloads.presets import PRESETS
+from workloads.spec import WorkloadSpec
 
 app = typer.Typer(
     help="Measure how KV-cache allocation strategies change what one GPU can serve.",
@@ -29,34 +30,33 @@ app = typer.Typer(
 )
 
 
-def _user_errors(command):
-    """Turn a KvbenchError into a one-line message and exit code 2."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except KvbenchError as error:
-            typer.echo(f"error: {error}", err=True)
-            raise typer.Exit(2) from None
-
-    return wrapper
-
-
 def _choices(names) -> str:
     return ", ".join(names)
 
 
 @app.command(short_help="Simulate one engine on a trace: real allocator and scheduler, modelled time.")
-@_user_errors
+@opt.user_errors
 def simulate(
     engine: Annotated[str, typer.Option(help=f"Engine: {_choices(ENGINES)}.")],
     out: Annotated[Path, typer.Option(help="Folder for config.json, steps.csv, requests.csv, summary.json.")],
     model: Annotated[str, typer.Option(help=f"Model preset: {_choices(MODELS)}.")] = "opt-13b",
-    trace: Annotated[str, typer.Option(help=f"Workload preset: {_choices(PRESETS)}.")] = "sharegpt-paper",
-    rate: Annotated[float, typer.Option(help="Poisson arrival rate, requests/s ('inf': all at t=0).")] = 1.0,
-    num_requests: Annotated[int, typer.Option(help="Requests in the trace.")] = 1000,
-    seed: Annotated[int, typer.Option(help="Seed of the trace (lengths and arrivals).")] = 0,
+    trace: opt.Trace = "sharegpt-paper",
+    num_requests: opt.NumRequests = None,
+    seed: opt.Seed = 0,
+    arrivals: opt.Arrivals = None,
+    rate: opt.Rate = None,
+    burstiness: opt.Burstiness = 1.0,
+    time_scale: opt.TimeScale = 1.0,
+    window_start: opt.WindowStart = 0.0,
+    window_duration: opt.WindowDuration = None,
+    tokenizer: opt.Tokenizer = None,
+    text_filter: opt.TextFilter = True,
+    n: opt.N = 1,
+    beam_width: opt.BeamWidth = 1,
+    prefix: opt.Prefix = None,
+    prefix_groups: opt.PrefixGroups = 1,
+    chat_turns: opt.ChatTurns = None,
+    max_history: opt.MaxHistory = 1024,
     kv_cache_gib: Annotated[
         float | None, typer.Option(help="KV budget in GiB (default: derived from --emulate-gpu).")
     ] = None,
@@ -93,25 +93,21 @@ def simulate(
     from kvbench.simulate import simulate as run_simulation
     from kvbench.simulate import write_result
 
+    if rate is None and arrivals is None and trace in PRESETS:
+        rate = 1.0  # presets have no timestamps; keep the historical default
+    workload = WorkloadSpec(
+        source=trace, num_requests=num_requests, seed=seed, arrivals=arrivals, rate=rate,
+        burstiness=burstiness, time_scale=time_scale, window_start_s=window_start,
+        window_duration_s=window_duration, tokenizer=tokenizer, text_filter=text_filter, n=n,
+        beam_width=beam_width, prefix=prefix, prefix_groups=prefix_groups, chat_turns=chat_turns,
+        max_history=max_history,
+    )  # fmt: skip
     config = RunConfig(
-        engine=engine,
-        model=model,
-        trace=trace,
-        rate=rate,
-        num_requests=num_requests,
-        seed=seed,
-        kv_cache_gib=kv_cache_gib,
-        emulate_gpu=emulate_gpu,
-        gpu_memory_utilization=gpu_memory_utilization,
-        block_size=block_size,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        contiguous_fit=contiguous_fit,
-        watermark=watermark,
-        cost_fixed_s=cost_fixed_s,
-        cost_per_token_s=cost_per_token_s,
-        cost_per_kv_token_s=cost_per_kv_token_s,
-    )
+        engine=engine, model=model, workload=workload, kv_cache_gib=kv_cache_gib, emulate_gpu=emulate_gpu,
+        gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, contiguous_fit=contiguous_fit, watermark=watermark,
+        cost_fixed_s=cost_fixed_s, cost_per_token_s=cost_per_token_s, cost_per_kv_token_s=cost_per_kv_token_s,
+    )  # fmt: skip
     start = time.perf_counter()
     result = run_simulation(config, coalesce=not step_by_step)
     write_result(result, out)
@@ -127,7 +123,7 @@ def simulate(
 
 
 @app.command(short_help="Every engine on the paper's OPT-13B setting, beside the paper's numbers.")
-@_user_errors
+@opt.user_errors
 def demo(
     out: Annotated[Path, typer.Option(help="Folder for each engine's results and demo.md.")] = Path(
         "runs/demo"
@@ -149,6 +145,9 @@ def demo(
         "time-weighted while requests wait.\n"
         f"Results: {out}/<engine>/ (config.json, steps.csv, requests.csv, summary.json), {out}/demo.md"
     )
+
+
+app.add_typer(cli_trace.app, name="trace")
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ nothing downstream has to re-check user input.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from engines import ARENAS, EngineOptions, get_engine
 from engines.scheduler import SchedulerConfig
@@ -16,8 +16,7 @@ from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
 from kvbench.models import ModelSpec, get_model
 from kvbench.requests import Trace
-from workloads import make_trace
-from workloads.arrivals import check_rate
+from workloads.spec import WorkloadSpec, build_trace
 
 DEFAULT_GPU = "a100-40gb"  # the paper's GPU: budgets and step times are emulated on it
 
@@ -26,10 +25,7 @@ DEFAULT_GPU = "a100-40gb"  # the paper's GPU: budgets and step times are emulate
 class RunConfig:
     engine: str
     model: str = "opt-13b"
-    trace: str = "sharegpt-paper"
-    rate: float = 1.0  # requests/s of the Poisson arrivals; inf: all at t=0
-    num_requests: int = 1000
-    seed: int = 0
+    workload: WorkloadSpec = field(default_factory=lambda: WorkloadSpec(rate=1.0))
     kv_cache_gib: float | None = None  # KV budget; None: derived from emulate_gpu
     emulate_gpu: str = DEFAULT_GPU  # sizes the budget (unless kv_cache_gib) and the cost model
     gpu_memory_utilization: float = 0.9
@@ -67,7 +63,6 @@ def prepare(config: RunConfig) -> Prepared:
     spec = get_engine(config.engine)
     model = get_model(config.model)
     gpu = get_gpu(config.emulate_gpu)
-    check_rate(config.rate)
     bs = config.block_size
     if bs < 1 or bs & (bs - 1):
         raise KvbenchError(f"--block-size must be a positive power of two, got {bs}")
@@ -101,7 +96,7 @@ def prepare(config: RunConfig) -> Prepared:
         per_token_s=_or(config.cost_per_token_s, roofline.per_token_s, "--cost-per-token-s"),
         per_kv_token_s=_or(config.cost_per_kv_token_s, roofline.per_kv_token_s, "--cost-per-kv-token-s"),
     )
-    trace = make_trace(config.trace, config.num_requests, config.rate, config.seed)
+    trace = build_trace(config.workload)
     check_trace(trace, model)
     options = EngineOptions(
         num_slots=budget.num_slots,

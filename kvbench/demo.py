@@ -15,6 +15,7 @@ from kvbench.config import RunConfig
 from kvbench.paper import FIG2_OCCUPANCY, FIG13_BATCHED, FIG13_RATE, PAPER_NAMES
 from kvbench.results import write_json
 from kvbench.simulate import RunResult, simulate, write_result
+from workloads.spec import WorkloadSpec
 
 DEMO_ENGINES = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged")
 
@@ -53,14 +54,8 @@ def run_demo(
 ) -> list[DemoRow]:
     rows = []
     for engine in DEMO_ENGINES:
-        config = RunConfig(
-            engine=engine,
-            trace=trace,
-            rate=FIG13_RATE[trace],
-            num_requests=num_requests,
-            seed=seed,
-            kv_cache_gib=12.0,
-        )
+        workload = WorkloadSpec(trace, num_requests=num_requests, seed=seed, rate=FIG13_RATE[trace])
+        config = RunConfig(engine=engine, workload=workload, kv_cache_gib=12.0)
         result = simulate(config)
         write_result(result, out / engine)
         rows.append(_row(result))

@@ -12,10 +12,16 @@ KV simply compute every request's whole prompt, as the paper's Orca does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
+    """One request of a trace; immutable.
+
+    A NamedTuple rather than a frozen dataclass: equally immutable, and about ten times
+    faster to build, which is most of the time of loading a million-request trace.
+    """
+
     request_id: int
     arrival_s: float  # seconds from the start of the trace
     prompt_len: int  # tokens in the prompt

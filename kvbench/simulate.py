@@ -30,7 +30,8 @@ def simulate(config: RunConfig, *, coalesce: bool = True, prepared: Prepared | N
     summary = {
         "engine": config.engine,
         "model": config.model,
-        "trace": config.trace,
+        "trace": prepared.trace.name,
+        "trace_source": prepared.trace.source,
         "mode": "simulated",
         "kv_budget_bytes": prepared.budget.budget_bytes,
         "kv_budget_source": prepared.budget.source,

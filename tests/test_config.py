@@ -11,6 +11,7 @@ from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
 from kvbench.models import MODELS, get_model
 from kvbench.requests import Request, Trace
+from workloads.spec import WorkloadSpec
 
 
 @pytest.mark.parametrize(
@@ -82,7 +83,7 @@ def test_check_trace_names_the_request_that_exceeds_the_model():
 
 
 def test_prepare_resolves_defaults():
-    prepared = prepare(RunConfig(engine="paged", num_requests=10))
+    prepared = prepare(RunConfig(engine="paged", workload=WorkloadSpec(num_requests=10, rate=1.0)))
     assert prepared.options.scheduler.max_num_batched_tokens == 2048
     assert prepared.options.num_slots == 15_512  # emulated A100-40GB by default
     assert len(prepared.trace) == 10
@@ -90,4 +91,4 @@ def test_prepare_resolves_defaults():
 
 def test_block_size_larger_than_the_arena_is_refused():
     with pytest.raises(KvbenchError, match="--block-size 4096 exceeds the KV arena"):
-        prepare(RunConfig(engine="paged", kv_cache_gib=0.002, block_size=4096, num_requests=1))
+        prepare(RunConfig(engine="paged", kv_cache_gib=0.002, block_size=4096))

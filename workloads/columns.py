@@ -9,6 +9,7 @@ file, the line and the column.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -60,26 +61,41 @@ class Columns:
         return Columns(**out)
 
 
-def _fail(where: str, cols: Columns, bad: np.ndarray, column: str, why: str, values: np.ndarray) -> None:
-    """Raise for the first True of `bad` (N,), naming file, line and column."""
+@dataclass(frozen=True)
+class Where:
+    """How errors name a source: its path, its unit of position, its own column names."""
+
+    source: str  # a file path or a spec
+    unit: str = "line"  # "row" for files without lines (Parquet)
+    column_names: Mapping[str, str] = field(default_factory=dict)  # field -> column as in the file
+
+    def column(self, name: str) -> str:
+        return self.column_names.get(name, name)
+
+
+def _fail(where: Where, cols: Columns, bad: np.ndarray, column: str, why: str, values: np.ndarray) -> None:
+    """Raise for the first True of `bad` (N,), naming file, line (or row) and column."""
     row = int(np.flatnonzero(bad)[0])
     line = int(cols.lines[row]) if cols.lines is not None else row + 1
     value = values[row].item() if isinstance(values[row], np.generic) else values[row]
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    raise KvbenchError(f"{where}: line {line}, column {column}: {why}, got {value!r}")
+    raise KvbenchError(
+        f"{where.source}: {where.unit} {line}, column {where.column(column)}: {why}, got {value!r}"
+    )
 
 
-def to_trace(cols: Columns, name: str, where: str, *, hash_block_size: int | None = None) -> Trace:
+def to_trace(cols: Columns, name: str, where: str | Where, *, hash_block_size: int | None = None) -> Trace:
     """Validate every column and build the `Trace` (rows must already be in arrival order).
 
-    `where` names the source in errors (a file path, a spec). Duplicate or unsorted arrival
-    times are errors: a trace's order is its arrival order, and replaying a shuffled file would
-    silently reorder requests.
+    `where` names the source in errors (a file path or spec, or a `Where` with the file's own
+    column names). Decreasing arrival times are errors: a trace's order is its arrival order,
+    and replaying a shuffled file would silently reorder requests; equal times are fine.
     """
+    where = where if isinstance(where, Where) else Where(where)
     count = len(cols)
     if count == 0:
-        raise KvbenchError(f"{where}: the trace has no requests")
+        raise KvbenchError(f"{where.source}: the trace has no requests")
     arrival = np.asarray(cols.arrival_s, dtype=np.float64)
     _fail_if(~np.isfinite(arrival) | (arrival < 0), where, cols, "arrival_s", "must be a time >= 0", arrival)
     if count > 1:
@@ -90,10 +106,11 @@ def to_trace(cols: Columns, name: str, where: str, *, hash_block_size: int | Non
     ids = (
         np.arange(count) if cols.request_id is None else _ints(cols.request_id, where, cols, "request_id", 0)
     )
-    if len(np.unique(ids)) != count:
-        order = np.argsort(ids, kind="stable")
+    order = np.argsort(ids, kind="stable")  # sorting beats hashing (np.unique) on 1M ids
+    repeats = np.diff(ids[order]) == 0
+    if repeats.any():
         dup = np.zeros(count, dtype=bool)
-        dup[order[1:][np.diff(ids[order]) == 0]] = True
+        dup[order[1:][repeats]] = True
         _fail(where, cols, dup, "request_id", "request ids must be unique", ids)
     ints = {
         "prefix_len": _optional(cols.prefix_len, where, cols, "prefix_len", 0, count, 0),
@@ -134,15 +151,15 @@ def to_trace(cols: Columns, name: str, where: str, *, hash_block_size: int | Non
             ints["beam_width"].tolist(), strict=True,
         )
     )  # fmt: skip
-    return Trace(name, requests, source=where, hash_block_size=hash_block_size, meta=dict(cols.extra))
+    return Trace(name, requests, source=where.source, hash_block_size=hash_block_size, meta=dict(cols.extra))
 
 
-def _fail_if(bad: np.ndarray, where: str, cols: Columns, column: str, why: str, values: np.ndarray) -> None:
+def _fail_if(bad: np.ndarray, where: Where, cols: Columns, column: str, why: str, values: np.ndarray) -> None:
     if bad.any():
         _fail(where, cols, bad, column, why, values)
 
 
-def _ints(values: np.ndarray, where: str, cols: Columns, column: str, minimum: int) -> np.ndarray:
+def _ints(values: np.ndarray, where: Where, cols: Columns, column: str, minimum: int) -> np.ndarray:
     """`values` as int64, refusing fractions, NaN and values below `minimum`."""
     as_float = np.asarray(values, dtype=np.float64)
     _fail_if(~np.isfinite(as_float), where, cols, column, "must be a number", as_float)
@@ -152,7 +169,13 @@ def _ints(values: np.ndarray, where: str, cols: Columns, column: str, minimum: i
 
 
 def _optional(
-    values: np.ndarray | None, where: str, cols: Columns, column: str, minimum: int, count: int, default: int
+    values: np.ndarray | None,
+    where: Where,
+    cols: Columns,
+    column: str,
+    minimum: int,
+    count: int,
+    default: int,
 ) -> np.ndarray:
     """An optional integer column; missing values (None or NaN: a blank CSV cell) take `default`."""
     if values is None:
@@ -163,3 +186,35 @@ def _optional(
         return _ints(as_float, where, cols, column, minimum)
     present = _ints(np.where(blank, minimum, as_float), where, cols, column, minimum)
     return np.where(blank, default, present)
+
+
+def columns_of(trace: Trace) -> Columns:
+    """A trace back in columns (to transform it: window, re-time, add sharing)."""
+    reqs = trace.requests
+    count = len(reqs)
+
+    def ints(name: str, default: int) -> np.ndarray | None:
+        values = [getattr(r, name) for r in reqs]
+        if all(v == default for v in values):
+            return None
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+
+    def objects(name: str) -> list | None:
+        values = [getattr(r, name) for r in reqs]
+        return None if all(v is None for v in values) else values
+
+    return Columns(
+        arrival_s=np.fromiter((r.arrival_s for r in reqs), dtype=np.float64, count=count),
+        prompt_len=np.fromiter((r.prompt_len for r in reqs), dtype=np.int64, count=count),
+        output_len=np.fromiter((r.output_len for r in reqs), dtype=np.int64, count=count),
+        request_id=np.fromiter((r.request_id for r in reqs), dtype=np.int64, count=count),
+        prefix_len=ints("prefix_len", 0),
+        turn=ints("turn", None),
+        n=ints("n", 1),
+        beam_width=ints("beam_width", 1),
+        prefix_group=objects("prefix_group"),
+        conversation_id=objects("conversation_id"),
+        prompt_ids=objects("prompt_ids"),
+        block_hashes=objects("block_hashes"),
+        extra=dict(trace.meta),
+    )

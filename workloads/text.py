@@ -196,3 +196,30 @@ def text_trace(
         extra={"skipped_records": skipped, "filtered_pairs": filtered, "timestamps": False},
     )
     return to_trace(cols, name, where)
+
+
+def text_source(
+    kind: str, target: str, tokenizer: str | None, num_requests: int | None, seed: int, filtered: bool
+) -> Trace:
+    """The trace of a `sharegpt:FILE`, `alpaca:FILE` or `dataset:PATH?prompt=A&response=B` spec."""
+    where = f"{kind}:{target}"
+    if tokenizer is None:
+        raise KvbenchError(f"--trace {where} needs --tokenizer DIR (a local tokenizer folder)")
+    path_text, _, query = target.partition("?")
+    path = Path(path_text)
+    strict = not filtered
+    if kind == "sharegpt":
+        pairs, skipped = sharegpt_pairs(path, strict)
+    elif kind == "alpaca":
+        pairs, skipped = alpaca_pairs(path, strict)
+    else:
+        options = dict(item.partition("=")[::2] for item in query.split("&") if item)
+        if "prompt" not in options or "response" not in options:
+            raise KvbenchError(
+                f"--trace {where}: name the text columns, e.g. dataset:{path}?prompt=q&response=a"
+            )
+        pairs, skipped = dataset_pairs(path, options["prompt"], options["response"], strict)
+    return text_trace(
+        pairs, skipped, load_tokenizer(tokenizer), name=path.stem, where=where,
+        num_requests=num_requests, seed=seed, text_filter=TextFilter(enabled=filtered),
+    )  # fmt: skip

@@ -1,0 +1,102 @@
+"""`kvbench trace`: make, inspect, plot and convert workload traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvbench import cli_options as opt
+from kvbench.errors import KvbenchError
+from workloads.spec import WorkloadSpec, build_trace
+
+app = typer.Typer(
+    help="Make, inspect, plot and convert workload traces.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+Out = Annotated[Path, typer.Option(help="Output file: .jsonl, .csv or .parquet.")]
+
+
+def _load(source: str):
+    """A trace from a file, or built from a spec with default options."""
+    return build_trace(WorkloadSpec(source=source, arrivals=None if Path(source).is_file() else "all"))
+
+
+@app.command(short_help="Build a trace from a preset, spec or file and write it.")
+@opt.user_errors
+def make(
+    spec: Annotated[str, typer.Argument(help="Preset, spec or trace file (see kvbench simulate --help).")],
+    out: Out,
+    num_requests: opt.NumRequests = None,
+    seed: opt.Seed = 0,
+    arrivals: opt.Arrivals = None,
+    rate: opt.Rate = None,
+    burstiness: opt.Burstiness = 1.0,
+    time_scale: opt.TimeScale = 1.0,
+    window_start: opt.WindowStart = 0.0,
+    window_duration: opt.WindowDuration = None,
+    tokenizer: opt.Tokenizer = None,
+    text_filter: opt.TextFilter = True,
+    n: opt.N = 1,
+    beam_width: opt.BeamWidth = 1,
+    prefix: opt.Prefix = None,
+    prefix_groups: opt.PrefixGroups = 1,
+    chat_turns: opt.ChatTurns = None,
+    max_history: opt.MaxHistory = 1024,
+) -> None:
+    """Build a trace (lengths, sharing, arrivals) and write it in kvbench's trace format."""
+    from workloads.tracefile import write_trace
+
+    trace = build_trace(
+        WorkloadSpec(
+            source=spec, num_requests=num_requests, seed=seed, arrivals=arrivals, rate=rate,
+            burstiness=burstiness, time_scale=time_scale, window_start_s=window_start,
+            window_duration_s=window_duration, tokenizer=tokenizer, text_filter=text_filter, n=n,
+            beam_width=beam_width, prefix=prefix, prefix_groups=prefix_groups, chat_turns=chat_turns,
+            max_history=max_history,
+        )
+    )  # fmt: skip
+    write_trace(trace, out)
+    typer.echo(f"wrote {len(trace)} requests to {out}")
+
+
+@app.command(short_help="Counts, rates and length percentiles of a trace.")
+@opt.user_errors
+def stats(source: Annotated[str, typer.Argument(help="Trace file, preset or spec.")]) -> None:
+    """Print count, duration, rate, interarrival CV, length percentiles and prefix reuse."""
+    from workloads.stats import format_stats, trace_stats
+
+    typer.echo(format_stats(trace_stats(_load(source))))
+
+
+@app.command(short_help="Length histograms and arrivals over time, as PNG and SVG.")
+@opt.user_errors
+def plot(
+    source: Annotated[str, typer.Argument(help="Trace file, preset or spec.")],
+    out: Annotated[Path, typer.Option(help="PNG file (an SVG is written beside it).")],
+) -> None:
+    """Plot input/output length histograms (the paper's Figure 11) and the arrival rate."""
+    from workloads.plot import plot_trace
+
+    for path in plot_trace(_load(source), out):
+        typer.echo(f"wrote {path}")
+
+
+@app.command(short_help="Convert a trace file to another format.")
+@opt.user_errors
+def convert(
+    source: Annotated[Path, typer.Argument(help="Any trace file kvbench reads.")],
+    out: Out,
+) -> None:
+    """Read any supported trace file and write it in kvbench's format (by the output suffix)."""
+    from workloads.tracefile import read_trace, write_trace
+
+    if not source.is_file():
+        raise KvbenchError(f"{source}: no such file")
+    trace = read_trace(source)
+    write_trace(trace, out)
+    typer.echo(f"wrote {len(trace)} requests to {out}")

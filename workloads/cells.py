@@ -1,0 +1,105 @@
+"""Cell conversions for the trace readers: a whole column at once, the culprit found on failure.
+
+Each converter hands numpy the entire column (a chunk of up to `textcols.CHUNK` cells), which is
+what makes a million-row file fast; only when numpy refuses does it walk the cells one by one to
+report the first bad one with its file, line and column. Range and whole-number checks are left
+to `to_trace`: here only text that is not a number (or a date, or a list) at all is caught.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+
+from workloads.textcols import fail
+
+
+def numbers(
+    cells: Sequence[str], lines: np.ndarray, where: str, column: str, blank_ok: bool = False
+) -> np.ndarray:
+    """Text cells (n,) as an (n,) int64 array when all are integers, else float64.
+
+    With `blank_ok`, blank cells become NaN (``Columns``' mark for "take the default"). Range
+    and whole-number checks are left to ``to_trace``; only unparseable text is caught here.
+    """
+    try:
+        return np.array(cells, dtype=np.int64)
+    except (ValueError, OverflowError):
+        pass
+    if blank_ok:
+        cells = [cell if cell.strip() else "nan" for cell in cells]
+    try:
+        return np.array(cells, dtype=np.float64)
+    except ValueError:
+        pass
+    for cell, line in zip(cells, lines.tolist(), strict=True):
+        try:
+            np.array([cell], dtype=np.float64)
+        except ValueError:
+            fail(where, line, column, f"not a number, got {cell!r}" if cell.strip() else "empty cell")
+    raise AssertionError("numpy rejected a column whose cells it accepts one by one")
+
+
+def json_numbers(
+    values: list, lines: np.ndarray, where: str, column: str, required: bool = True
+) -> np.ndarray:
+    """JSON values (n,) as int64 (all ints) or float64; a missing optional value becomes NaN."""
+    kinds = set(map(type, values))
+    if kinds <= {int}:
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            pass
+    allowed = {int, float} if required else {int, float, type(None)}
+    if kinds <= allowed:
+        return np.array(values, dtype=np.float64)
+    for value, line in zip(values, lines.tolist(), strict=True):
+        if type(value) not in allowed:
+            fail(where, line, column, "missing" if value is None else f"must be a number, got {value!r}")
+    raise AssertionError("unreachable")
+
+
+def datetimes_ns(cells: Sequence[str], lines: np.ndarray, where: str, column: str) -> np.ndarray:
+    """Wall-clock text cells (n,) such as ``2023-11-16 18:15:46.6805900`` as (n,) int64 nanoseconds.
+
+    numpy parses ISO dates with a space or 'T' and up to nine fractional digits; a timezone
+    suffix is converted to UTC (its warning silenced: only differences matter here).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            stamps = np.array(cells, dtype="datetime64[ns]")  # (n,)
+        except ValueError:
+            stamps = None
+        if stamps is None or np.isnat(stamps).any():
+            for cell, line in zip(cells, lines.tolist(), strict=True):
+                try:
+                    ok = not np.isnat(np.datetime64(cell, "ns"))
+                except ValueError:
+                    ok = False
+                if not ok:
+                    fail(where, line, column, f"not a date and time, got {cell!r}")
+    if stamps is None:
+        raise AssertionError("numpy rejected a column whose cells it accepts one by one")
+    return stamps.astype(np.int64)
+
+
+def int_lists(
+    cells: Sequence[str], lines: np.ndarray, where: str, column: str
+) -> list[tuple[int, ...] | None]:
+    """List cells: space-separated integers; blank: None (the default); ``[]``: an empty list."""
+    out: list[tuple[int, ...] | None] = []
+    for cell, line in zip(cells, lines.tolist(), strict=True):
+        text = cell.strip()
+        if not text:
+            out.append(None)
+        elif text == "[]":
+            out.append(())
+        else:
+            try:
+                out.append(tuple(map(int, text.split())))
+            except ValueError:
+                fail(where, line, column, f"expected space-separated integers, got {cell!r}")
+    return out

@@ -1,0 +1,51 @@
+"""Plots of a trace: length histograms (the paper's Figure 11) and arrivals over time.
+
+Pure functions of a `Trace`, written to PNG (and SVG beside it); matplotlib is imported
+lazily so the rest of kvbench works without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from kvbench.errors import KvbenchError
+from kvbench.requests import Trace
+
+
+def plot_trace(trace: Trace, out: Path) -> list[Path]:
+    """Write `out` (PNG) and its SVG twin; returns both paths."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise KvbenchError("kvbench trace plot needs matplotlib: pip install 'kvbench[plot]'") from None
+    prompt = np.fromiter((r.prompt_len for r in trace.requests), dtype=np.int64)
+    output = np.fromiter((r.output_len for r in trace.requests), dtype=np.int64)
+    arrival = np.fromiter((r.arrival_s for r in trace.requests), dtype=np.float64)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
+    for ax, values, label in ((axes[0], prompt, "input"), (axes[1], output, "output")):
+        ax.hist(values, bins=min(100, max(10, len(np.unique(values)))), color="#4C72B0", density=True)
+        ax.axvline(values.mean(), color="#C44E52", linestyle="--", label=f"mean {values.mean():.1f}")
+        ax.set(xlabel=f"# {label} tokens", ylabel="density", title=f"{label} length")
+        ax.legend()
+    span = float(arrival[-1] - arrival[0])
+    if span > 0:
+        bins = max(1, min(200, int(np.ceil(span))))
+        counts, edges = np.histogram(arrival, bins=bins)
+        axes[2].plot(edges[:-1], counts / np.diff(edges), color="#55A868")
+        axes[2].set(xlabel="time (s)", ylabel="requests / s", title="arrivals")
+    else:
+        axes[2].text(0.5, 0.5, "all requests arrive at t = 0", ha="center", va="center")
+        axes[2].set_axis_off()
+    fig.suptitle(f"{trace.name}: {len(trace)} requests")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = [out.with_suffix(".png"), out.with_suffix(".svg")]
+    for path in paths:
+        fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return paths

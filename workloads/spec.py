@@ -1,0 +1,227 @@
+"""Workload specs: one string and a few options name any trace kvbench can build.
+
+`--trace SPEC` (simulate) and `kvbench trace make SPEC` accept:
+
+| SPEC | lengths from |
+|---|---|
+| `sharegpt-paper`, `alpaca-paper` | the paper presets (Fig. 11 means, vLLM's filter) |
+| `fixed:prompt=512,output=128` | constant lengths |
+| `uniform:prompt=10..100,output=20..200` | uniform, bounds inclusive |
+| `lognormal:prompt_mean=161,prompt_cv=1.5,output_mean=338,output_cv=1` | lognormal by mean and CV |
+| `empirical:FILE` | (prompt, output) pairs resampled from any trace file |
+| `sharegpt:FILE`, `alpaca:FILE` | a text dataset, tokenized with `--tokenizer DIR` |
+| `dataset:FILE_OR_DIR?prompt=COL&response=COL` | any local dataset with text columns |
+| `FILE` | a trace file: kvbench JSONL/CSV/Parquet, Azure CSV, vidur/etalon CSV, Mooncake JSONL |
+
+Then, in this order: conversations (`chat_turns`: the lengths become each turn's new query
+and answer, the prompt is the history plus the query cut to `max_history` tokens, and turns
+are ordered turn-major so a conversation's next turn comes after the other conversations'
+current one), a shared prefix, parallel samples or beams, and arrival times (`arrivals`): a
+file with timestamps replays them (scaled and windowed) unless another process is asked for;
+anything else needs a `--rate`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from kvbench.errors import KvbenchError
+from kvbench.requests import Trace
+from workloads import arrivals, sharing, synthetic
+from workloads.columns import Columns, columns_of, to_trace
+from workloads.presets import PRESETS
+
+ARRIVALS = ("poisson", "gamma", "constant", "all", "replay")
+DEFAULT_NUM_REQUESTS = 1000  # for sources that generate lengths
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Everything that makes a trace; written to config.json so a run can be rebuilt."""
+
+    source: str = "sharegpt-paper"
+    num_requests: int | None = None  # None: 1000 generated, or every row of a file (in the window)
+    seed: int = 0
+    arrivals: str | None = None  # None: replay timestamps if the source has them, else poisson
+    rate: float | None = None  # req/s for poisson, gamma, constant
+    burstiness: float = 1.0  # gamma shape: 1 is Poisson, below 1 burstier
+    time_scale: float = 1.0  # replay: 2 plays the trace twice as fast
+    window_start_s: float = 0.0  # replay: skip requests before this time
+    window_duration_s: float | None = None  # replay: keep requests within this span
+    tokenizer: str | None = None  # text datasets: a local tokenizer folder
+    text_filter: bool = True  # text datasets: vLLM's ShareGPT filter (skips are counted)
+    n: int = 1  # parallel samples per request
+    beam_width: int = 1
+    prefix: str | None = None  # shared prefix: tokens, or fewshot-1 (80) / fewshot-5 (341)
+    prefix_groups: int = 1
+    chat_turns: int | None = None  # group requests into conversations of this many turns
+    max_history: int = 1024  # conversations: prompt = history truncated to the last L tokens
+
+
+def build_trace(spec: WorkloadSpec) -> Trace:
+    """The trace a spec names, deterministic for its seed."""
+    _check(spec)
+    length_rng, arrival_rng, share_rng = np.random.default_rng(spec.seed).spawn(3)
+    cols, timestamps, hash_block = _lengths(spec, length_rng)
+    if spec.chat_turns:
+        cols = sharing.multi_turn(cols.prompt_len, cols.output_len, spec.chat_turns, spec.max_history)
+        # turn-major order: every conversation's first turn, then every second turn, ... so a
+        # turn arrives well after the one before it (an open-loop trace cannot wait for the answer)
+        cols = cols.take(np.argsort(cols.turn, kind="stable"))
+    if spec.prefix:
+        cols = sharing.with_shared_prefix(cols, _prefix_tokens(spec.prefix), spec.prefix_groups, share_rng)
+    if spec.n > 1:
+        cols = sharing.with_parallel_samples(cols, spec.n)
+    if spec.beam_width > 1:
+        cols = sharing.with_beam_width(cols, spec.beam_width)
+    cols = _arrivals(spec, cols, timestamps, arrival_rng)
+    name = spec.source if spec.source in PRESETS else Path(spec.source.split(":", 1)[-1]).stem
+    trace = to_trace(cols, name, spec.source, hash_block_size=hash_block)
+    return replace(trace, meta={**trace.meta, "workload": _describe(spec)})
+
+
+def _check(spec: WorkloadSpec) -> None:
+    if spec.num_requests is not None and spec.num_requests < 1:
+        raise KvbenchError(f"--num-requests must be an integer >= 1, got {spec.num_requests}")
+    if spec.arrivals is not None and spec.arrivals not in ARRIVALS:
+        raise KvbenchError(f"unknown --arrivals {spec.arrivals!r}; choose one of: {', '.join(ARRIVALS)}")
+    for flag, value in (
+        ("--n", spec.n),
+        ("--beam-width", spec.beam_width),
+        ("--prefix-groups", spec.prefix_groups),
+    ):
+        if value < 1:
+            raise KvbenchError(f"{flag} must be >= 1, got {value}")
+    if spec.chat_turns is not None and spec.chat_turns < 1:
+        raise KvbenchError(f"--chat-turns must be >= 1, got {spec.chat_turns}")
+    if spec.time_scale <= 0 or not math.isfinite(spec.time_scale):
+        raise KvbenchError(f"--time-scale must be positive, got {spec.time_scale}")
+
+
+def _lengths(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[Columns, bool, int | None]:
+    """Columns with lengths (and timestamps, if the source has them), and the hash block size."""
+    kind, _, rest = spec.source.partition(":")
+    count = spec.num_requests or DEFAULT_NUM_REQUESTS
+    if spec.source in PRESETS:
+        return _generated(synthetic.PresetLengths(spec.source), count, rng), False, None
+    if kind in LENGTH_KINDS and rest:
+        return _generated(parse_lengths(kind, rest), count, rng), False, None
+    if kind == "empirical" and rest:
+        source = synthetic.EmpiricalLengths.from_trace(_read(rest))
+        return _generated(source, count, rng), False, None
+    if kind in ("sharegpt", "alpaca", "dataset") and rest:
+        from workloads.text import text_source
+
+        trace = text_source(kind, rest, spec.tokenizer, spec.num_requests, spec.seed, spec.text_filter)
+        return columns_of(trace), False, None
+    if Path(spec.source).is_file():
+        trace = _read(spec.source)
+        cols = columns_of(trace)
+        return cols, bool(cols.extra.get("timestamps", True)), trace.hash_block_size
+    raise KvbenchError(
+        f"unknown --trace {spec.source!r}: not a preset ({', '.join(PRESETS)}), a spec "
+        "(fixed:, uniform:, lognormal:, empirical:FILE, sharegpt:FILE, alpaca:FILE, dataset:FILE) "
+        "or an existing trace file"
+    )
+
+
+LENGTH_KINDS = {
+    "fixed": ("prompt", "output"),
+    "uniform": ("prompt", "output"),
+    "lognormal": ("prompt_mean", "prompt_cv", "output_mean", "output_cv"),
+}
+
+
+def parse_lengths(kind: str, body: str) -> synthetic.LengthSource:
+    """`prompt=161,prompt_cv=1.5,...` (uniform bounds as `lo..hi`) -> a length source."""
+    where = f"--trace {kind}:{body}"
+    values: dict[str, str] = {}
+    for item in body.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in LENGTH_KINDS[kind]:
+            raise KvbenchError(f"{where}: expected {'=..., '.join(LENGTH_KINDS[kind])}=..., got {item!r}")
+        values[key.strip()] = value.strip()
+    missing = [k for k in LENGTH_KINDS[kind] if k not in values]
+    if missing:
+        raise KvbenchError(f"{where}: missing {missing[0]}=")
+    try:
+        if kind == "fixed":
+            return synthetic.FixedLengths(int(values["prompt"]), int(values["output"]))
+        if kind == "uniform":
+            (p0, p1), (o0, o1) = (_bounds(values[k], k) for k in ("prompt", "output"))
+            return synthetic.UniformLengths(p0, p1, o0, o1)
+        return synthetic.LognormalLengths(*(float(values[k]) for k in LENGTH_KINDS["lognormal"]))
+    except ValueError as error:
+        raise KvbenchError(f"{where}: {error}") from None
+
+
+def _bounds(text: str, key: str) -> tuple[int, int]:
+    low, sep, high = text.partition("..")
+    if not sep:
+        raise ValueError(f"{key} must be LOW..HIGH, got {text!r}")
+    return int(low), int(high)
+
+
+def _read(path: str) -> Trace:
+    from workloads.tracefile import read_trace
+
+    return read_trace(Path(path))
+
+
+def _generated(source: synthetic.LengthSource, count: int, rng: np.random.Generator) -> Columns:
+    prompt, output = source.sample(count, rng)  # (N,), (N,)
+    return Columns(arrival_s=np.zeros(count), prompt_len=prompt, output_len=output)
+
+
+def _prefix_tokens(prefix: str) -> int:
+    if prefix in sharing.PREFIX_PRESETS:
+        return sharing.PREFIX_PRESETS[prefix]
+    try:
+        tokens = int(prefix)
+    except ValueError:
+        choices = ", ".join(sharing.PREFIX_PRESETS)
+        raise KvbenchError(f"--prefix must be a token count or one of {choices}, got {prefix!r}") from None
+    if tokens < 1:
+        raise KvbenchError(f"--prefix must be >= 1 token, got {tokens}")
+    return tokens
+
+
+def _arrivals(spec: WorkloadSpec, cols: Columns, timestamps: bool, rng: np.random.Generator) -> Columns:
+    """Set arrival times; for replays, cut the window and the request count."""
+    kind = spec.arrivals or ("replay" if timestamps else "poisson")
+    if kind == "replay":
+        if not timestamps:
+            raise KvbenchError(f"--arrivals replay: {spec.source} has no timestamps; give --rate instead")
+        index, times = arrivals.replay(
+            cols.arrival_s, spec.time_scale, spec.window_start_s, spec.window_duration_s, spec.num_requests
+        )
+        if len(index) == 0:
+            raise KvbenchError(
+                f"{spec.source}: no request lies in the --window-start/--window-duration window"
+            )
+        picked = cols.take(index)
+        picked.arrival_s = times
+        return picked
+    if spec.num_requests is not None and spec.num_requests < len(cols):
+        cols = cols.take(np.arange(spec.num_requests))
+    if kind == "all":
+        process = arrivals.AllAtOnce()
+    else:
+        if spec.rate is None:
+            raise KvbenchError(f"--arrivals {kind} needs --rate (requests per second)")
+        arrivals.check_rate(spec.rate)
+        process = {
+            "poisson": lambda: arrivals.Poisson(spec.rate),
+            "gamma": lambda: arrivals.Gamma(spec.rate, spec.burstiness),
+            "constant": lambda: arrivals.Constant(spec.rate),
+        }[kind]()
+    cols.arrival_s = process.times(len(cols), rng)
+    return cols
+
+
+def _describe(spec: WorkloadSpec) -> dict:
+    return {k: v for k, v in spec.__dict__.items() if v is not None}
