@@ -57,6 +57,7 @@ def simulate(
     prefix_groups: opt.PrefixGroups = 1,
     chat_turns: opt.ChatTurns = None,
     max_history: opt.MaxHistory = 1024,
+    max_total_len: opt.MaxTotalLen = None,
     kv_cache_gib: Annotated[
         float | None, typer.Option(help="KV budget in GiB (default: derived from --emulate-gpu).")
     ] = None,
@@ -100,7 +101,7 @@ def simulate(
         burstiness=burstiness, time_scale=time_scale, window_start_s=window_start,
         window_duration_s=window_duration, tokenizer=tokenizer, text_filter=text_filter, n=n,
         beam_width=beam_width, prefix=prefix, prefix_groups=prefix_groups, chat_turns=chat_turns,
-        max_history=max_history,
+        max_history=max_history, max_total_len=max_total_len,
     )  # fmt: skip
     config = RunConfig(
         engine=engine, model=model, workload=workload, kv_cache_gib=kv_cache_gib, emulate_gpu=emulate_gpu,

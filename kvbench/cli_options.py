@@ -83,3 +83,9 @@ def user_errors(command):
             raise typer.Exit(2) from None
 
     return wrapper
+
+
+MaxTotalLen = Annotated[
+    int | None,
+    typer.Option(help="Drop (and count) requests whose prompt + output exceed this.", rich_help_panel=_W),
+]

@@ -22,8 +22,12 @@ Out = Annotated[Path, typer.Option(help="Output file: .jsonl, .csv or .parquet."
 
 
 def _load(source: str):
-    """A trace from a file, or built from a spec with default options."""
-    return build_trace(WorkloadSpec(source=source, arrivals=None if Path(source).is_file() else "all"))
+    """A trace file as it is, or a spec built with its default options (all arriving at once)."""
+    if Path(source).is_file():
+        from workloads.tracefile import read_trace
+
+        return read_trace(Path(source))
+    return build_trace(WorkloadSpec(source=source, arrivals="all"))
 
 
 @app.command(short_help="Build a trace from a preset, spec or file and write it.")
@@ -47,6 +51,7 @@ def make(
     prefix_groups: opt.PrefixGroups = 1,
     chat_turns: opt.ChatTurns = None,
     max_history: opt.MaxHistory = 1024,
+    max_total_len: opt.MaxTotalLen = None,
 ) -> None:
     """Build a trace (lengths, sharing, arrivals) and write it in kvbench's trace format."""
     from workloads.tracefile import write_trace
@@ -57,7 +62,7 @@ def make(
             burstiness=burstiness, time_scale=time_scale, window_start_s=window_start,
             window_duration_s=window_duration, tokenizer=tokenizer, text_filter=text_filter, n=n,
             beam_width=beam_width, prefix=prefix, prefix_groups=prefix_groups, chat_turns=chat_turns,
-            max_history=max_history,
+            max_history=max_history, max_total_len=max_total_len,
         )
     )  # fmt: skip
     write_trace(trace, out)
@@ -90,7 +95,7 @@ def plot(
 @opt.user_errors
 def convert(
     source: Annotated[Path, typer.Argument(help="Any trace file kvbench reads.")],
-    out: Out,
+    out: Annotated[Path, typer.Argument(help="Output file: .jsonl, .csv or .parquet.")],
 ) -> None:
     """Read any supported trace file and write it in kvbench's format (by the output suffix)."""
     from workloads.tracefile import read_trace, write_trace

@@ -128,7 +128,8 @@ def check_trace(trace: Trace, model: ModelSpec) -> None:
             raise KvbenchError(
                 f"--trace {trace.name}: request {request.request_id} has prompt "
                 f"{request.prompt_len} + output {request.output_len} tokens, more than "
-                f"{model.name}'s maximum length {model.max_len} (--model)"
+                f"{model.name}'s maximum length {model.max_len} (--model; --max-total-len "
+                f"{model.max_len} drops such requests)"
             )
 
 

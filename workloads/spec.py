@@ -60,6 +60,7 @@ class WorkloadSpec:
     prefix_groups: int = 1
     chat_turns: int | None = None  # group requests into conversations of this many turns
     max_history: int = 1024  # conversations: prompt = history truncated to the last L tokens
+    max_total_len: int | None = None  # drop (and count) requests with prompt + output above this
 
 
 def build_trace(spec: WorkloadSpec) -> Trace:
@@ -67,6 +68,8 @@ def build_trace(spec: WorkloadSpec) -> Trace:
     _check(spec)
     length_rng, arrival_rng, share_rng = np.random.default_rng(spec.seed).spawn(3)
     cols, timestamps, hash_block = _lengths(spec, length_rng)
+    if spec.max_total_len is not None:
+        cols = _drop_longer(cols, spec.max_total_len)
     if spec.chat_turns:
         cols = sharing.multi_turn(cols.prompt_len, cols.output_len, spec.chat_turns, spec.max_history)
         # turn-major order: every conversation's first turn, then every second turn, ... so a
@@ -177,6 +180,19 @@ def _generated(source: synthetic.LengthSource, count: int, rng: np.random.Genera
     return Columns(arrival_s=np.zeros(count), prompt_len=prompt, output_len=output)
 
 
+def _drop_longer(cols: Columns, limit: int) -> Columns:
+    """Keep requests with prompt + output <= limit; the count dropped goes to `Trace.meta`."""
+    if limit < 2:
+        raise KvbenchError(f"--max-total-len must be >= 2, got {limit}")
+    keep = np.flatnonzero(cols.prompt_len + cols.output_len <= limit)  # (K,) rows kept
+    if len(keep) == 0:
+        raise KvbenchError(f"--max-total-len {limit}: no request is that short")
+    dropped = len(cols) - len(keep)
+    cols = cols.take(keep) if dropped else cols
+    cols.extra = {**cols.extra, "dropped_longer_than": limit, "dropped_requests": dropped}
+    return cols
+
+
 def _prefix_tokens(prefix: str) -> int:
     if prefix in sharing.PREFIX_PRESETS:
         return sharing.PREFIX_PRESETS[prefix]
@@ -212,7 +228,8 @@ def _arrivals(spec: WorkloadSpec, cols: Columns, timestamps: bool, rng: np.rando
         process = arrivals.AllAtOnce()
     else:
         if spec.rate is None:
-            raise KvbenchError(f"--arrivals {kind} needs --rate (requests per second)")
+            why = "has no timestamps" if not timestamps else f"is re-timed by --arrivals {kind}"
+            raise KvbenchError(f"--trace {spec.source} {why}: give --rate R (requests/s) or --arrivals all")
         arrivals.check_rate(spec.rate)
         process = {
             "poisson": lambda: arrivals.Poisson(spec.rate),
