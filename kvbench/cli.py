@@ -7,6 +7,7 @@ traceback means a kvbench bug.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -36,28 +37,12 @@ def _choices(names) -> str:
 
 @app.command(short_help="Simulate one engine on a trace: real allocator and scheduler, modelled time.")
 @opt.user_errors
+@opt.with_workload
 def simulate(
+    workload: WorkloadSpec,  # the workload flags, see cli_options.with_workload
     engine: Annotated[str, typer.Option(help=f"Engine: {_choices(ENGINES)}.")],
     out: Annotated[Path, typer.Option(help="Folder for config.json, steps.csv, requests.csv, summary.json.")],
     model: Annotated[str, typer.Option(help=f"Model preset: {_choices(MODELS)}.")] = "opt-13b",
-    trace: opt.Trace = "sharegpt-paper",
-    num_requests: opt.NumRequests = None,
-    seed: opt.Seed = 0,
-    arrivals: opt.Arrivals = None,
-    rate: opt.Rate = None,
-    burstiness: opt.Burstiness = 1.0,
-    time_scale: opt.TimeScale = 1.0,
-    window_start: opt.WindowStart = 0.0,
-    window_duration: opt.WindowDuration = None,
-    tokenizer: opt.Tokenizer = None,
-    text_filter: opt.TextFilter = True,
-    n: opt.N = 1,
-    beam_width: opt.BeamWidth = 1,
-    prefix: opt.Prefix = None,
-    prefix_groups: opt.PrefixGroups = 1,
-    chat_turns: opt.ChatTurns = None,
-    max_history: opt.MaxHistory = 1024,
-    max_total_len: opt.MaxTotalLen = None,
     kv_cache_gib: Annotated[
         float | None, typer.Option(help="KV budget in GiB (default: derived from --emulate-gpu).")
     ] = None,
@@ -94,15 +79,8 @@ def simulate(
     from kvbench.simulate import simulate as run_simulation
     from kvbench.simulate import write_result
 
-    if rate is None and arrivals is None and trace in PRESETS:
-        rate = 1.0  # presets have no timestamps; keep the historical default
-    workload = WorkloadSpec(
-        source=trace, num_requests=num_requests, seed=seed, arrivals=arrivals, rate=rate,
-        burstiness=burstiness, time_scale=time_scale, window_start_s=window_start,
-        window_duration_s=window_duration, tokenizer=tokenizer, text_filter=text_filter, n=n,
-        beam_width=beam_width, prefix=prefix, prefix_groups=prefix_groups, chat_turns=chat_turns,
-        max_history=max_history, max_total_len=max_total_len,
-    )  # fmt: skip
+    if workload.rate is None and workload.arrivals is None and workload.source in PRESETS:
+        workload = replace(workload, rate=1.0)  # presets have no timestamps; 1 req/s unless told
     config = RunConfig(
         engine=engine, model=model, workload=workload, kv_cache_gib=kv_cache_gib, emulate_gpu=emulate_gpu,
         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, max_num_seqs=max_num_seqs,

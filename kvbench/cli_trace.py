@@ -32,39 +32,12 @@ def _load(source: str):
 
 @app.command(short_help="Build a trace from a preset, spec or file and write it.")
 @opt.user_errors
-def make(
-    spec: Annotated[str, typer.Argument(help="Preset, spec or trace file (see kvbench simulate --help).")],
-    out: Out,
-    num_requests: opt.NumRequests = None,
-    seed: opt.Seed = 0,
-    arrivals: opt.Arrivals = None,
-    rate: opt.Rate = None,
-    burstiness: opt.Burstiness = 1.0,
-    time_scale: opt.TimeScale = 1.0,
-    window_start: opt.WindowStart = 0.0,
-    window_duration: opt.WindowDuration = None,
-    tokenizer: opt.Tokenizer = None,
-    text_filter: opt.TextFilter = True,
-    n: opt.N = 1,
-    beam_width: opt.BeamWidth = 1,
-    prefix: opt.Prefix = None,
-    prefix_groups: opt.PrefixGroups = 1,
-    chat_turns: opt.ChatTurns = None,
-    max_history: opt.MaxHistory = 1024,
-    max_total_len: opt.MaxTotalLen = None,
-) -> None:
+@opt.with_workload(source_argument=True)
+def make(workload: WorkloadSpec, out: Out) -> None:
     """Build a trace (lengths, sharing, arrivals) and write it in kvbench's trace format."""
     from workloads.tracefile import write_trace
 
-    trace = build_trace(
-        WorkloadSpec(
-            source=spec, num_requests=num_requests, seed=seed, arrivals=arrivals, rate=rate,
-            burstiness=burstiness, time_scale=time_scale, window_start_s=window_start,
-            window_duration_s=window_duration, tokenizer=tokenizer, text_filter=text_filter, n=n,
-            beam_width=beam_width, prefix=prefix, prefix_groups=prefix_groups, chat_turns=chat_turns,
-            max_history=max_history, max_total_len=max_total_len,
-        )
-    )  # fmt: skip
+    trace = build_trace(workload)
     write_trace(trace, out)
     typer.echo(f"wrote {len(trace)} requests to {out}")
 
