@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from kvbench.errors import KvbenchError
-from workloads import PRESETS, make_trace, poisson_arrivals
+from workloads import PRESETS, make_trace
+from workloads.arrivals import poisson_arrivals
 from workloads.presets import sample_lengths
 
 
