@@ -66,6 +66,14 @@ class KVAllocator(Protocol):
         """Make room for `seq.num_tokens`; return `(src, dst)` block copies to perform first."""
         ...
 
+    def append_all(self, seqs: Seq[Sequence]) -> list[tuple[int, int]] | None:
+        """`append` for every sequence if all of them fit, else None and nothing changed.
+
+        The decode step's fast path: when no one must be preempted, one pass replaces a
+        `can_append`/`append` pair per sequence.
+        """
+        ...
+
     def free(self, seq: Sequence) -> None: ...
 
     def growth_horizon(self, seqs: Seq[Sequence], max_steps: int) -> int:

@@ -89,6 +89,9 @@ class ContiguousAllocator:
         assert seq.num_tokens <= self._extents[seq].asked, "sequence outgrew its reservation"
         return []
 
+    def append_all(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:
+        return []  # every extent already covers its sequence's whole future
+
     def free(self, seq: Sequence) -> None:
         extent = self._extents.pop(seq)
         self.arena.release(extent.start)

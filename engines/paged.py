@@ -87,6 +87,17 @@ class PagedAllocator:
             table.extend(self._take() for _ in range(need - len(table)))
         return copies
 
+    def append_all(self, seqs: Seq[Sequence]) -> list[tuple[int, int]] | None:
+        if self._num_shared:
+            return None  # copy-on-write is decided sequence by sequence
+        bs, tables = self.block_size, self._tables
+        needy = [seq for seq in seqs if -(-seq.num_tokens // bs) > len(tables[seq])]
+        if sum([-(-seq.num_tokens // bs) - len(tables[seq]) for seq in needy]) > len(self._free):
+            return None
+        for seq in needy:
+            self.append(seq)
+        return []
+
     def _copy_on_write(self, seq: Sequence, table: list[int]) -> list[tuple[int, int]]:
         copies = []
         for index in self._shared_written(seq, table):

@@ -123,16 +123,26 @@ class Scheduler:
         return Batch(tuple(admitted), True, tokens, tokens) if admitted else None
 
     def _make_room(self) -> Batch | None:
-        """Give every running sequence its next slot, preempting the newest when out of room.
+        """Give every running sequence its next slot; the decode batch, None if none remain."""
+        running = self.running
+        copies = self.allocator.append_all(running)
+        if copies is None:
+            copies = self._place_with_preemption()
+        if not running:
+            return None
+        context = sum([seq.num_tokens for seq in running])
+        shortest = min([seq.request.output_len - seq.num_generated for seq in running])
+        return Batch(tuple(running), False, len(running), context, shortest, tuple(copies))
+
+    def _place_with_preemption(self) -> list[tuple[int, int]]:
+        """Slots one by one in admission order, preempting the newest when out of room.
 
         `running[:placed]` have their slot; victims are taken from the end of the list
-        (the newest admitted), possibly down to the sequence being placed itself. Returns
-        the decode batch of those placed, None if none could be.
+        (the newest admitted), possibly down to the sequence being placed itself.
         """
         alloc, running = self.allocator, self.running
         copies: list[tuple[int, int]] = []
         placed, end = 0, len(running)
-        context, shortest = 0, math.inf
         while placed < end:
             seq = running[placed]
             while not alloc.can_append(seq):
@@ -143,13 +153,9 @@ class Scheduler:
             else:
                 if cow := alloc.append(seq):
                     copies += cow
-                context += seq.num_tokens
-                shortest = min(shortest, seq.request.output_len - seq.num_generated)
                 placed += 1
         del running[placed:]
-        if not running:
-            return None
-        return Batch(tuple(running), False, len(running), context, shortest, tuple(copies))
+        return copies
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: drop the K/V, requeue at the head (it is the oldest waiter)."""
