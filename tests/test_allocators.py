@@ -917,3 +917,31 @@ def test_contiguous_free_restores_the_arena(fit):
     expected = buddy_initial(48) if fit == "buddy" else [(0, 48)]
     listing = alloc.arena.free_blocks() if fit == "buddy" else alloc.arena.free_runs()
     assert listing == expected
+
+
+def test_paged_append_all_is_all_or_nothing():
+    alloc = PagedAllocator(16, 2, watermark=0.0)  # 8 blocks of 2 slots
+    seqs = [new_seq(i, 2, 8) for i in range(3)]
+    for seq in seqs:
+        admit(alloc, seq)  # 3 tokens known, 1 block each: the next step needs a second block
+    assert alloc.append_all(seqs) == []
+    assert [blocks(alloc, s) for s in seqs] == [[0, 3], [1, 4], [2, 5]]  # in batch order
+    for seq in seqs:
+        seq.advance(1, 0.0)
+    assert alloc.append_all(seqs) == []  # position 3 still lies in block 2 of each: nothing taken
+    assert alloc.num_free_blocks == 2
+    for seq in seqs:
+        seq.advance(1, 0.0)
+    before = ([blocks(alloc, s) for s in seqs], alloc.num_free_blocks)
+    assert alloc.append_all(seqs) is None  # three need a block, two are free: nothing changes
+    assert ([blocks(alloc, s) for s in seqs], alloc.num_free_blocks) == before
+    alloc.check_integrity()
+
+
+def test_contiguous_append_all_takes_nothing():
+    alloc = contiguous(64, OracleReservation())
+    seqs = [new_seq(i, 4, 5) for i in range(2)]
+    for seq in seqs:
+        admit(alloc, seq)
+    free = alloc.arena.num_free
+    assert alloc.append_all(seqs) == [] and alloc.arena.num_free == free
