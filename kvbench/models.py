@@ -25,6 +25,8 @@ class ModelSpec:
     vocab: int
     max_len: int  # maximum sequence length (prompt + output); OPT's learned positions stop at 2048
     dtype_bytes: int = 2  # fp16/bf16 weights and KV
+    norm_eps: float = 1e-5  # LayerNorm (OPT) / RMSNorm (Llama) epsilon
+    rope_theta: float = 10000.0  # Llama rotary base
 
     @property
     def head_dim(self) -> int:
@@ -67,8 +69,8 @@ MODELS: dict[str, ModelSpec] = {
         _opt("opt-13b", 40, 5120, 40),
         _opt("opt-66b", 64, 9216, 72),
         _opt("opt-175b", 96, 12288, 96),
-        ModelSpec("llama-13b", "llama", 40, 5120, 40, 40, 13824, 32000, 2048),
-        ModelSpec("llama-3-8b", "llama", 32, 4096, 32, 8, 14336, 128256, 8192),
+        ModelSpec("llama-13b", "llama", 40, 5120, 40, 40, 13824, 32000, 2048, norm_eps=1e-6),
+        ModelSpec("llama-3-8b", "llama", 32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=500000.0),
     )
 }
 

@@ -1,0 +1,85 @@
+"""OPT (the paper's models): learned positions, pre-LayerNorm, ReLU MLP, MHA, biases everywhere.
+
+Parameter names mirror Hugging Face's `OPTForCausalLM` (`model.decoder.layers.0.fc1.weight`),
+so a checkpoint loads by name; the LM head is tied to the token embedding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvbench.modeling.attention import AttentionMetadata, attention
+from kvbench.modeling.causal_lm import CausalLM
+from kvbench.models import ModelSpec
+
+POSITION_OFFSET = 2  # OPT's learned positions start at index 2 (a quirk of its training code)
+
+
+class OPTAttention(nn.Module):
+    def __init__(self, spec: ModelSpec, **factory) -> None:
+        super().__init__()
+        h = spec.hidden
+        self.spec = spec
+        self.q_proj = nn.Linear(h, h, **factory)
+        self.k_proj = nn.Linear(h, h, **factory)
+        self.v_proj = nn.Linear(h, h, **factory)
+        self.out_proj = nn.Linear(h, h, **factory)
+
+    def forward(self, x, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        s = self.spec
+        shape = (x.shape[0], s.num_heads, s.head_dim)
+        q = self.q_proj(x).view(shape)  # [T, H, D]
+        k = self.k_proj(x).view(shape)  # [T, H, D]
+        v = self.v_proj(x).view(shape)  # [T, H, D]
+        o = attention(q, k, v, k_cache, v_cache, meta, s.head_dim**-0.5)  # [T, H, D]
+        return self.out_proj(o.reshape(x.shape))
+
+
+class OPTDecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, **factory) -> None:
+        super().__init__()
+        self.self_attn = OPTAttention(spec, **factory)
+        self.self_attn_layer_norm = nn.LayerNorm(spec.hidden, eps=spec.norm_eps, **factory)
+        self.fc1 = nn.Linear(spec.hidden, spec.ffn, **factory)
+        self.fc2 = nn.Linear(spec.ffn, spec.hidden, **factory)
+        self.final_layer_norm = nn.LayerNorm(spec.hidden, eps=spec.norm_eps, **factory)
+
+    def forward(self, h, positions, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        h = h + self.self_attn(self.self_attn_layer_norm(h), k_cache, v_cache, meta)  # [T, hidden]
+        return h + self.fc2(F.relu(self.fc1(self.final_layer_norm(h))))  # [T, hidden]
+
+
+class OPTDecoder(nn.Module):
+    def __init__(self, spec: ModelSpec, **factory) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, **factory)
+        self.embed_positions = nn.Embedding(spec.max_len + POSITION_OFFSET, spec.hidden, **factory)
+        self.layers = nn.ModuleList(OPTDecoderLayer(spec, **factory) for _ in range(spec.num_layers))
+        self.final_layer_norm = nn.LayerNorm(spec.hidden, eps=spec.norm_eps, **factory)
+
+
+class _OPTModel(nn.Module):
+    def __init__(self, spec: ModelSpec, **factory) -> None:
+        super().__init__()
+        self.decoder = OPTDecoder(spec, **factory)
+
+
+class OPTForCausalLM(CausalLM):
+    def __init__(self, spec: ModelSpec, **factory) -> None:
+        super().__init__()
+        self.spec = spec
+        self.model = _OPTModel(spec, **factory)
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False, **factory)
+        self.lm_head.weight = self.model.decoder.embed_tokens.weight  # tied
+
+    def embed(self, input_ids, positions) -> torch.Tensor:
+        d = self.model.decoder
+        return d.embed_tokens(input_ids) + d.embed_positions(positions + POSITION_OFFSET)  # [T, hidden]
+
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.model.decoder.layers
+
+    def final_norm(self) -> nn.Module:
+        return self.model.decoder.final_layer_norm
