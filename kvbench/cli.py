@@ -7,7 +7,7 @@ traceback means a kvbench bug.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -35,11 +35,9 @@ def _choices(names) -> str:
     return ", ".join(names)
 
 
-@app.command(short_help="Simulate one engine on a trace: real allocator and scheduler, modelled time.")
-@opt.user_errors
-@opt.with_workload
-def simulate(
+def _job(
     workload: WorkloadSpec,  # the workload flags, see cli_options.with_workload
+    real: opt.RealOptions | None,  # None: simulate; else the real-run flags (cli_options.with_real)
     engine: Annotated[str, typer.Option(help=f"Engine: {_choices(ENGINES)}.")],
     out: Annotated[Path, typer.Option(help="Folder for config.json, steps.csv, requests.csv, summary.json.")],
     model: Annotated[str, typer.Option(help=f"Model preset: {_choices(MODELS)}.")] = "opt-13b",
@@ -75,7 +73,7 @@ def simulate(
         bool, typer.Option(help="One row per step instead of coalescing identical decode steps.")
     ] = False,
 ) -> None:
-    """Replay a trace through one engine's real allocator and scheduler in simulated time."""
+    """Drive a trace through one engine: simulated (cost model) or real (the model on a device)."""
     from kvbench.simulate import simulate as run_simulation
     from kvbench.simulate import write_result
 
@@ -86,19 +84,33 @@ def simulate(
         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, contiguous_fit=contiguous_fit, watermark=watermark,
         cost_fixed_s=cost_fixed_s, cost_per_token_s=cost_per_token_s, cost_per_kv_token_s=cost_per_kv_token_s,
+        **(asdict(real) if real else {}),
     )  # fmt: skip
     start = time.perf_counter()
-    result = run_simulation(config, coalesce=not step_by_step)
+    if real is None:
+        result = run_simulation(config, coalesce=not step_by_step)
+    else:
+        from kvbench.real_run import run_real
+
+        result = run_real(config)
     write_result(result, out)
     s = result.summary
     occ = "  ".join(f"{k} {100 * v:.1f}%" for k, v in s["occupancy"].items())
     typer.echo(
-        f"{engine}: {s['completed']}/{s['num_requests']} requests in {s['makespan_s']:.1f} s simulated "
+        f"{engine}: {s['completed']}/{s['num_requests']} requests in {s['makespan_s']:.1f} s {s['mode']} "
         f"({time.perf_counter() - start:.2f} s wall), {s['request_throughput']:.2f} req/s, "
         f"{s['mean_batched_requests']:.1f} batched, "
         f"normalized latency {s['normalized_latency_s']:.3f} s/token, "
         f"{s['num_preemptions']} preemptions\n  occupancy: {occ}\n  results: {out}"
     )
+
+
+app.command(
+    "simulate", short_help="Simulate one engine on a trace: real allocator and scheduler, modelled time."
+)(opt.user_errors(opt.with_workload(opt.without(_job, real=None))))
+app.command("run", short_help="Run one engine on a trace with real decoding, measuring step times.")(
+    opt.user_errors(opt.with_workload(opt.with_real(_job)))
+)
 
 
 @app.command(short_help="Every engine on the paper's OPT-13B setting, beside the paper's numbers.")

@@ -72,33 +72,75 @@ _FLAGS = (
 )  # fmt: skip
 
 
-def with_workload(command=None, *, source_argument: bool = False):
-    """Append the workload flags to `command`'s options; call it with `workload=WorkloadSpec`.
+@dataclass(frozen=True)
+class RealOptions:
+    """What only a real run needs, beside a simulation's options."""
+
+    device: str = "cuda"
+    dtype: str = "auto"
+    temperature: float = 0.0
+    weights_seed: int = 0
+
+
+_REAL_FLAGS = (
+    _Flag("device", str, "Device to decode on: cuda, cuda:N or cpu."),
+    _Flag("dtype", str, "auto (bf16 on GPUs, fp32 on CPU), float16, bfloat16 or float32."),
+    _Flag("temperature", float, "0: greedy; above 0: seeded sampling, identical for every engine."),
+    _Flag("weights_seed", int, "Seed of a preset's random weights and of sampling."),
+)
+
+
+def _with_group(command, name: str, cls: type, flags: tuple[_Flag, ...], source_argument: bool = False):
+    """Append `flags` to `command`'s options and call it with `name=cls(**flag values)`.
 
     Typer reads a command's options from its signature, so the wrapper advertises the command's
-    own parameters (minus `workload`) plus one keyword parameter per flag, defaulting to
-    `WorkloadSpec`'s defaults. With `source_argument`, the source is the positional SPEC.
+    own parameters (minus `name`) plus one keyword parameter per flag, defaulting to `cls`'s
+    defaults. With `source_argument`, the `source` flag becomes the positional SPEC.
     """
-    if command is None:
-        return functools.partial(with_workload, source_argument=source_argument)
-    defaults = WorkloadSpec()
+    defaults = cls()
     params = [
         flag.argument()
         if source_argument and flag.field == "source"
         else flag.parameter(getattr(defaults, flag.field))
-        for flag in _FLAGS
+        for flag in flags
     ]
-    names = {param.name: flag.field for param, flag in zip(params, _FLAGS, strict=True)}
+    fields = {param.name: flag.field for param, flag in zip(params, flags, strict=True)}
     own = inspect.signature(command, eval_str=True)
 
     @functools.wraps(command)
     def wrapper(**kwargs):
-        spec = WorkloadSpec(**{names[name]: kwargs.pop(name) for name in names})
-        return command(workload=spec, **kwargs)
+        group = cls(**{fields[key]: kwargs.pop(key) for key in fields})
+        return command(**{name: group}, **kwargs)
 
-    kept = [p for p in own.parameters.values() if p.name != "workload"]
+    kept = [p for p in own.parameters.values() if p.name != name]
     wrapper.__signature__ = own.replace(parameters=kept + params)
     wrapper.__annotations__ = {p.name: p.annotation for p in kept + params}
+    return wrapper
+
+
+def with_workload(command=None, *, source_argument: bool = False):
+    """The workload flags (`--trace`, `--rate`, ...), passed as `workload=WorkloadSpec(...)`."""
+    if command is None:
+        return functools.partial(with_workload, source_argument=source_argument)
+    return _with_group(command, "workload", WorkloadSpec, _FLAGS, source_argument)
+
+
+def with_real(command):
+    """The real-run flags (`--device`, `--dtype`, ...), passed as `real=RealOptions(...)`."""
+    return _with_group(command, "real", RealOptions, _REAL_FLAGS)
+
+
+def without(command, **fixed):
+    """`command` with parameters `fixed` removed from its options and given these values."""
+    own = inspect.signature(command, eval_str=True)
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        return command(**fixed, **kwargs)
+
+    kept = [p for p in own.parameters.values() if p.name not in fixed]
+    wrapper.__signature__ = own.replace(parameters=kept)
+    wrapper.__annotations__ = {p.name: p.annotation for p in kept}
     return wrapper
 
 

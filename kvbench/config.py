@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from engines import ARENAS, EngineOptions, get_engine
 from engines.scheduler import SchedulerConfig
@@ -37,6 +38,10 @@ class RunConfig:
     cost_fixed_s: float | None = None  # cost-model overrides; None: roofline of the GPU
     cost_per_token_s: float | None = None
     cost_per_kv_token_s: float | None = None
+    device: str = "cpu"  # real runs: cuda or cpu
+    dtype: str = "auto"  # real runs: float16, bfloat16, float32; auto: bf16 on GPUs, fp32 on CPU
+    temperature: float = 0.0  # real runs: 0 is greedy; else seeded sampling
+    weights_seed: int = 0  # real runs: seed of a preset's random weights
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,7 +66,7 @@ def _positive_int(flag: str, value: int | None) -> None:
 
 def prepare(config: RunConfig) -> Prepared:
     spec = get_engine(config.engine)
-    model = get_model(config.model)
+    model = resolve_model(config.model)
     gpu = get_gpu(config.emulate_gpu)
     bs = config.block_size
     if bs < 1 or bs & (bs - 1):
@@ -108,6 +113,15 @@ def prepare(config: RunConfig) -> Prepared:
     )
     spec.build(options)  # fail now, not mid-sweep, if the engine cannot be built
     return Prepared(config, model, budget, options, cost, trace)
+
+
+def resolve_model(name: str) -> ModelSpec:
+    """A preset by name, or the architecture of a local Hugging Face checkpoint folder."""
+    if Path(name).is_dir():
+        from kvbench.modeling.weights import read_checkpoint_spec
+
+        return read_checkpoint_spec(Path(name))
+    return get_model(name)
 
 
 def check_trace(trace: Trace, model: ModelSpec) -> None:

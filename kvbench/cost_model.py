@@ -24,6 +24,7 @@ import numpy as np
 from engines.scheduler import Batch
 from kvbench.budget import GpuSpec
 from kvbench.models import ModelSpec
+from kvbench.runner import StepResult
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,13 @@ class CostModelRunner:
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
 
-    def run(self, batch: Batch, max_steps: int, until_s: float) -> np.ndarray:
+    def run(self, batch: Batch, max_steps: int, until_s: float) -> StepResult:
         c = self.cost
         tokens = batch.num_tokens
         context = batch.num_context  # K/V attended in step 0
         first = c.fixed_s + c.per_token_s * tokens + c.per_kv_token_s * context
         if max_steps == 1:
-            return np.array([first])
+            return StepResult(np.array([first]))
         # later steps are decodes: one token per sequence, context one longer each step
         n = len(batch.seqs)
         growth = c.per_kv_token_s * n * np.arange(max_steps)  # (k,)
@@ -69,4 +70,4 @@ class CostModelRunner:
         if math.isfinite(until_s):
             ends = np.cumsum(durations)
             durations = durations[: int(np.searchsorted(ends, until_s)) + 1]
-        return durations
+        return StepResult(durations)

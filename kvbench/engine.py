@@ -130,11 +130,18 @@ class Engine:
             if self.coalesce and not batch.is_prefill:
                 max_steps = alloc.growth_horizon(batch.seqs, batch.steps_to_finish)
             until = log.next_arrival() - log.clock if log.pending() and not sched.waiting else math.inf
-            durations = self.runner.run(batch, max_steps, until)  # (k,) seconds
-            growth = alloc.grow(batch.seqs, len(durations)) if len(durations) > 1 else None
+            result = self.runner.run(batch, max_steps, until)
+            durations = result.durations  # (k,) seconds
+            k = len(durations)
+            growth = alloc.grow(batch.seqs, k) if k > 1 else None
             # 4. advance the sequences, then measure memory before anyone leaves
             end = log.clock + float(durations.sum())
-            finished = [seq for seq in batch.seqs if seq.advance(len(durations), end, log.clock)]
+            tokens = result.tokens or [None] * len(batch.seqs)
+            finished = [
+                seq
+                for seq, ids in zip(batch.seqs, tokens, strict=True)
+                if seq.advance(k, end, log.clock, ids)
+            ]
             fp = measure(alloc, sched.waiting[0] if sched.waiting else None)
             log.record(batch, durations, fp, segment_integral(fp, durations, len(batch.seqs), growth), sched)
             # 5. release the finished (per the scheduler's policy)

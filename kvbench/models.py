@@ -70,6 +70,11 @@ MODELS: dict[str, ModelSpec] = {
         _opt("opt-66b", 64, 9216, 72),
         _opt("opt-175b", 96, 12288, 96),
         ModelSpec("llama-13b", "llama", 40, 5120, 40, 40, 13824, 32000, 2048, norm_eps=1e-6),
+        # the real-decoding issue's reference workload model (about 1.2 B parameters)
+        ModelSpec("llama-1b-ref", "llama", 16, 2048, 32, 8, 8192, 32000, 2048),
+        # tiny configurations for CPU tests and smoke runs (random weights only)
+        ModelSpec("tiny-opt", "opt", 2, 64, 4, 4, 256, 512, 2048),
+        ModelSpec("tiny-llama", "llama", 2, 64, 4, 2, 128, 512, 2048),
         ModelSpec("llama-3-8b", "llama", 32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=500000.0),
     )
 }

@@ -8,6 +8,7 @@ them apart, so a simulated run and a real run produce the same files.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -15,9 +16,15 @@ import numpy as np
 from engines.scheduler import Batch
 
 
+@dataclass(frozen=True)
+class StepResult:
+    durations: np.ndarray  # (k,) seconds, one per step run
+    tokens: list[list[int]] | None = None  # per batch sequence, its k sampled ids (None: simulated)
+
+
 class Runner(Protocol):
-    def run(self, batch: Batch, max_steps: int, until_s: float) -> np.ndarray:
-        """Run between 1 and `max_steps` steps of `batch`; return their durations, (k,) s.
+    def run(self, batch: Batch, max_steps: int, until_s: float) -> StepResult:
+        """Run between 1 and `max_steps` steps of `batch`; return their durations (and tokens).
 
         Steps after the first are decode steps of the same sequences (the engine guarantees
         that nothing changes the batch before `max_steps`). The runner stops after the first

@@ -20,7 +20,7 @@ Token bookkeeping, for a request with prompt P and output O:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from kvbench.requests import Request
@@ -46,6 +46,7 @@ class Sequence:
     first_token_s: float | None = None
     finish_s: float | None = None
     num_preemptions: int = 0
+    output_ids: list[int] = field(default_factory=list)  # sampled token ids (real runs only)
 
     def __post_init__(self) -> None:
         self.num_tokens = self.request.prompt_len + self.num_generated
@@ -64,7 +65,9 @@ class Sequence:
         """Output tokens still to sample."""
         return self.request.output_len - self.num_generated
 
-    def advance(self, num_steps: int, end_s: float, start_s: float | None = None) -> bool:
+    def advance(
+        self, num_steps: int, end_s: float, start_s: float | None = None, tokens: list[int] | None = None
+    ) -> bool:
         """Record `num_steps` consecutive steps of this sequence, run from `start_s` to `end_s`.
 
         Only the first step may be a prefill (many tokens); later ones are decodes, so after
@@ -73,6 +76,8 @@ class Sequence:
         """
         if self.admitted_s is None:
             self.admitted_s = start_s
+        if tokens is not None:
+            self.output_ids += tokens
         self.num_tokens += num_steps
         self.num_computed = self.num_tokens - 1
         self.num_generated += num_steps

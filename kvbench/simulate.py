@@ -1,16 +1,19 @@
-"""The simulate job: config -> trace -> engine -> cost-model runner -> results."""
+"""Jobs: config -> trace -> engine -> runner -> results; `simulate` uses the cost model."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engines import get_engine
+from engines.scheduler import Scheduler
 from kvbench.config import Prepared, RunConfig, prepare
 from kvbench.cost_model import CostModelRunner
 from kvbench.engine import Engine, EngineRun, StepRecord
 from kvbench.metrics import RequestRecord, request_record, summarize
 from kvbench.results import environment, write_csv, write_json, write_run_atomically
+from kvbench.runner import Runner
 
 
 @dataclass(frozen=True)
@@ -21,24 +24,35 @@ class RunResult:
     summary: dict
 
 
-def simulate(config: RunConfig, *, coalesce: bool = True, prepared: Prepared | None = None) -> RunResult:
-    """Replay the config's trace through the real allocator and scheduler in simulated time."""
+def execute(
+    config: RunConfig, make_runner: Callable[[Scheduler], Runner], *, mode: str, coalesce: bool,
+    prepared: Prepared | None = None, extra: dict | None = None,
+) -> RunResult:  # fmt: skip
+    """Drive the config's trace through its engine with `make_runner(scheduler)`; summarize."""
     prepared = prepared or prepare(config)
     scheduler = get_engine(config.engine).build(prepared.options)
-    run = Engine(scheduler, CostModelRunner(prepared.cost), coalesce=coalesce).run(prepared.trace)
+    run = Engine(scheduler, make_runner(scheduler), coalesce=coalesce).run(prepared.trace)
     records = [request_record(seq) for seq in run.sequences]
     summary = {
         "engine": config.engine,
         "model": config.model,
         "trace": prepared.trace.name,
         "trace_source": prepared.trace.source,
-        "mode": "simulated",
+        "mode": mode,
         "kv_budget_bytes": prepared.budget.budget_bytes,
         "kv_budget_source": prepared.budget.source,
         "kv_bytes_per_token": prepared.model.kv_bytes_per_token,
+        **(extra or {}),
         **summarize(run, records),
     }
     return RunResult(prepared, run, records, summary)
+
+
+def simulate(config: RunConfig, *, coalesce: bool = True, prepared: Prepared | None = None) -> RunResult:
+    """Replay the config's trace through the real allocator and scheduler in simulated time."""
+    prepared = prepared or prepare(config)
+    cost = CostModelRunner(prepared.cost)
+    return execute(config, lambda _: cost, mode="simulated", coalesce=coalesce, prepared=prepared)
 
 
 def write_result(result: RunResult, out: Path) -> None:

@@ -169,14 +169,14 @@ def test_cost_model_runner_stops_at_the_first_step_reaching_the_next_arrival():
     seq = Sequence(Request(0, 0.0, 10, 50))
     seq.advance(1, end_s=0.0)  # prefilled: 11 tokens known, 10 computed
     batch = Batch((seq,), is_prefill=False, num_tokens=1, num_context=11, steps_to_finish=49)
-    durations = runner.run(batch, 20, math.inf)
+    durations = runner.run(batch, 20, math.inf).durations
     assert len(durations) == 20
     assert list(durations[:3]) == [1.0 + 0.5 * 11, 1.0 + 0.5 * 12, 1.0 + 0.5 * 13]
     # steps end at 6.5, 13.5, 21.0 s: the first to reach the arrival is the last to run
-    assert len(runner.run(batch, 20, until_s=13.5)) == 2
-    assert len(runner.run(batch, 20, until_s=13.0)) == 2
-    assert len(runner.run(batch, 20, until_s=6.0)) == 1
-    assert len(runner.run(batch, 1, until_s=1e9)) == 1
+    assert len(runner.run(batch, 20, until_s=13.5).durations) == 2
+    assert len(runner.run(batch, 20, until_s=13.0).durations) == 2
+    assert len(runner.run(batch, 20, until_s=6.0).durations) == 1
+    assert len(runner.run(batch, 1, until_s=1e9).durations) == 1
 
 
 class CheckingRunner(CostModelRunner):

@@ -30,13 +30,19 @@ class AttentionMetadata:
     max_context: int = 0  # decode: max(context_lens)
 
     def context_slots(self) -> torch.Tensor:
-        """[B, max_context] slot of every attended position (padding repeats a valid slot)."""
+        """[B, max_context] slot of every attended position.
+
+        Padding past a sequence's context repeats its last position, so attention never reads
+        a slot the sequence has not written (an unwritten slot may hold anything, even NaN,
+        and a masked NaN still poisons the weighted sum).
+        """
         positions = torch.arange(self.max_context, device=self.slot_mapping.device)  # [C]
+        positions = torch.minimum(positions[None, :], self.context_lens[:, None] - 1)  # [B, C]
         if self.block_tables is not None:
-            blocks = self.block_tables[:, positions // self.block_size]  # [B, C]
+            blocks = self.block_tables.gather(1, positions // self.block_size)  # [B, C]
             return blocks * self.block_size + positions % self.block_size
         assert self.starts is not None, "decode needs block tables or extent starts"
-        return self.starts[:, None] + positions[None, :]  # [B, C]
+        return self.starts[:, None] + positions  # [B, C]
 
 
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta) -> None:

@@ -1,0 +1,76 @@
+"""The run job: the same engines on real decoding, with measured step times.
+
+The model (a preset with seeded random weights, or a local checkpoint) and the KV arena are
+built once on the device; every engine's allocator carves that arena, and `ModelRunner` feeds
+each scheduled batch through the model. Results have the same files as a simulation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kvbench.config import Prepared, RunConfig, prepare
+from kvbench.errors import KvbenchError
+from kvbench.model_runner import ModelRunner
+from kvbench.modeling.arena import KVArena
+from kvbench.modeling.weights import load_checkpoint, random_model
+from kvbench.simulate import RunResult, execute
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def resolve_device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise KvbenchError(f"--device {name!r} is not a device (cpu, cuda, cuda:N)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise KvbenchError(f"--device {name}: no CUDA device is available here")
+        if (device.index or 0) >= torch.cuda.device_count():
+            raise KvbenchError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type != "cpu":
+        raise KvbenchError(f"--device {name}: only cpu and cuda are supported")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise KvbenchError(f"unknown --dtype {name!r}; choose one of: auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def run_real(config: RunConfig, *, prepared: Prepared | None = None) -> RunResult:
+    """Run the config's trace through its engine with real forward passes on `config.device`."""
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    prepared = prepared or prepare(config)
+    spec = prepared.model
+    if Path(config.model).is_dir():
+        model = load_checkpoint(Path(config.model), dtype, device)
+    else:
+        model = random_model(spec, dtype, device, config.weights_seed)
+    try:
+        arena = KVArena(spec, prepared.budget.num_slots, dtype, device)
+    except torch.OutOfMemoryError:
+        raise KvbenchError(
+            f"the KV arena of {prepared.budget.num_slots} slots does not fit on {device} "
+            "beside the weights; lower --kv-cache-gib"
+        ) from None
+
+    def make_runner(scheduler):
+        return ModelRunner(
+            model, arena, scheduler.allocator, temperature=config.temperature, seed=config.weights_seed
+        )
+
+    extra = {
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "arena_bytes": arena.nbytes,
+        "weight_bytes": sum(p.nbytes for p in model.parameters()),
+    }
+    return execute(config, make_runner, mode="real", coalesce=False, prepared=prepared, extra=extra)
