@@ -29,6 +29,9 @@ class CausalLM(nn.Module):
     def final_norm(self) -> nn.Module:
         raise NotImplementedError
 
+    def tie_weights(self) -> None:
+        """Share tied parameters again (materialising a `meta` model unties them)."""
+
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, arena: KVArena
     ) -> torch.Tensor:

@@ -72,7 +72,10 @@ class OPTForCausalLM(CausalLM):
         self.spec = spec
         self.model = _OPTModel(spec, **factory)
         self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False, **factory)
-        self.lm_head.weight = self.model.decoder.embed_tokens.weight  # tied
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        self.lm_head.weight = self.model.decoder.embed_tokens.weight  # OPT's LM head is the embedding
 
     def embed(self, input_ids, positions) -> torch.Tensor:
         d = self.model.decoder

@@ -24,8 +24,9 @@ HF_MODEL_TYPES = {"opt": "opt", "llama": "llama", "mistral": "llama"}
 
 
 def _empty(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> CausalLM:
-    model = FAMILIES[spec.family](spec, device="meta", dtype=dtype)
-    return model.to_empty(device=device).eval()
+    model = FAMILIES[spec.family](spec, device="meta", dtype=dtype).to_empty(device=device)
+    model.tie_weights()
+    return model.eval()
 
 
 @torch.no_grad()

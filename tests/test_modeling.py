@@ -1,0 +1,197 @@
+"""Real decoding on CPU: kvbench's models against transformers, and engines against each other."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from engines import ENGINES, EngineOptions  # noqa: E402
+from kvbench.cost_model import CostModel  # noqa: E402
+from kvbench.engine import Engine  # noqa: E402
+from kvbench.errors import KvbenchError  # noqa: E402
+from kvbench.model_runner import ModelRunner  # noqa: E402
+from kvbench.modeling.arena import KVArena  # noqa: E402
+from kvbench.modeling.attention import AttentionMetadata  # noqa: E402
+from kvbench.modeling.weights import load_checkpoint, random_model, read_checkpoint_spec  # noqa: E402
+from kvbench.models import get_model  # noqa: E402
+from kvbench.requests import Request, Trace  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def hf_reference(kind: str):
+    """A tiny transformers model with random weights, and its config as a dict."""
+    torch.manual_seed(0)
+    if kind == "opt":
+        cfg = transformers.OPTConfig(
+            vocab_size=101, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
+            max_position_embeddings=64, word_embed_proj_dim=32,
+        )  # fmt: skip
+        return transformers.OPTForCausalLM(cfg).eval(), cfg
+    cfg = transformers.LlamaConfig(
+        vocab_size=101, hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rope_theta=5000.0,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(cfg).eval(), cfg
+
+
+def checkpoint(tmp_path, kind: str):
+    """Save a tiny model and load it back with transformers: the reference is what the files say
+    (an OPT checkpoint stores no LM head; loading ties it to the embedding)."""
+    model, _ = hf_reference(kind)
+    model.save_pretrained(tmp_path / kind, safe_serialization=True)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / kind, local_files_only=True)
+    return reloaded.eval(), tmp_path / kind
+
+
+@pytest.mark.parametrize("kind", ["opt", "llama"])
+@pytest.mark.parametrize("paged", [True, False])
+def test_logits_equal_transformers_for_prefill_and_decode(tmp_path, kind, paged):
+    ref, folder = checkpoint(tmp_path, kind)
+    model = load_checkpoint(folder, torch.float32, CPU)
+    spec = model.spec
+    ids = torch.randint(0, spec.vocab, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = ref(ids).logits  # [2, 9, V]
+    arena = KVArena(spec, 64, torch.float32, CPU)
+    arena.fill(float("nan"))  # anything read before being written would show
+    # sequence 0 in blocks [5, 2, 7], sequence 1 in blocks [0, 3, 6] (block size 4), or extents at 8 and 40
+    tables = torch.tensor([[5, 2, 7], [0, 3, 6]])
+    starts = torch.tensor([8, 40])
+
+    def slots(positions: list[int]) -> torch.Tensor:
+        pos = torch.tensor(positions)
+        if paged:
+            return torch.cat([tables[b, pos // 4] * 4 + pos % 4 for b in range(2)])
+        return torch.cat([starts[b] + pos for b in range(2)])
+
+    prompt = 5
+    meta = AttentionMetadata(
+        True, slots(list(range(prompt))), torch.tensor([0, prompt, 2 * prompt]), (prompt, prompt)
+    )
+    with torch.no_grad():
+        out = model(ids[:, :prompt].reshape(-1), torch.arange(prompt).repeat(2), meta, arena)
+    assert (out - expected[:, prompt - 1]).abs().max() < 1e-4
+    for step in range(prompt, 9):
+        meta = AttentionMetadata(
+            False, slots([step]), torch.tensor([0, 1, 2]), (1, 1), context_lens=torch.tensor([step + 1] * 2),
+            block_tables=tables if paged else None, block_size=4 if paged else 0,
+            starts=None if paged else starts, max_context=step + 1,
+        )  # fmt: skip
+        with torch.no_grad():
+            out = model(ids[:, step], torch.tensor([step, step]), meta, arena)
+        assert (out - expected[:, step]).abs().max() < 1e-4, f"decode step {step}"
+
+
+def small_trace(count: int = 10, seed: int = 0) -> Trace:
+    rng = np.random.default_rng(seed)
+    prompts, outputs = rng.integers(3, 24, count), rng.integers(1, 16, count)
+    return Trace(
+        "small",
+        tuple(
+            Request(i, 0.01 * i, int(p), int(o))
+            for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))
+        ),
+    )
+
+
+class RecordingRunner(ModelRunner):
+    """The real runner, remembering every arena slot it wrote."""
+
+    written: set[int]
+
+    def _inputs(self, batch):
+        meta, ids, pos = super()._inputs(batch)
+        self.written = getattr(self, "written", set()) | set(meta.slot_mapping.tolist())
+        return meta, ids, pos
+
+
+def decode_all(engine: str, model_name: str, num_slots: int, *, temperature=0.0, block_size=4, poison=True):
+    spec = get_model(model_name)
+    model = random_model(spec, torch.float32, CPU, seed=3)
+    arena = KVArena(spec, num_slots, torch.float32, CPU)
+    if poison:
+        arena.fill(float("nan"))
+    sched = ENGINES[engine].build(EngineOptions(num_slots=num_slots, max_len=64, block_size=block_size))
+    runner = RecordingRunner(model, arena, sched.allocator, temperature=temperature, seed=5)
+    run = Engine(sched, runner, coalesce=False).run(small_trace())
+    return run, runner, arena
+
+
+@pytest.mark.parametrize("model_name", ["tiny-opt", "tiny-llama"])
+def test_greedy_tokens_are_identical_across_engines(model_name):
+    tokens = {}
+    for engine in ("static", "orca-max", "orca-pow2", "orca-oracle", "paged"):
+        run, _, _ = decode_all(engine, model_name, 300)
+        for seq in run.sequences:
+            assert len(seq.output_ids) == seq.request.output_len
+        tokens[engine] = [tuple(seq.output_ids) for seq in run.sequences]
+    assert len(set(map(tuple, tokens.values()))) == 1, "engines disagree on greedy tokens"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_recompute_preemption_gives_the_same_tokens(temperature):
+    roomy, _, _ = decode_all("paged", "tiny-llama", 1024, temperature=temperature)
+    tight, _, _ = decode_all("paged", "tiny-llama", 48, temperature=temperature)
+    assert sum(seq.num_preemptions for seq in tight.sequences) > 0  # the case is exercised
+    assert [s.output_ids for s in tight.sequences] == [s.output_ids for s in roomy.sequences]
+    if temperature:
+        greedy, _, _ = decode_all("paged", "tiny-llama", 1024)
+        assert [s.output_ids for s in greedy.sequences] != [s.output_ids for s in roomy.sequences]
+
+
+@pytest.mark.parametrize("engine", ["orca-oracle", "paged", "static"])
+def test_the_arena_is_never_touched_outside_written_slots(engine):
+    run, runner, arena = decode_all(engine, "tiny-opt", 300)
+    k = arena.k.reshape(arena.k.shape[0], arena.num_slots, -1)  # [L, S, Hkv * D]
+    finite = torch.isfinite(k).all(dim=(0, 2))  # [S]
+    untouched = torch.isnan(k).all(dim=(0, 2))  # [S]
+    written = torch.zeros(arena.num_slots, dtype=torch.bool)
+    written[list(runner.written)] = True
+    assert bool((finite == written).all()) and bool((untouched == ~written).all())
+    assert all(seq.output_ids and all(t >= 0 for t in seq.output_ids) for seq in run.sequences)
+
+
+def test_checkpoint_errors_are_one_line(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(KvbenchError, match="no config.json"):
+        read_checkpoint_spec(empty)
+    _, folder = checkpoint(tmp_path, "llama")
+    for weights in folder.glob("*.safetensors"):
+        weights.unlink()
+    with pytest.raises(KvbenchError, match="no \\*.safetensors or pytorch_model"):
+        load_checkpoint(folder, torch.float32, CPU)
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(KvbenchError, match="unsupported architecture 'gpt2'"):
+        read_checkpoint_spec(gpt2)
+
+
+def test_cost_model_and_real_runs_write_the_same_files(tmp_path):
+    from kvbench.config import RunConfig
+    from kvbench.real_run import run_real
+    from kvbench.simulate import simulate, write_result
+    from workloads.spec import WorkloadSpec
+
+    workload = WorkloadSpec("uniform:prompt=4..20,output=2..8", num_requests=6, rate=100.0)
+    base = dict(engine="paged", model="tiny-llama", workload=workload, kv_cache_gib=0.0005, device="cpu")
+    real = run_real(RunConfig(**base))
+    sim = simulate(RunConfig(**base, cost_fixed_s=0.001))
+    write_result(real, tmp_path / "real")
+    write_result(sim, tmp_path / "sim")
+    for name in ("steps.csv", "requests.csv"):
+        assert (tmp_path / "real" / name).read_text().splitlines()[0] == (
+            tmp_path / "sim" / name
+        ).read_text().splitlines()[0]
+    real_summary = json.loads((tmp_path / "real" / "summary.json").read_text())
+    assert real_summary["mode"] == "real" and real_summary["completed"] == 6
+    assert real_summary["arena_bytes"] == 2 * 2 * 2 * 16 * 4 * real_summary["num_slots"]  # fp32 on CPU
+    assert set(json.loads((tmp_path / "sim" / "summary.json").read_text())) <= set(real_summary)
+    assert isinstance(CostModel(0.0, 0.0, 0.0), CostModel)
