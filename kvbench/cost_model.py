@@ -24,7 +24,7 @@ import numpy as np
 from engines.scheduler import Batch
 from kvbench.budget import GpuSpec
 from kvbench.models import ModelSpec
-from kvbench.runner import StepResult
+from kvbench.runner import StepResult, step_ends
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class CostModelRunner:
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
 
-    def run(self, batch: Batch, max_steps: int, until_s: float) -> StepResult:
+    def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
         c = self.cost
         tokens = batch.num_tokens
         context = batch.num_context  # K/V attended in step 0
@@ -68,6 +68,6 @@ class CostModelRunner:
         durations = c.fixed_s + c.per_token_s * n + c.per_kv_token_s * context + growth
         durations[0] = first
         if math.isfinite(until_s):
-            ends = np.cumsum(durations)
+            ends = step_ends(start_s, durations)  # [k] absolute
             durations = durations[: int(np.searchsorted(ends, until_s)) + 1]
         return StepResult(durations)

@@ -24,7 +24,7 @@ from engines.scheduler import Batch, Scheduler
 from kvbench.errors import KvbenchError
 from kvbench.occupancy import Footprint, categories, segment_integral
 from kvbench.requests import Trace
-from kvbench.runner import Runner
+from kvbench.runner import Runner, step_ends
 from kvbench.sequence import Sequence
 
 _ZERO = Footprint(0.0, 0.0, 0.0, 0.0, 0.0)
@@ -129,13 +129,14 @@ class Engine:
             max_steps = 1
             if self.coalesce and not batch.is_prefill:
                 max_steps = alloc.growth_horizon(batch.seqs, batch.steps_to_finish)
-            until = log.next_arrival() - log.clock if log.pending() and not sched.waiting else math.inf
-            result = self.runner.run(batch, max_steps, until)
+            until = log.next_arrival() if log.pending() and not sched.waiting else math.inf
+            result = self.runner.run(batch, max_steps, log.clock, until)
             durations = result.durations  # (k,) seconds
             k = len(durations)
             growth = alloc.grow(batch.seqs, k) if k > 1 else None
             # 4. advance the sequences, then measure memory before anyone leaves
-            end = log.clock + float(durations.sum())
+            ends = step_ends(log.clock, durations)  # (k,) as a step-by-step clock would read
+            end = float(ends[-1])
             tokens = result.tokens or [None] * len(batch.seqs)
             finished = [
                 seq
@@ -143,7 +144,9 @@ class Engine:
                 if seq.advance(k, end, log.clock, ids)
             ]
             fp = measure(alloc, sched.waiting[0] if sched.waiting else None)
-            log.record(batch, durations, fp, segment_integral(fp, durations, len(batch.seqs), growth), sched)
+            log.record(
+                batch, durations, ends, fp, segment_integral(fp, durations, len(batch.seqs), growth), sched
+            )
             # 5. release the finished (per the scheduler's policy)
             sched.update(finished)
         return log.result()
@@ -174,9 +177,10 @@ class _RunLog:
         return self.seqs[first : self.arrived]
 
     def record(
-        self, batch: Batch, durations: np.ndarray, end: Footprint, integral: Footprint, sched: Scheduler
-    ) -> None:
-        k, seconds = len(durations), float(durations.sum())
+        self, batch: Batch, durations: np.ndarray, ends: np.ndarray, end: Footprint, integral: Footprint,
+        sched: Scheduler,
+    ) -> None:  # fmt: skip
+        k, seconds = len(durations), float(ends[-1]) - self.clock
         running = len(sched.running)
         self.peak = max(self.peak, running)
         self.busy.add(integral, seconds, running)
@@ -184,7 +188,8 @@ class _RunLog:
             self.saturated.add(integral, seconds, running)
         # requests that arrived by the last step's start wait too (a step-by-step run would
         # have queued them); they cannot change the batch, see `until`
-        late = bisect_right(self.arrivals, self.clock + seconds - durations[-1]) - self.arrived
+        last_start = float(ends[-2]) if k > 1 else self.clock
+        late = bisect_right(self.arrivals, last_start) - self.arrived
         self.rows.append(
             StepRecord(
                 self.step, k, self.clock, seconds, "prefill" if batch.is_prefill else "decode",
@@ -192,7 +197,7 @@ class _RunLog:
                 running, sched.num_preempted, *map(int, categories(end, self.num_slots).values()),
             )
         )  # fmt: skip
-        self.clock += seconds
+        self.clock = float(ends[-1])
         self.step += k
 
     def result(self) -> EngineRun:

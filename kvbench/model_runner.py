@@ -40,7 +40,7 @@ class ModelRunner:
         self.device = arena.k.device
         self._prompts: dict[int, np.ndarray] = {}  # request id -> prompt token ids
 
-    def run(self, batch: Batch, max_steps: int, until_s: float) -> StepResult:
+    def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
         start = time.perf_counter()
         meta, input_ids, positions = self._inputs(batch)
         self._copy_blocks(batch.block_copies)

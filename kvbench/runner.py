@@ -22,13 +22,22 @@ class StepResult:
     tokens: list[list[int]] | None = None  # per batch sequence, its k sampled ids (None: simulated)
 
 
+def step_ends(start_s: float, durations: np.ndarray) -> np.ndarray:
+    """Absolute end time of each step `[k]`, summed in order from `start_s`.
+
+    Exactly the floating-point values a clock advanced one step at a time would take, so a
+    multi-step segment cut at an arrival time cuts where a step-by-step run would.
+    """
+    return np.add.accumulate(np.concatenate(([start_s], durations)))[1:]
+
+
 class Runner(Protocol):
-    def run(self, batch: Batch, max_steps: int, until_s: float) -> StepResult:
-        """Run between 1 and `max_steps` steps of `batch`; return their durations (and tokens).
+    def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
+        """Run between 1 and `max_steps` steps of `batch` from time `start_s`; their durations.
 
         Steps after the first are decode steps of the same sequences (the engine guarantees
         that nothing changes the batch before `max_steps`). The runner stops after the first
-        step that ends at or past `until_s` seconds from now, the next arrival that could
-        change the batch. A runner that cannot predict its step times runs one step.
+        step ending at or after `until_s` (`step_ends`), the next arrival that could change
+        the batch. A runner that cannot predict its step times runs one step.
         """
         ...

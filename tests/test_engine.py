@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from engines import ENGINES, EngineOptions
@@ -169,14 +170,14 @@ def test_cost_model_runner_stops_at_the_first_step_reaching_the_next_arrival():
     seq = Sequence(Request(0, 0.0, 10, 50))
     seq.advance(1, end_s=0.0)  # prefilled: 11 tokens known, 10 computed
     batch = Batch((seq,), is_prefill=False, num_tokens=1, num_context=11, steps_to_finish=49)
-    durations = runner.run(batch, 20, math.inf).durations
+    durations = runner.run(batch, 20, 0.0, math.inf).durations
     assert len(durations) == 20
     assert list(durations[:3]) == [1.0 + 0.5 * 11, 1.0 + 0.5 * 12, 1.0 + 0.5 * 13]
     # steps end at 6.5, 13.5, 21.0 s: the first to reach the arrival is the last to run
-    assert len(runner.run(batch, 20, until_s=13.5).durations) == 2
-    assert len(runner.run(batch, 20, until_s=13.0).durations) == 2
-    assert len(runner.run(batch, 20, until_s=6.0).durations) == 1
-    assert len(runner.run(batch, 1, until_s=1e9).durations) == 1
+    assert len(runner.run(batch, 20, 0.0, until_s=13.5).durations) == 2
+    assert len(runner.run(batch, 20, 0.0, until_s=13.0).durations) == 2
+    assert len(runner.run(batch, 20, 0.0, until_s=6.0).durations) == 1
+    assert len(runner.run(batch, 1, 0.0, until_s=1e9).durations) == 1
 
 
 class CheckingRunner(CostModelRunner):
@@ -187,11 +188,11 @@ class CheckingRunner(CostModelRunner):
         self.scheduler = scheduler
         self.calls = 0
 
-    def run(self, batch, max_steps, until_s):
+    def run(self, batch, max_steps, start_s, until_s):
         self.scheduler.check_integrity()
         self.scheduler.allocator.check_integrity()
         self.calls += 1
-        return super().run(batch, max_steps, until_s)
+        return super().run(batch, max_steps, start_s, until_s)
 
 
 @pytest.mark.parametrize("engine", ["paged", "paged-static", "orca-pow2", "static"])
@@ -204,3 +205,22 @@ def test_invariants_hold_at_every_step_under_heavy_preemption(engine, coalesce):
     assert runner.calls == len(run.steps)
     if engine.startswith("paged"):
         assert sum(seq.num_preemptions for seq in run.sequences) > 10  # the case is exercised
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_arrivals_on_step_boundaries_are_admitted_exactly_as_step_by_step(engine):
+    """Grid timestamps (a replayed trace) land exactly on step ends; no rounding may shift them."""
+    rng = np.random.default_rng(4)
+    arrivals = np.round(np.cumsum(rng.integers(0, 8, 120)) * 0.1, 1)  # multiples of one step (0.1 s)
+    lengths = zip(rng.integers(4, 200, 120).tolist(), rng.integers(1, 60, 120).tolist(), strict=True)
+    trace = trace_of(*lengths, arrivals=arrivals.tolist())
+    runs = []
+    for coalesce in (False, True):
+        sched = ENGINES[engine].build(EngineOptions(num_slots=4100, max_len=2048, block_size=8))
+        cost = CostModel(fixed_s=0.1, per_token_s=0.0, per_kv_token_s=0.0)
+        runs.append(Engine(sched, CostModelRunner(cost), coalesce=coalesce).run(trace))
+    slow, fast = runs
+    assert [(s.admitted_s, s.finish_s) for s in slow.sequences] == [
+        (s.admitted_s, s.finish_s) for s in fast.sequences
+    ]
+    assert sum(r.num_steps for r in fast.steps) == len(slow.steps)
