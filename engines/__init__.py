@@ -82,7 +82,7 @@ ENGINES: dict[str, EngineSpec] = {
         EngineSpec(
             "orca-pow2",
             "Orca: continuous batching, power-of-two reservations",
-            _contiguous(lambda o: Pow2Reservation()),
+            _contiguous(lambda o: Pow2Reservation(o.max_len)),
             IterationScheduler,
         ),
         EngineSpec(

@@ -36,15 +36,18 @@ class MaxReservation:
 
 @dataclass(frozen=True, slots=True)
 class Pow2Reservation:
-    """Reserve the prompt plus the next power of two of the true output length.
+    """Reserve the prompt plus the next power of two of the true output, at most the max length.
 
     The paper's Orca (Pow2) "reserves 32 positions for outputs if the true output length is
     25": the over-reservation is on the output, at most 2x. (Rounding the *whole* length up
-    to a power of two would equal Oracle under a buddy arena, which rounds it anyway.)
+    to a power of two would equal Oracle under a buddy arena, which rounds it anyway.) No
+    system reserves past the model's maximum length, so neither does this one.
     """
 
+    max_len: int
+
     def slots(self, request: Request) -> int:
-        return request.prompt_len + (1 << (request.output_len - 1).bit_length()) - 1
+        return min(self.max_len, request.prompt_len + (1 << (request.output_len - 1).bit_length()) - 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,7 +58,8 @@ def _job(
         int | None, typer.Option(help="Cap on running requests (default 256; static: memory-bound).")
     ] = None,
     max_num_batched_tokens: Annotated[
-        int | None, typer.Option(help="Cap on prompt tokens per prefill step (default max(max len, 2048)).")
+        int | None,
+        typer.Option(help="Continuous engines: prompt tokens per prefill step (default max(max len, 2048))."),
     ] = None,
     contiguous_fit: Annotated[str, typer.Option(help="Contiguous engines: buddy or first-fit.")] = "buddy",
     watermark: Annotated[

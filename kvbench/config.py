@@ -72,6 +72,7 @@ def prepare(config: RunConfig) -> Prepared:
     if bs < 1 or bs & (bs - 1):
         raise KvbenchError(f"--block-size must be a positive power of two, got {bs}")
     _positive_int("--max-num-seqs", config.max_num_seqs)
+    _positive_int("--max-num-batched-tokens", config.max_num_batched_tokens)
     tokens = config.max_num_batched_tokens or max(model.max_len, 2048)
     if tokens < model.max_len:
         raise KvbenchError(
@@ -101,6 +102,8 @@ def prepare(config: RunConfig) -> Prepared:
         per_token_s=_or(config.cost_per_token_s, roofline.per_token_s, "--cost-per-token-s"),
         per_kv_token_s=_or(config.cost_per_kv_token_s, roofline.per_kv_token_s, "--cost-per-kv-token-s"),
     )
+    if cost.fixed_s + cost.per_token_s + cost.per_kv_token_s <= 0:
+        raise KvbenchError("--cost-fixed-s, --cost-per-token-s, --cost-per-kv-token-s: a step must take time")
     trace = build_trace(config.workload)
     check_trace(trace, model)
     options = EngineOptions(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -101,13 +102,16 @@ class Engine:
 
     def check_fits(self, trace: Trace) -> None:
         """Refuse a trace with a request that could never run, instead of waiting forever."""
+        arrivals = [request.arrival_s for request in trace.requests]
+        if any(later < earlier for earlier, later in pairwise(arrivals)):
+            raise ValueError(f"trace {trace.name}: requests must be sorted by arrival time")
         for request in trace.requests:
             if not self.allocator.can_ever_hold(request):
                 raise KvbenchError(
                     f"request {request.request_id} (prompt {request.prompt_len} + output "
                     f"{request.output_len} tokens) cannot fit the KV arena of "
-                    f"{self.allocator.num_slots} slots under this engine even alone; "
-                    "raise --kv-cache-gib or pick a larger --emulate-gpu"
+                    f"{self.allocator.num_slots} slots under this engine even alone (after its "
+                    "reservation policy and --watermark); raise --kv-cache-gib or pick a larger --emulate-gpu"
                 )
 
     def run(self, trace: Trace) -> EngineRun:

@@ -32,7 +32,7 @@ class RequestRecord:
     num_preemptions: int
     queueing_s: float
     ttft_s: float
-    tpot_s: float
+    tpot_s: float  # NaN for one-token outputs (no time per output token), left out of means
     e2el_s: float
     normalized_latency_s: float  # E2EL / output_len
 
@@ -42,7 +42,7 @@ def request_record(seq: Sequence) -> RequestRecord:
     assert seq.finish_s is not None and seq.first_token_s is not None and seq.admitted_s is not None
     e2el = seq.finish_s - r.arrival_s
     ttft = seq.first_token_s - r.arrival_s
-    tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else 0.0
+    tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else float("nan")  # undefined
     return RequestRecord(
         r.request_id,
         r.arrival_s,
@@ -69,7 +69,9 @@ def occupancy_fractions(totals: OccupancyTotals, num_slots: int) -> dict[str, fl
 
 
 def _mean(values: list[float]) -> float:
-    return statistics.fmean(values) if values else float("nan")
+    """Mean of the defined values (NaN marks an undefined metric, e.g. TPOT of one token)."""
+    defined = [v for v in values if v == v]
+    return statistics.fmean(defined) if defined else float("nan")
 
 
 def summarize(run: EngineRun, done: list[RequestRecord]) -> dict:

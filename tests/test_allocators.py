@@ -100,9 +100,9 @@ def test_policy_slots():
     req = Request(0, 0.0, 5, 25)
     assert req.kv_len == 29
     assert OracleReservation().slots(req) == 29
-    assert Pow2Reservation().slots(req) == 5 + 32 - 1  # the paper: 32 positions for 25 outputs
+    assert Pow2Reservation(2048).slots(req) == 5 + 32 - 1  # the paper: 32 positions for 25 outputs
     assert MaxReservation(2048).slots(req) == 2048
-    pow2 = Pow2Reservation()
+    pow2 = Pow2Reservation(2048)
     assert [pow2.slots(Request(0, 0.0, 5, o)) for o in (1, 2, 3, 4, 5, 8, 9)] == [5, 6, 8, 8, 12, 12, 20]
 
 
@@ -149,7 +149,7 @@ def test_oracle_buddy_extents_and_categories():
 
 
 def test_pow2_buddy_splits_internal_frag_and_overhead():
-    alloc = contiguous(64, Pow2Reservation())
+    alloc = contiguous(64, Pow2Reservation(2048))
     a = new_seq(1, 5, 5)  # kv_len 9, asks 5 + 8 - 1 = 12, granted 16
     admit(alloc, a)
     assert alloc.addressing(a) == Extent(0, 12, 16)
@@ -777,7 +777,7 @@ def test_paged_state_machine():
 
 # ---------------------------------------------------------------- stateful: contiguous
 
-POLICIES = {"oracle": OracleReservation(), "pow2": Pow2Reservation(), "max": MaxReservation(24)}
+POLICIES = {"oracle": OracleReservation(), "pow2": Pow2Reservation(2048), "max": MaxReservation(24)}
 
 
 class ContiguousMachine(RuleBasedStateMachine):

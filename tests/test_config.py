@@ -60,10 +60,11 @@ def test_a_model_too_big_for_the_emulated_gpu_is_refused():
 def test_reservation_policies():
     r = Request(0, 0.0, prompt_len=100, output_len=25)  # kv_len 124
     assert MaxReservation(2048).slots(r) == 2048
-    assert Pow2Reservation().slots(r) == 100 + 32 - 1  # the paper's "25 -> 32" on the output
+    assert Pow2Reservation(2048).slots(r) == 100 + 32 - 1  # the paper's "25 -> 32" on the output
     assert OracleReservation().slots(r) == 124
+    assert Pow2Reservation(2048).slots(Request(2, 0.0, 100, 1500)) == 2048  # capped, like Max
     exact = Request(1, 0.0, prompt_len=10, output_len=32)
-    assert Pow2Reservation().slots(exact) == OracleReservation().slots(exact) == 41
+    assert Pow2Reservation(2048).slots(exact) == OracleReservation().slots(exact) == 41
 
 
 def test_roofline_cost_model_for_opt13b_on_a100():
