@@ -22,6 +22,14 @@ from kvbench.models import get_model  # noqa: E402
 from kvbench.requests import Request, Trace  # noqa: E402
 
 CPU = torch.device("cpu")
+DEVICES = [
+    pytest.param(CPU, id="cpu"),
+    pytest.param(
+        torch.device("cuda"),
+        id="cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")],
+    ),
+]
 
 
 def hf_reference(kind: str):
@@ -49,42 +57,50 @@ def checkpoint(tmp_path, kind: str):
     return reloaded.eval(), tmp_path / kind
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["opt", "llama"])
 @pytest.mark.parametrize("paged", [True, False])
-def test_logits_equal_transformers_for_prefill_and_decode(tmp_path, kind, paged):
+def test_logits_equal_transformers_for_prefill_and_decode(tmp_path, kind, paged, device):
     ref, folder = checkpoint(tmp_path, kind)
-    model = load_checkpoint(folder, torch.float32, CPU)
+    model = load_checkpoint(folder, torch.float32, device)
     spec = model.spec
     ids = torch.randint(0, spec.vocab, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        expected = ref(ids).logits  # [2, 9, V]
-    arena = KVArena(spec, 64, torch.float32, CPU)
+        expected = ref(ids).logits  # [2, 9, V] on the CPU
+    arena = KVArena(spec, 64, torch.float32, device)
     arena.fill(float("nan"))  # anything read before being written would show
     # sequence 0 in blocks [5, 2, 7], sequence 1 in blocks [0, 3, 6] (block size 4), or extents at 8 and 40
     tables = torch.tensor([[5, 2, 7], [0, 3, 6]])
     starts = torch.tensor([8, 40])
 
     def slots(positions: list[int]) -> torch.Tensor:
-        pos = torch.tensor(positions)
+        pos = torch.tensor(positions, device=device)
         if paged:
             return torch.cat([tables[b, pos // 4] * 4 + pos % 4 for b in range(2)])
         return torch.cat([starts[b] + pos for b in range(2)])
 
     prompt = 5
+    tables, starts, ids = tables.to(device), starts.to(device), ids.to(device)
     meta = AttentionMetadata(
-        True, slots(list(range(prompt))), torch.tensor([0, prompt, 2 * prompt]), (prompt, prompt)
+        True,
+        slots(list(range(prompt))),
+        torch.tensor([0, prompt, 2 * prompt], device=device),
+        (prompt, prompt),
     )
     with torch.no_grad():
-        out = model(ids[:, :prompt].reshape(-1), torch.arange(prompt).repeat(2), meta, arena)
+        out = model(
+            ids[:, :prompt].reshape(-1), torch.arange(prompt, device=device).repeat(2), meta, arena
+        ).cpu()
     assert (out - expected[:, prompt - 1]).abs().max() < 1e-4
     for step in range(prompt, 9):
         meta = AttentionMetadata(
-            False, slots([step]), torch.tensor([0, 1, 2]), (1, 1), context_lens=torch.tensor([step + 1] * 2),
+            False, slots([step]), torch.tensor([0, 1, 2], device=device), (1, 1),
+            context_lens=torch.tensor([step + 1] * 2, device=device),
             block_tables=tables if paged else None, block_size=4 if paged else 0,
             starts=None if paged else starts, max_context=step + 1,
         )  # fmt: skip
         with torch.no_grad():
-            out = model(ids[:, step], torch.tensor([step, step]), meta, arena)
+            out = model(ids[:, step], torch.tensor([step, step], device=device), meta, arena).cpu()
         assert (out - expected[:, step]).abs().max() < 1e-4, f"decode step {step}"
 
 
@@ -111,10 +127,12 @@ class RecordingRunner(ModelRunner):
         return meta, ids, pos
 
 
-def decode_all(engine: str, model_name: str, num_slots: int, *, temperature=0.0, block_size=4, poison=True):
+def decode_all(
+    engine: str, model_name: str, num_slots: int, *, temperature=0.0, block_size=4, poison=True, device=CPU
+):
     spec = get_model(model_name)
-    model = random_model(spec, torch.float32, CPU, seed=3)
-    arena = KVArena(spec, num_slots, torch.float32, CPU)
+    model = random_model(spec, torch.float32, device, seed=3)
+    arena = KVArena(spec, num_slots, torch.float32, device)
     if poison:
         arena.fill(float("nan"))
     sched = ENGINES[engine].build(EngineOptions(num_slots=num_slots, max_len=64, block_size=block_size))
@@ -123,11 +141,12 @@ def decode_all(engine: str, model_name: str, num_slots: int, *, temperature=0.0,
     return run, runner, arena
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("model_name", ["tiny-opt", "tiny-llama"])
-def test_greedy_tokens_are_identical_across_engines(model_name):
+def test_greedy_tokens_are_identical_across_engines(model_name, device):
     tokens = {}
     for engine in ("static", "orca-max", "orca-pow2", "orca-oracle", "paged"):
-        run, _, _ = decode_all(engine, model_name, 300)
+        run, _, _ = decode_all(engine, model_name, 300, device=device)
         for seq in run.sequences:
             assert len(seq.output_ids) == seq.request.output_len
         tokens[engine] = [tuple(seq.output_ids) for seq in run.sequences]
