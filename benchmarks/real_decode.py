@@ -45,9 +45,12 @@ def main() -> None:
     parser.add_argument("--kv-cache-gib", type=float, default=8.0)
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--model", default="llama-1b-ref")
+    parser.add_argument("--deterministic", action="store_true", help="torch deterministic algorithms")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if args.deterministic:  # needs CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment on CUDA
+        torch.use_deterministic_algorithms(True)
     spec = get_model(args.model)
     trace = reference_trace(args.num_requests)
     total_out = sum(r.output_len for r in trace.requests)
@@ -58,7 +61,7 @@ def main() -> None:
     num_slots = int(args.kv_cache_gib * 2**30 // spec.kv_bytes_per_token)
     arena = KVArena(spec, num_slots, dtype, device)
     figures, tokens = {}, {}
-    for engine in args.engines.split(","):
+    for index, engine in enumerate(args.engines.split(",")):
         sched = ENGINES[engine].build(EngineOptions(num_slots=num_slots, max_len=spec.max_len))
         runner = ModelRunner(model, arena, sched.allocator)
         start = time.perf_counter()
@@ -67,7 +70,8 @@ def main() -> None:
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
         steps = [row.duration_s for row in run.steps if row.kind == "decode"]
-        figures[engine] = {
+        key = engine if engine not in figures else f"{engine}#{index}"
+        figures[key] = {
             "wall_s": wall,
             "output_tokens_per_s": total_out / wall,
             "steps": len(run.steps),
