@@ -79,13 +79,16 @@ def main() -> None:
             "preemptions": sum(s.num_preemptions for s in run.sequences),
             "peak_running": run.peak_running,
         }
-        tokens[engine] = [s.output_ids for s in run.sequences]
+        tokens[key] = [s.output_ids for s in run.sequences]
         print(
-            engine,
-            json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures[engine].items()}),
+            key, json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures[key].items()})
         )
-    same = all(t == next(iter(tokens.values())) for t in tokens.values())
+    first = next(iter(tokens.values()))
+    same = all(t == first for t in tokens.values())
     print(f"greedy tokens identical across engines: {same}")
+    for key, toks in tokens.items():
+        differ = sum(a != b for a, b in zip(toks, first, strict=True))
+        print(f"  {key}: {differ} of {len(first)} requests differ from the first run")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"figures": figures, "identical_tokens": same, "device": str(device),
