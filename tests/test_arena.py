@@ -336,12 +336,17 @@ def test_buddy_random_runs_match_the_reference(num_slots, operations):
             del held[start]
         arena.check_integrity(held)
         assert arena.num_free == num_slots - sum(held.values())
+    release_all(arena, held)
+    assert arena.free_blocks() == decomposition(num_slots)
+    assert arena.num_free == num_slots
+
+
+def release_all(arena, held: dict[int, int]) -> None:
+    """Free every grant, checking the arena after each release."""
     for start in list(held):
         arena.release(start)
         del held[start]
         arena.check_integrity(held)
-    assert arena.free_blocks() == decomposition(num_slots)
-    assert arena.num_free == num_slots
 
 
 @settings(max_examples=150, deadline=None)
@@ -365,10 +370,7 @@ def test_first_fit_random_runs_match_the_reference(num_slots, operations):
             del held[start]
         arena.check_integrity(held)
         assert arena.num_free == num_slots - sum(held.values())
-    for start in list(held):
-        arena.release(start)
-        del held[start]
-        arena.check_integrity(held)
+    release_all(arena, held)
     assert arena.free_runs() == [(0, num_slots)]
     assert arena.num_free == num_slots
 

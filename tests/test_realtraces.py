@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvbench.errors import KvbenchError
+from tests.support import error_of, write
 from workloads.tracefile import read_trace
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -88,19 +88,6 @@ def test_mooncake_loads_fast():
     start = time.perf_counter()
     read_trace(path)
     assert time.perf_counter() - start < 2.0
-
-
-def error_of(path: Path) -> str:
-    with pytest.raises(KvbenchError) as error:
-        read_trace(path)
-    message = str(error.value)
-    assert "\n" not in message and message.startswith(f"{path}: ")
-    return message
-
-
-def write(path: Path, *lines: str) -> Path:
-    path.write_text("".join(line + "\n" for line in lines))
-    return path
 
 
 def mooncake_row(timestamp: int, input_length: int = 600, output_length: int = 10) -> str:

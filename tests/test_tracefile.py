@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from kvbench.errors import KvbenchError
 from kvbench.requests import Request, Trace
+from tests.support import error_of, write
 from workloads.tracefile import read_trace, write_trace
 
 HAVE_PYARROW = importlib.util.find_spec("pyarrow") is not None
@@ -168,19 +169,6 @@ def test_parquet_without_pyarrow_says_how_to_install(tmp_path, monkeypatch):
         write_trace(plain_trace(), tmp_path / "t.parquet")
     assert "\n" not in str(error.value)
     assert os.listdir(tmp_path) == []
-
-
-def error_of(path: Path) -> str:
-    with pytest.raises(KvbenchError) as error:
-        read_trace(path)
-    message = str(error.value)
-    assert "\n" not in message and message.startswith(f"{path}: ")
-    return message
-
-
-def write(path: Path, *lines: str) -> Path:
-    path.write_text("".join(line + "\n" for line in lines))
-    return path
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
