@@ -123,3 +123,58 @@ def test_demo_prints_the_side_by_side_table(tmp_path):
     for engine in ("static", "orca-max", "orca-pow2", "orca-oracle", "paged"):
         assert json.loads((tmp_path / "demo" / engine / "summary.json").read_text())["completed"] == 150
     assert "| paged | vLLM |" in (tmp_path / "demo" / "demo.md").read_text()
+
+
+def test_run_decodes_for_real_on_the_cpu(tmp_path):
+    out = tmp_path / "real"
+    proc = kvbench(
+        "run", "--engine", "paged", "--model", "tiny-opt", "--device", "cpu", "--kv-cache-gib", "0.002",
+        "--trace", "uniform:prompt=4..30,output=2..12", "--num-requests", "8", "--rate", "20",
+        "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["mode"], summary["device"], summary["dtype"], summary["completed"]) == (
+        "real",
+        "cpu",
+        "float32",
+        8,
+    )
+    assert summary["arena_bytes"] > 0 and summary["weight_bytes"] > 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["device"] == "cpu" and config["model"] == "tiny-opt"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--device", "tpu"), "--device 'tpu' is not a device"),
+        (("--device", "cpu", "--dtype", "int8"), "unknown --dtype 'int8'"),
+        (("--device", "cpu", "--model", "/nonexistent/ckpt"), "unknown --model '/nonexistent/ckpt'"),
+    ],
+)
+def test_run_bad_input_is_one_line(tmp_path, args, message):
+    proc = kvbench(
+        "run",
+        "--engine",
+        "paged",
+        "--model",
+        "tiny-opt",
+        "--num-requests",
+        "2",
+        *args,
+        "--out",
+        str(tmp_path / "x"),
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("error: ") and message in proc.stderr, proc.stderr
+
+
+def test_run_refuses_a_missing_gpu(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    proc = kvbench("run", "--engine", "paged", "--device", "cuda", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: --device cuda: no CUDA device is available here"
