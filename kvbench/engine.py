@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 import numpy as np
@@ -148,6 +148,9 @@ class Engine:
                 if seq.advance(k, end, log.clock, ids)
             ]
             fp = measure(alloc, sched.waiting[0] if sched.waiting else None)
+            if sched.held:  # finished requests a static batch still holds: their K/V is dead weight
+                dead = sum(seq.num_computed for seq in sched.held)
+                fp = replace(fp, tokens=fp.tokens - dead, target=fp.target - dead)
             log.record(
                 batch, durations, ends, fp, segment_integral(fp, durations, len(batch.seqs), growth), sched
             )

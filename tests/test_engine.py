@@ -224,3 +224,14 @@ def test_arrivals_on_step_boundaries_are_admitted_exactly_as_step_by_step(engine
         (s.admitted_s, s.finish_s) for s in fast.sequences
     ]
     assert sum(r.num_steps for r in fast.steps) == len(slow.steps)
+
+
+def test_static_counts_finished_but_held_slots_as_internal_fragmentation():
+    # two requests of 16 reserved slots; r0 finishes after 2 steps and waits for r1 (5 steps)
+    trace = trace_of((4, 2), (4, 5))
+    sched = RequestScheduler(contiguous_max(32, 16), SchedulerConfig())
+    run = Engine(sched, CostModelRunner(ONE_SECOND_STEPS), coalesce=False).run(trace)
+    rows = {row.step: row for row in run.steps}
+    assert rows[1].token_states == 5 + 5  # r0 finished in this step: its K/V was still read
+    assert rows[2].token_states == 6 and rows[2].internal_frag == 16 + (16 - 8)  # r0's 16 slots are dead
+    assert rows[2].reservation == 8 - 6  # r1 will still fill 2
