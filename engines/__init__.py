@@ -40,6 +40,7 @@ class EngineOptions:
     block_size: int = 16  # paged engines: slots per block (vLLM's default)
     contiguous_fit: str = "buddy"  # contiguous engines: "buddy" (the paper's Orca) or "first-fit"
     watermark: float = 0.01  # paged engines: fraction of blocks kept free at admission
+    host_blocks: int = 0  # paged engines: swap space in host memory, in blocks
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
@@ -52,7 +53,7 @@ def _contiguous(policy: Callable[[EngineOptions], ReservationPolicy]):
 
 
 def _paged(options: EngineOptions) -> KVAllocator:
-    return PagedAllocator(options.num_slots, options.block_size, options.watermark)
+    return PagedAllocator(options.num_slots, options.block_size, options.watermark, options.host_blocks)
 
 
 @dataclass(frozen=True)

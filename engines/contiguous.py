@@ -102,6 +102,18 @@ class ContiguousAllocator:
         self._granted -= extent.granted
         self._target -= min(extent.asked, seq.request.kv_len)
 
+    def can_swap_out(self, seq: Sequence) -> bool:
+        return False  # contiguous engines never preempt: the reservation covers the future
+
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        raise NotImplementedError("contiguous extents are never swapped")
+
+    def can_swap_in(self, seq: Sequence) -> bool:
+        return False
+
+    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
+        raise NotImplementedError("contiguous extents are never swapped")
+
     def growth_horizon(self, seqs: Seq[Sequence], max_steps: int) -> int:
         return max_steps
 

@@ -38,11 +38,16 @@ class PagedAllocator:
     that running sequences can grow a while before someone must be preempted.
     """
 
-    def __init__(self, num_slots: int, block_size: int, watermark: float = 0.01) -> None:
+    def __init__(
+        self, num_slots: int, block_size: int, watermark: float = 0.01, host_blocks: int = 0
+    ) -> None:
         self.num_slots = num_slots
         self.block_size = block_size
         self.num_blocks = num_slots // block_size
         self.watermark_blocks = int(watermark * self.num_blocks)
+        self.num_host_blocks = host_blocks  # swap space in host memory, in blocks
+        self._host_free: deque[int] = deque(range(host_blocks))
+        self._swapped: dict[Sequence, list[int]] = {}  # host block tables of swapped-out sequences
         self._free: deque[int] = deque(range(self.num_blocks))
         self._refs = [0] * self.num_blocks
         self._tables: dict[Sequence, list[int]] = {}
@@ -123,6 +128,35 @@ class PagedAllocator:
         for block in reversed(table):
             self._unref(block)
 
+    def can_swap_out(self, seq: Sequence) -> bool:
+        """Room in host memory for the sequence's blocks (shared blocks are recomputed instead)."""
+        table = self._tables[seq]
+        return len(self._host_free) >= len(table) and all(self._refs[b] == 1 for b in table)
+
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Move the sequence's blocks to host memory; `(device block, host block)` to copy first."""
+        table = self._tables.pop(seq)
+        self._target -= self._target_of(seq, len(table))
+        host = [self._host_free.popleft() for _ in table]
+        self._swapped[seq] = host
+        for block in reversed(table):
+            self._unref(block)
+        return list(zip(table, host, strict=True))
+
+    def can_swap_in(self, seq: Sequence) -> bool:
+        """Room on the device for the swapped blocks and the next token, above the watermark."""
+        need = max(len(self._swapped[seq]), self.blocks_for(seq.num_tokens))
+        return len(self._free) - need >= self.watermark_blocks
+
+    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Bring the sequence back; `(host block, device block)` to copy before it runs."""
+        host = self._swapped.pop(seq)
+        table = [self._take() for _ in host]
+        self._tables[seq] = table
+        self._target += self._target_of(seq, len(table))
+        self._host_free.extend(host)
+        return list(zip(host, table, strict=True))
+
     def growth_horizon(self, seqs: Seq[Sequence], max_steps: int) -> int:
         if self._num_shared:
             return 1  # copy-on-write is decided step by step
@@ -183,6 +217,9 @@ class PagedAllocator:
         assert self._num_shared == sum(r > 1 for r in refs), "shared-block count wrong"
         want = sum(self._target_of(seq, len(table)) for seq, table in self._tables.items())
         assert self._target == want, "target total out of date"
+        held = [b for host in self._swapped.values() for b in host]
+        assert sorted(held + list(self._host_free)) == list(range(self.num_host_blocks)), "host blocks lost"
+        assert not set(self._swapped) & set(self._tables), "a sequence is both resident and swapped"
 
     def _footprint_by_blocks(self) -> Footprint:
         """Footprint counting each physical block once (the reference for shared blocks)."""

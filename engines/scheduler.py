@@ -27,6 +27,7 @@ from kvbench.sequence import SeqStatus, Sequence
 class SchedulerConfig:
     max_num_seqs: int | None = None  # cap on running sequences (B); None: engine default
     max_num_batched_tokens: int | None = None  # cap on prompt tokens per prefill step
+    preemption: str = "recompute"  # or "swap": park a victim's blocks in host memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,8 @@ class Batch:
     num_context: int  # K/V tokens attended (each sequence's length after the step)
     steps_to_finish: int = 1  # decode steps until the first sequence finishes
     block_copies: tuple[tuple[int, int], ...] = ()  # (src, dst) copy-on-write before the step
+    swap_out: tuple[tuple[int, int], ...] = ()  # (device block, host block) to copy out first
+    swap_in: tuple[tuple[int, int], ...] = ()  # (host block, device block) to copy in next
 
 
 class Scheduler:
@@ -47,19 +50,23 @@ class Scheduler:
     #: cap on tokens prefilled in one step (inf: a static batch is prefilled whole)
     token_cap: float = math.inf
 
-    def __init__(self, allocator: KVAllocator, max_num_seqs: float) -> None:
+    def __init__(self, allocator: KVAllocator, max_num_seqs: float, preemption: str = "recompute") -> None:
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.held: list[Sequence] = []  # finished, memory not yet returned
         self.num_preempted = 0  # waiting sequences that lost their K/V
+        self.swapped: deque[Sequence] = deque()  # preempted by swapping, oldest first
+        self.swap = preemption == "swap"
+        self._swap_out: list[tuple[int, int]] = []  # copies the next batch must do first
+        self._swap_in: list[tuple[int, int]] = []
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.held)
+        return bool(self.waiting or self.running or self.held or self.swapped)
 
     def admission_open(self) -> bool:
         raise NotImplementedError
@@ -69,15 +76,24 @@ class Scheduler:
         raise NotImplementedError
 
     def schedule(self) -> Batch | None:
-        """Admit what fits and is allowed (a prefill step), else grow the running (decode)."""
-        if prefill := self._admit():
+        """Swap back or admit what fits (a prefill step), else grow the running (decode).
+
+        Swapped sequences arrived before every waiting one, so nothing is admitted while any
+        is swapped out (FCFS).
+        """
+        if self.swapped:
+            self._bring_back()
+            if not self.running:  # a drained static batch may still hold memory: free it, retry
+                self.release([])
+                self._bring_back()
+        elif prefill := self._admit():
             return prefill
         if not self.running:
             return None
         if decode := self._make_room():
             return decode
-        self.release([])  # every running sequence was preempted: start over from the queue
-        return self._admit()
+        self.release([])  # every running sequence was preempted: start over
+        return self.schedule()
 
     def update(self, finished: list[Sequence]) -> None:
         """After a step: drop the sequences that finished in it and release their memory."""
@@ -92,12 +108,13 @@ class Scheduler:
         `waiting` and `running` stay in arrival order, every waiter arrived after every
         running request it has not overtaken, and "newest admitted" is "latest arrived".
         """
-        for queue in (list(self.waiting), self.running):
+        for queue in (list(self.waiting), self.running, list(self.swapped)):
             keys = [(seq.request.arrival_s, seq.seq_id) for seq in queue]
             assert keys == sorted(keys), "a queue is out of arrival order"
         assert all(seq.status is SeqStatus.RUNNING for seq in self.running)
         assert all(seq.status in (SeqStatus.WAITING, SeqStatus.PREEMPTED) for seq in self.waiting)
         assert all(seq.status is SeqStatus.FINISHED for seq in self.held)
+        assert all(seq.status is SeqStatus.SWAPPED for seq in self.swapped)
         assert self.num_preempted == sum(seq.status is SeqStatus.PREEMPTED for seq in self.waiting)
         assert len(self.running) <= self.max_num_seqs
 
@@ -120,7 +137,7 @@ class Scheduler:
             self.running.append(seq)
             admitted.append(seq)
             tokens += seq.num_tokens
-        return Batch(tuple(admitted), True, tokens, tokens) if admitted else None
+        return self._batch(tuple(admitted), True, tokens, tokens) if admitted else None
 
     def _make_room(self) -> Batch | None:
         """Give every running sequence its next slot; the decode batch, None if none remain."""
@@ -132,7 +149,23 @@ class Scheduler:
             return None
         context = sum([seq.num_tokens for seq in running])
         shortest = min([seq.request.output_len - seq.num_generated for seq in running])
-        return Batch(tuple(running), False, len(running), context, shortest, tuple(copies))
+        return self._batch(tuple(running), False, len(running), context, shortest, tuple(copies))
+
+    def _batch(self, seqs, is_prefill, num_tokens, num_context, steps=1, copies=()) -> Batch:
+        """A batch carrying the swaps scheduled since the last one (they run before it)."""
+        out, back = tuple(self._swap_out), tuple(self._swap_in)
+        self._swap_out.clear()
+        self._swap_in.clear()
+        return Batch(seqs, is_prefill, num_tokens, num_context, steps, copies, out, back)
+
+    def _bring_back(self) -> None:
+        """Swap in from the head of `swapped` while memory and `max_num_seqs` allow."""
+        alloc = self.allocator
+        while self.swapped and len(self.running) < self.max_num_seqs and alloc.can_swap_in(self.swapped[0]):
+            seq = self.swapped.popleft()
+            self._swap_in += alloc.swap_in(seq)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
 
     def _place_with_preemption(self) -> list[tuple[int, int]]:
         """Slots one by one in admission order, preempting the newest when out of room.
@@ -158,7 +191,15 @@ class Scheduler:
         return copies
 
     def _preempt(self, seq: Sequence) -> None:
-        """Recompute preemption: drop the K/V, requeue at the head (it is the oldest waiter)."""
+        """Swap the K/V out if asked and there is host room, else drop it to recompute later.
+
+        Either way the victim goes to the head of its queue: it is the oldest one there.
+        """
+        if self.swap and self.allocator.can_swap_out(seq):
+            self._swap_out += self.allocator.swap_out(seq)
+            seq.swap_out()
+            self.swapped.appendleft(seq)
+            return
         self.allocator.free(seq)
         seq.preempt()
         self.num_preempted += 1
@@ -169,7 +210,7 @@ class IterationScheduler(Scheduler):
     """Continuous batching: admission at every step, memory freed at each finish."""
 
     def __init__(self, allocator: KVAllocator, config: SchedulerConfig) -> None:
-        super().__init__(allocator, config.max_num_seqs or 256)
+        super().__init__(allocator, config.max_num_seqs or 256, config.preemption)
         self.token_cap = config.max_num_batched_tokens or math.inf
 
     def admission_open(self) -> bool:
@@ -184,7 +225,7 @@ class RequestScheduler(Scheduler):
     """Static batching: a new batch only when the previous one has fully drained."""
 
     def __init__(self, allocator: KVAllocator, config: SchedulerConfig) -> None:
-        super().__init__(allocator, config.max_num_seqs or math.inf)
+        super().__init__(allocator, config.max_num_seqs or math.inf, config.preemption)
 
     def admission_open(self) -> bool:
         return not self.running and not self.held

@@ -65,6 +65,10 @@ def _job(
     watermark: Annotated[
         float, typer.Option(help="Paged engines: share of blocks kept free at admission.")
     ] = 0.01,
+    preemption: Annotated[
+        str, typer.Option(help="Paged engines: recompute, or swap blocks to host memory.")
+    ] = "recompute",
+    swap_space_gib: Annotated[float, typer.Option(help="Paged engines: host memory for swapping.")] = 4.0,
     cost_fixed_s: Annotated[float | None, typer.Option(help="Cost model: seconds per step.")] = None,
     cost_per_token_s: Annotated[float | None, typer.Option(help="Cost model: seconds per token fed.")] = None,
     cost_per_kv_token_s: Annotated[
@@ -84,6 +88,7 @@ def _job(
         engine=engine, model=model, workload=workload, kv_cache_gib=kv_cache_gib, emulate_gpu=emulate_gpu,
         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, contiguous_fit=contiguous_fit, watermark=watermark,
+        preemption=preemption, swap_space_gib=swap_space_gib,
         cost_fixed_s=cost_fixed_s, cost_per_token_s=cost_per_token_s, cost_per_kv_token_s=cost_per_kv_token_s,
         **(asdict(real) if real else {}),
     )  # fmt: skip

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from engines import ARENAS, EngineOptions, get_engine
 from engines.scheduler import SchedulerConfig
-from kvbench.budget import KVBudget, budget_emulating, budget_from_gib, get_gpu
+from kvbench.budget import GIB, KVBudget, budget_emulating, budget_from_gib, get_gpu
 from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
 from kvbench.models import ModelSpec, get_model
@@ -35,6 +35,8 @@ class RunConfig:
     max_num_batched_tokens: int | None = None  # None: max(model max length, 2048), as vLLM
     contiguous_fit: str = "buddy"
     watermark: float = 0.01
+    preemption: str = "recompute"  # paged engines: recompute or swap
+    swap_space_gib: float = 4.0  # paged engines: host memory for swapped blocks (vLLM's default)
     cost_fixed_s: float | None = None  # cost-model overrides; None: roofline of the GPU
     cost_per_token_s: float | None = None
     cost_per_kv_token_s: float | None = None
@@ -96,11 +98,17 @@ def prepare(config: RunConfig) -> Prepared:
         )
     if bs > budget.num_slots:
         raise KvbenchError(f"--block-size {bs} exceeds the KV arena ({budget.num_slots} slots)")
-    roofline = CostModel.roofline(model, gpu)
+    if config.preemption not in ("recompute", "swap"):
+        raise KvbenchError(f"unknown --preemption {config.preemption!r}; choose one of: recompute, swap")
+    if not math.isfinite(config.swap_space_gib) or config.swap_space_gib < 0:
+        raise KvbenchError(f"--swap-space-gib must be a number >= 0, got {config.swap_space_gib}")
+    host_blocks = int(config.swap_space_gib * GIB // (bs * model.kv_bytes_per_token))
+    roofline = CostModel.roofline(model, gpu, bs)
     cost = CostModel(
         fixed_s=_or(config.cost_fixed_s, roofline.fixed_s, "--cost-fixed-s"),
         per_token_s=_or(config.cost_per_token_s, roofline.per_token_s, "--cost-per-token-s"),
         per_kv_token_s=_or(config.cost_per_kv_token_s, roofline.per_kv_token_s, "--cost-per-kv-token-s"),
+        per_swap_block_s=roofline.per_swap_block_s,
     )
     if cost.fixed_s + cost.per_token_s + cost.per_kv_token_s <= 0:
         raise KvbenchError("--cost-fixed-s, --cost-per-token-s, --cost-per-kv-token-s: a step must take time")
@@ -112,7 +120,8 @@ def prepare(config: RunConfig) -> Prepared:
         block_size=bs,
         contiguous_fit=config.contiguous_fit,
         watermark=config.watermark,
-        scheduler=SchedulerConfig(config.max_num_seqs, tokens),
+        host_blocks=host_blocks if config.preemption == "swap" else 0,
+        scheduler=SchedulerConfig(config.max_num_seqs, tokens, config.preemption),
     )
     spec.build(options)  # fail now, not mid-sweep, if the engine cannot be built
     return Prepared(config, model, budget, options, cost, trace)

@@ -8,10 +8,13 @@ Default constants are a roofline of the model on the emulated GPU's datasheet nu
 - `per_token_s`: each token fed costs 2 FLOPs per parameter: 2 x params / fp16 FLOP/s.
 - `per_kv_token_s`: attention reads each context token's K/V: KV bytes per token / bandwidth.
 
-Both divide by an efficiency (`bandwidth_efficiency` 0.8, `compute_efficiency` 0.6: what
-well-tuned kernels reach). For OPT-13B on an A100-40GB a decode step of 30 sequences at
-400 tokens of context models at 32.7 ms (20.7 ms of it weights). `kvbench calibrate` (a
-later issue) replaces these constants by ones fitted to real runs.
+Swap preemption adds `per_swap_block_s` per block copied: a fixed transfer latency (10 µs) plus
+the block's bytes over the host link (PCIe 4 x16, 25 GB/s), so small blocks swap slowly (the
+paper's Figure 19). The roofline terms divide by an efficiency (`bandwidth_efficiency` 0.8,
+`compute_efficiency` 0.6: what well-tuned kernels reach). For OPT-13B on an A100-40GB a
+decode step of 30 sequences at 400 tokens of context models at 32.7 ms (20.7 ms of it
+weights). `kvbench calibrate` (a later issue) replaces these constants by ones fitted to real
+runs.
 """
 
 from __future__ import annotations
@@ -26,18 +29,23 @@ from kvbench.budget import GpuSpec
 from kvbench.models import ModelSpec
 from kvbench.runner import StepResult, step_ends
 
+SWAP_LATENCY_S = 10e-6  # per device<->host copy: launch and DMA setup
+HOST_LINK_BANDWIDTH = 25e9  # bytes/s, PCIe 4 x16 in practice
+
 
 @dataclass(frozen=True)
 class CostModel:
     fixed_s: float  # per step, whatever its size (weight reads, launches)
     per_token_s: float  # per token fed through the model (matmul FLOPs)
     per_kv_token_s: float  # per token of context attended (K/V reads)
+    per_swap_block_s: float = 0.0  # per block copied between device and host (swap preemption)
 
     @classmethod
     def roofline(
         cls,
         model: ModelSpec,
         gpu: GpuSpec,
+        block_size: int = 16,
         bandwidth_efficiency: float = 0.8,
         compute_efficiency: float = 0.6,
     ) -> CostModel:
@@ -46,6 +54,7 @@ class CostModel:
             fixed_s=model.weight_bytes / bandwidth,
             per_token_s=2 * model.num_params / (gpu.fp16_flops * compute_efficiency),
             per_kv_token_s=model.kv_bytes_per_token / bandwidth,
+            per_swap_block_s=SWAP_LATENCY_S + block_size * model.kv_bytes_per_token / HOST_LINK_BANDWIDTH,
         )
 
 
@@ -59,14 +68,15 @@ class CostModelRunner:
         c = self.cost
         tokens = batch.num_tokens
         context = batch.num_context  # K/V attended in step 0
-        first = c.fixed_s + c.per_token_s * tokens + c.per_kv_token_s * context
+        swaps = len(batch.swap_out) + len(batch.swap_in)
+        first = c.fixed_s + c.per_token_s * tokens + c.per_kv_token_s * context + c.per_swap_block_s * swaps
         if max_steps == 1:
             return StepResult(np.array([first]))
         # later steps are decodes: one token per sequence, context one longer each step
         n = len(batch.seqs)
         growth = c.per_kv_token_s * n * np.arange(max_steps)  # (k,)
         durations = c.fixed_s + c.per_token_s * n + c.per_kv_token_s * context + growth
-        durations[0] = first
+        durations[0] = first  # step 0 also pays the swaps scheduled with it
         if math.isfinite(until_s):
             ends = step_ends(start_s, durations)  # [k] absolute
             durations = durations[: int(np.searchsorted(ends, until_s)) + 1]

@@ -45,6 +45,7 @@ class StepRecord:
     num_waiting: int  # after scheduling: requests that arrived and wait
     num_running: int  # resident, unfinished requests
     num_preempted: int  # waiting requests that lost their K/V
+    num_swapped: int  # preempted requests whose K/V waits in host memory
     # occupancy after the row's last step, in slots (sum to the arena's num_slots)
     token_states: int
     reservation: int
@@ -201,7 +202,8 @@ class _RunLog:
             StepRecord(
                 self.step, k, self.clock, seconds, "prefill" if batch.is_prefill else "decode",
                 len(batch.seqs), batch.num_tokens + (k - 1) * len(batch.seqs), len(sched.waiting) + late,
-                running, sched.num_preempted, *map(int, categories(end, self.num_slots).values()),
+                running, sched.num_preempted, len(sched.swapped),
+                *map(int, categories(end, self.num_slots).values()),
             )
         )  # fmt: skip
         self.clock = float(ends[-1])

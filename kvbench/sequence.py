@@ -6,7 +6,7 @@ Lifecycle::
                           |  ^
                    preempt|  |re-admit (recompute the prompt and the tokens so far)
                           v  |
-                        PREEMPTED
+                        PREEMPTED       (or SWAPPED <-> RUNNING: K/V parked in host memory)
 
 Token bookkeeping, for a request with prompt P and output O:
 
@@ -30,6 +30,7 @@ class SeqStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
+    SWAPPED = "swapped"
     FINISHED = "finished"
 
 
@@ -88,6 +89,11 @@ class Sequence:
         self.status = SeqStatus.FINISHED
         self.finish_s = end_s
         return True
+
+    def swap_out(self) -> None:
+        """Preempted by swapping: the K/V waits in host memory, nothing to recompute."""
+        self.status = SeqStatus.SWAPPED
+        self.num_preemptions += 1
 
     def preempt(self) -> None:
         """Drop the K/V (recompute later): the tokens stay known, none stay computed."""
