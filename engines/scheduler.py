@@ -16,6 +16,7 @@ the allocator cannot. They differ in *when* they admit and *when* memory comes b
 from __future__ import annotations
 
 import math
+from bisect import insort
 from collections import deque
 from dataclasses import dataclass
 
@@ -40,8 +41,9 @@ class Batch:
     num_context: int  # K/V tokens attended (each sequence's length after the step)
     steps_to_finish: int = 1  # decode steps until the first sequence finishes
     block_copies: tuple[tuple[int, int], ...] = ()  # (src, dst) copy-on-write before the step
-    swap_out: tuple[tuple[int, int], ...] = ()  # (device block, host block) to copy out first
-    swap_in: tuple[tuple[int, int], ...] = ()  # (host block, device block) to copy in next
+    # block copies between device and host, in the order they were scheduled (which matters:
+    # a block freed by one swap may be taken by the next): (to_host, source block, target block)
+    swaps: tuple[tuple[bool, int, int], ...] = ()
 
 
 class Scheduler:
@@ -59,8 +61,8 @@ class Scheduler:
         self.num_preempted = 0  # waiting sequences that lost their K/V
         self.swapped: deque[Sequence] = deque()  # preempted by swapping, oldest first
         self.swap = preemption == "swap"
-        self._swap_out: list[tuple[int, int]] = []  # copies the next batch must do first
-        self._swap_in: list[tuple[int, int]] = []
+        self._swaps: list[tuple[bool, int, int]] = []  # copies the next batch must do first
+        self._unsettled = False  # this step preempted or ended a swap-out period
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -81,11 +83,13 @@ class Scheduler:
         Swapped sequences arrived before every waiting one, so nothing is admitted while any
         is swapped out (FCFS).
         """
+        self._unsettled = False
         if self.swapped:
             self._bring_back()
             if not self.running:  # a drained static batch may still hold memory: free it, retry
                 self.release([])
                 self._bring_back()
+            self._unsettled |= not self.swapped  # all back: the next step may admit again
         elif prefill := self._admit():
             return prefill
         if not self.running:
@@ -94,6 +98,16 @@ class Scheduler:
             return decode
         self.release([])  # every running sequence was preempted: start over
         return self.schedule()
+
+    def settled(self) -> bool:
+        """Whether the next steps repeat this decode batch until a finish or an arrival.
+
+        A decode batch changes when memory is freed (a finish) or a request arrives, and also
+        right after a step that preempted someone (the freed blocks may let the queue's head,
+        or a swapped sequence, back in) or brought the last swapped sequence back (admission,
+        paused while any was swapped out, resumes).
+        """
+        return not self._unsettled
 
     def update(self, finished: list[Sequence]) -> None:
         """After a step: drop the sequences that finished in it and release their memory."""
@@ -109,7 +123,7 @@ class Scheduler:
         running request it has not overtaken, and "newest admitted" is "latest arrived".
         """
         for queue in (list(self.waiting), self.running, list(self.swapped)):
-            keys = [(seq.request.arrival_s, seq.seq_id) for seq in queue]
+            keys = [_arrival(seq) for seq in queue]
             assert keys == sorted(keys), "a queue is out of arrival order"
         assert all(seq.status is SeqStatus.RUNNING for seq in self.running)
         assert all(seq.status in (SeqStatus.WAITING, SeqStatus.PREEMPTED) for seq in self.waiting)
@@ -134,7 +148,7 @@ class Scheduler:
             self.num_preempted -= seq.status is SeqStatus.PREEMPTED
             self.allocator.allocate(seq)
             seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
+            self._run(seq)
             admitted.append(seq)
             tokens += seq.num_tokens
         return self._batch(tuple(admitted), True, tokens, tokens) if admitted else None
@@ -153,19 +167,29 @@ class Scheduler:
 
     def _batch(self, seqs, is_prefill, num_tokens, num_context, steps=1, copies=()) -> Batch:
         """A batch carrying the swaps scheduled since the last one (they run before it)."""
-        out, back = tuple(self._swap_out), tuple(self._swap_in)
-        self._swap_out.clear()
-        self._swap_in.clear()
-        return Batch(seqs, is_prefill, num_tokens, num_context, steps, copies, out, back)
+        swaps = tuple(self._swaps)
+        self._swaps.clear()
+        return Batch(seqs, is_prefill, num_tokens, num_context, steps, copies, swaps)
 
     def _bring_back(self) -> None:
         """Swap in from the head of `swapped` while memory and `max_num_seqs` allow."""
         alloc = self.allocator
         while self.swapped and len(self.running) < self.max_num_seqs and alloc.can_swap_in(self.swapped[0]):
             seq = self.swapped.popleft()
-            self._swap_in += alloc.swap_in(seq)
+            self._swaps += [(False, host, device) for host, device in alloc.swap_in(seq)]
             seq.status = SeqStatus.RUNNING
+            self._run(seq)
+
+    def _run(self, seq: Sequence) -> None:
+        """Add to `running` in arrival order, so "preempt the newest" means the latest arrival.
+
+        Usually an append; a recomputed request re-admitted after newer swapped ones came back
+        is older than they are.
+        """
+        if not self.running or _arrival(self.running[-1]) < _arrival(seq):
             self.running.append(seq)
+        else:
+            insort(self.running, seq, key=_arrival)
 
     def _place_with_preemption(self) -> list[tuple[int, int]]:
         """Slots one by one in admission order, preempting the newest when out of room.
@@ -193,17 +217,34 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Swap the K/V out if asked and there is host room, else drop it to recompute later.
 
-        Either way the victim goes to the head of its queue: it is the oldest one there.
+        Either way the victim goes back near the head of its queue, in arrival order.
         """
+        self._unsettled = True
         if self.swap and self.allocator.can_swap_out(seq):
-            self._swap_out += self.allocator.swap_out(seq)
+            self._swaps += [(True, device, host) for device, host in self.allocator.swap_out(seq)]
             seq.swap_out()
-            self.swapped.appendleft(seq)
+            _requeue(self.swapped, seq)
             return
         self.allocator.free(seq)
         seq.preempt()
         self.num_preempted += 1
-        self.waiting.appendleft(seq)
+        _requeue(self.waiting, seq)
+
+
+def _arrival(seq: Sequence) -> tuple[float, int]:
+    return seq.request.arrival_s, seq.seq_id
+
+
+def _requeue(queue: deque[Sequence], seq: Sequence) -> None:
+    """Put a preempted sequence back near the head of `queue`, in arrival order.
+
+    It is older than every request that never ran, so the scan stops within the few preempted
+    ones at the head (one swapped back and preempted again may be newer than some of those).
+    """
+    position = 0
+    while position < len(queue) and _arrival(queue[position]) < _arrival(seq):
+        position += 1
+    queue.insert(position, seq)
 
 
 class IterationScheduler(Scheduler):

@@ -68,7 +68,7 @@ class CostModelRunner:
         c = self.cost
         tokens = batch.num_tokens
         context = batch.num_context  # K/V attended in step 0
-        swaps = len(batch.swap_out) + len(batch.swap_in)
+        swaps = len(batch.swaps)
         first = c.fixed_s + c.per_token_s * tokens + c.per_kv_token_s * context + c.per_swap_block_s * swaps
         if max_steps == 1:
             return StepResult(np.array([first]))

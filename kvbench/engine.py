@@ -132,7 +132,7 @@ class Engine:
                 continue
             # 3. run it, for as many steps as the batch provably stays the same
             max_steps = 1
-            if self.coalesce and not batch.is_prefill:
+            if self.coalesce and not batch.is_prefill and sched.settled():
                 max_steps = alloc.growth_horizon(batch.seqs, batch.steps_to_finish)
             until = log.next_arrival() if log.pending() and not sched.waiting else math.inf
             result = self.runner.run(batch, max_steps, log.clock, until)

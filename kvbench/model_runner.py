@@ -8,6 +8,7 @@ of input preparation to the sampled tokens being on the host, so host-side overh
 from __future__ import annotations
 
 import time
+from itertools import groupby
 
 import numpy as np
 import torch
@@ -39,9 +40,11 @@ class ModelRunner:
         self.seed = seed
         self.device = arena.k.device
         self._prompts: dict[int, np.ndarray] = {}  # request id -> prompt token ids
+        self._host: tuple[torch.Tensor, torch.Tensor] | None = None  # swap space, made on first use
 
     def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
         start = time.perf_counter()
+        self._swap(batch)
         meta, input_ids, positions = self._inputs(batch)
         self._copy_blocks(batch.block_copies)
         with torch.inference_mode():
@@ -105,15 +108,38 @@ class ModelRunner:
         )  # fmt: skip
         return meta, input_ids, pos
 
+    def _swap(self, batch: Batch) -> None:
+        """Do the batch's device<->host block copies, in scheduled order, before the step."""
+        if not batch.swaps:
+            return
+        if self._host is None:
+            alloc = self.allocator
+            shape = (self.arena.k.shape[0], alloc.num_host_blocks * alloc.block_size, *self.arena.k.shape[2:])
+            pin = self.device.type == "cuda"
+            self._host = (
+                torch.empty(shape, dtype=self.arena.k.dtype, pin_memory=pin),  # [L, host slots, Hkv, D]
+                torch.empty(shape, dtype=self.arena.v.dtype, pin_memory=pin),
+            )
+        for to_host, run in groupby(batch.swaps, key=lambda swap: swap[0]):
+            source, target = self._block_slots(tuple((src, dst) for _, src, dst in run))
+            for host, arena in zip(self._host, (self.arena.k, self.arena.v), strict=True):
+                if to_host:
+                    host[:, target] = arena[:, source.to(self.device)].cpu()
+                else:
+                    arena[:, target.to(self.device)] = host[:, source].to(self.device)
+
+    def _block_slots(self, pairs: tuple[tuple[int, int], ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slot indices `[N * bs]` of the first and second blocks of each pair (on the CPU)."""
+        bs = self.allocator.block_size
+        blocks = torch.tensor(pairs)  # [N, 2]
+        offsets = torch.arange(bs)  # [bs]
+        return (blocks[:, :1] * bs + offsets).reshape(-1), (blocks[:, 1:] * bs + offsets).reshape(-1)
+
     def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
         """Copy-on-write: duplicate shared blocks (all layers) before the step writes into them."""
         if not copies:
             return
-        bs = self.allocator.block_size  # copies only come from the paged allocator
-        offsets = torch.arange(bs, device=self.device)  # [bs]
-        pairs = torch.tensor(copies, device=self.device)  # [N, 2] (src, dst) blocks
-        src = (pairs[:, :1] * bs + offsets).reshape(-1)  # [N * bs] slots
-        dst = (pairs[:, 1:] * bs + offsets).reshape(-1)  # [N * bs] slots
+        src, dst = (slots.to(self.device) for slots in self._block_slots(copies))  # [N * bs] each
         self.arena.k[:, dst] = self.arena.k[:, src]
         self.arena.v[:, dst] = self.arena.v[:, src]
 

@@ -945,3 +945,18 @@ def test_contiguous_append_all_takes_nothing():
         admit(alloc, seq)
     free = alloc.arena.num_free
     assert alloc.append_all(seqs) == [] and alloc.arena.num_free == free
+
+
+def test_paged_swap_out_and_in_move_blocks_between_device_and_host():
+    alloc = PagedAllocator(16, 2, watermark=0.0, host_blocks=3)  # 8 device blocks, 3 host blocks
+    a, b = new_seq(1, 5, 4), new_seq(2, 3, 4)
+    admit(alloc, a)  # 5 prompt tokens: blocks 0, 1, 2
+    admit(alloc, b)  # blocks 3, 4
+    assert alloc.can_swap_out(a) and alloc.swap_out(a) == [(0, 0), (1, 1), (2, 2)]
+    alloc.check_integrity()
+    assert not alloc.can_swap_out(b)  # 2 blocks, 0 host blocks left
+    assert list(alloc._free) == [5, 6, 7, 2, 1, 0]  # a's device blocks went back, last first
+    assert alloc.can_swap_in(a)
+    assert alloc.swap_in(a) == [(0, 5), (1, 6), (2, 7)]  # same host blocks, new device blocks
+    assert blocks(alloc, a) == [5, 6, 7] and alloc.can_swap_out(b)
+    alloc.check_integrity()

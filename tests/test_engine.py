@@ -235,3 +235,27 @@ def test_static_counts_finished_but_held_slots_as_internal_fragmentation():
     assert rows[1].token_states == 5 + 5  # r0 finished in this step: its K/V was still read
     assert rows[2].token_states == 6 and rows[2].internal_frag == 16 + (16 - 8)  # r0's 16 slots are dead
     assert rows[2].reservation == 8 - 6  # r1 will still fill 2
+
+
+@pytest.mark.parametrize("engine", ["paged", "paged-static"])
+@pytest.mark.parametrize("host_blocks", [0, 40, 10_000])
+def test_swap_preemption_keeps_invariants_and_equals_step_by_step(engine, host_blocks):
+    trace = make_trace("sharegpt-paper", 80, rate=math.inf, seed=2)
+    runs = []
+    for coalesce in (False, True):
+        options = EngineOptions(
+            num_slots=4100, max_len=2048, block_size=4, host_blocks=host_blocks,
+            scheduler=SchedulerConfig(preemption="swap"),
+        )  # fmt: skip
+        sched = ENGINES[engine].build(options)
+        cost = CostModel(0.02, 1e-4, 5e-7, per_swap_block_s=1e-4)
+        runs.append(Engine(sched, CheckingRunner(cost, sched), coalesce=coalesce).run(trace))
+        assert not sched.has_work() and not sched.allocator._swapped
+    slow, fast = runs
+    for a, b in zip(_comparable(slow), _comparable(fast), strict=True):
+        assert a[0] == b[0] and a[4] == b[4] and a[1:4] == pytest.approx(b[1:4], rel=1e-9)
+    for seq in fast.sequences:
+        assert seq.num_generated == seq.request.output_len
+    swapped = max(row.num_swapped for row in slow.steps)
+    assert (swapped > 0) == (host_blocks > 0)  # with no host room, swap falls back to recompute
+    assert sum(seq.num_preemptions for seq in slow.sequences) > 10

@@ -11,6 +11,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from engines import ENGINES, EngineOptions  # noqa: E402
+from engines.scheduler import SchedulerConfig  # noqa: E402
 from kvbench.cost_model import CostModel  # noqa: E402
 from kvbench.engine import Engine  # noqa: E402
 from kvbench.errors import KvbenchError  # noqa: E402
@@ -128,14 +129,19 @@ class RecordingRunner(ModelRunner):
 
 
 def decode_all(
-    engine: str, model_name: str, num_slots: int, *, temperature=0.0, block_size=4, poison=True, device=CPU
-):
+    engine: str, model_name: str, num_slots: int, *, temperature=0.0, block_size=4, poison=True, device=CPU,
+    preemption="recompute", host_blocks=0,
+):  # fmt: skip
     spec = get_model(model_name)
     model = random_model(spec, torch.float32, device, seed=3)
     arena = KVArena(spec, num_slots, torch.float32, device)
     if poison:
         arena.fill(float("nan"))
-    sched = ENGINES[engine].build(EngineOptions(num_slots=num_slots, max_len=64, block_size=block_size))
+    options = EngineOptions(
+        num_slots=num_slots, max_len=64, block_size=block_size, host_blocks=host_blocks,
+        scheduler=SchedulerConfig(preemption=preemption),
+    )  # fmt: skip
+    sched = ENGINES[engine].build(options)
     runner = RecordingRunner(model, arena, sched.allocator, temperature=temperature, seed=5)
     run = Engine(sched, runner, coalesce=False).run(small_trace())
     return run, runner, arena
@@ -162,6 +168,19 @@ def test_recompute_preemption_gives_the_same_tokens(temperature):
     if temperature:
         greedy, _, _ = decode_all("paged", "tiny-llama", 1024)
         assert [s.output_ids for s in greedy.sequences] != [s.output_ids for s in roomy.sequences]
+
+
+@pytest.mark.parametrize("engine", ["paged", "paged-static"])
+def test_swap_preemption_gives_the_same_tokens(engine):
+    roomy, _, _ = decode_all(engine, "tiny-llama", 1024)
+    swapped, _, _ = decode_all(engine, "tiny-llama", 48, preemption="swap", host_blocks=64)
+    assert sum(seq.num_preemptions for seq in swapped.sequences) > 0  # the case is exercised
+    assert any(row.num_swapped for row in swapped.steps)
+    assert [s.output_ids for s in swapped.sequences] == [s.output_ids for s in roomy.sequences]
+    # with no host room, swap falls back to recompute, and tokens still agree
+    fallback, _, _ = decode_all(engine, "tiny-llama", 48, preemption="swap", host_blocks=0)
+    assert not any(row.num_swapped for row in fallback.steps)
+    assert [s.output_ids for s in fallback.sequences] == [s.output_ids for s in roomy.sequences]
 
 
 @pytest.mark.parametrize("engine", ["orca-oracle", "paged", "static"])
