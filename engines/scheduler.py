@@ -102,12 +102,17 @@ class Scheduler:
     def settled(self) -> bool:
         """Whether the next steps repeat this decode batch until a finish or an arrival.
 
-        A decode batch changes when memory is freed (a finish) or a request arrives, and also
-        right after a step that preempted someone (the freed blocks may let the queue's head,
-        or a swapped sequence, back in) or brought the last swapped sequence back (admission,
-        paused while any was swapped out, resumes).
+        Memory only shrinks while a decode batch runs, so a request that cannot be let in now
+        cannot later. The one exception is this step itself: a preemption freed blocks after
+        this step's admission check, and bringing the last swapped sequence back reopened
+        admission; then ask whether the next step would let someone in.
         """
-        return not self._unsettled
+        if not self._unsettled or len(self.running) >= self.max_num_seqs:
+            return True
+        if self.swapped:
+            return not self.allocator.can_swap_in(self.swapped[0])
+        head = self.waiting[0] if self.waiting else None
+        return head is None or not self.admission_open() or not self.allocator.can_allocate(head)
 
     def update(self, finished: list[Sequence]) -> None:
         """After a step: drop the sequences that finished in it and release their memory."""
