@@ -170,15 +170,16 @@ def test_recompute_preemption_gives_the_same_tokens(temperature):
         assert [s.output_ids for s in greedy.sequences] != [s.output_ids for s in roomy.sequences]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("engine", ["paged", "paged-static"])
-def test_swap_preemption_gives_the_same_tokens(engine):
-    roomy, _, _ = decode_all(engine, "tiny-llama", 1024)
-    swapped, _, _ = decode_all(engine, "tiny-llama", 48, preemption="swap", host_blocks=64)
+def test_swap_preemption_gives_the_same_tokens(engine, device):
+    roomy, _, _ = decode_all(engine, "tiny-llama", 1024, device=device)
+    swapped, _, _ = decode_all(engine, "tiny-llama", 48, preemption="swap", host_blocks=64, device=device)
     assert sum(seq.num_preemptions for seq in swapped.sequences) > 0  # the case is exercised
     assert any(row.num_swapped for row in swapped.steps)
     assert [s.output_ids for s in swapped.sequences] == [s.output_ids for s in roomy.sequences]
     # with no host room, swap falls back to recompute, and tokens still agree
-    fallback, _, _ = decode_all(engine, "tiny-llama", 48, preemption="swap", host_blocks=0)
+    fallback, _, _ = decode_all(engine, "tiny-llama", 48, preemption="swap", host_blocks=0, device=device)
     assert not any(row.num_swapped for row in fallback.steps)
     assert [s.output_ids for s in fallback.sequences] == [s.output_ids for s in roomy.sequences]
 
