@@ -77,12 +77,13 @@ class ModelRunner:
 
     def _inputs(self, batch: Batch) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
         ids, positions, slots, seqlens = [], [], [], []
-        for seq in batch.seqs:
+        addressing = [self.allocator.addressing(seq) for seq in batch.seqs]
+        for seq, where in zip(batch.seqs, addressing, strict=True):
             lo, hi = seq.num_computed, seq.num_tokens
             pos = np.arange(lo, hi)  # [n] positions computed in this step
             ids.append(self._token_ids(seq, lo, hi))
             positions.append(pos)
-            slots.append(_slots(self.allocator.addressing(seq), pos))
+            slots.append(_slots(where, pos))
             seqlens.append(hi - lo)
         dev = self.device
         cu = torch.tensor(np.concatenate([[0], np.cumsum(seqlens)]), device=dev)  # [B + 1]
@@ -92,7 +93,6 @@ class ModelRunner:
         if batch.is_prefill:
             return AttentionMetadata(True, slot_mapping, cu, tuple(seqlens)), input_ids, pos
         context = [seq.num_tokens for seq in batch.seqs]
-        addressing = [self.allocator.addressing(seq) for seq in batch.seqs]
         tables = starts = None
         block_size = 0
         if isinstance(addressing[0], BlockTable):
