@@ -66,7 +66,8 @@ def _positive_int(flag: str, value: int | None) -> None:
         raise KvbenchError(f"{flag} must be a positive integer, got {value}")
 
 
-def prepare(config: RunConfig) -> Prepared:
+def prepare(config: RunConfig, *, weight_bytes: int | None = None) -> Prepared:
+    """Resolve and validate `config`; `weight_bytes`: the loaded model's, for emulated budgets."""
     spec = get_engine(config.engine)
     model = resolve_model(config.model)
     gpu = get_gpu(config.emulate_gpu)
@@ -95,6 +96,7 @@ def prepare(config: RunConfig) -> Prepared:
             utilization=config.gpu_memory_utilization,
             max_num_batched_tokens=tokens,
             max_num_seqs=config.max_num_seqs or 256,
+            weight_bytes=weight_bytes,
         )
     if bs > budget.num_slots:
         raise KvbenchError(f"--block-size {bs} exceeds the KV arena ({budget.num_slots} slots)")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from kvbench.config import Prepared, RunConfig, prepare
+from kvbench.config import Prepared, RunConfig, prepare, resolve_model
 from kvbench.errors import KvbenchError
 from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
@@ -48,12 +48,14 @@ def run_real(config: RunConfig, *, prepared: Prepared | None = None) -> RunResul
     """Run the config's trace through its engine with real forward passes on `config.device`."""
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    prepared = prepared or prepare(config)
-    spec = prepared.model
+    spec = resolve_model(config.model)
     if Path(config.model).is_dir():
         model = load_checkpoint(Path(config.model), dtype, device)
     else:
         model = random_model(spec, dtype, device, config.weights_seed)
+    weight_bytes = sum(p.nbytes for p in model.parameters())  # tied parameters once
+    # an emulated GPU's budget subtracts the weights as loaded (dtype included)
+    prepared = prepared or prepare(config, weight_bytes=weight_bytes)
     try:
         arena = KVArena(spec, prepared.budget.num_slots, dtype, device)
     except torch.OutOfMemoryError:
@@ -71,6 +73,6 @@ def run_real(config: RunConfig, *, prepared: Prepared | None = None) -> RunResul
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "arena_bytes": arena.nbytes,
-        "weight_bytes": sum(p.nbytes for p in model.parameters()),
+        "weight_bytes": weight_bytes,
     }
     return execute(config, make_runner, mode="real", coalesce=False, prepared=prepared, extra=extra)

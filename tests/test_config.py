@@ -93,3 +93,11 @@ def test_prepare_resolves_defaults():
 def test_block_size_larger_than_the_arena_is_refused():
     with pytest.raises(KvbenchError, match="--block-size 4096 exceeds the KV arena"):
         prepare(RunConfig(engine="paged", kv_cache_gib=0.002, block_size=4096))
+
+
+def test_emulated_budget_can_subtract_measured_weights():
+    model, gpu = get_model("opt-13b"), GPUS["a100-40gb"]
+    fp16 = budget_emulating(gpu, model)
+    fp32 = budget_emulating(gpu, model, weight_bytes=2 * model.weight_bytes)  # the same model in fp32
+    assert fp16.budget_bytes - fp32.budget_bytes == model.weight_bytes
+    assert "(measured)" in fp32.source and "(fp16)" in fp16.source
