@@ -96,7 +96,7 @@ def test_block_size_larger_than_the_arena_is_refused():
 
 
 def test_emulated_budget_can_subtract_measured_weights():
-    model, gpu = get_model("opt-13b"), GPUS["a100-40gb"]
+    model, gpu = get_model("opt-6.7b"), GPUS["a100-40gb"]
     fp16 = budget_emulating(gpu, model)
     fp32 = budget_emulating(gpu, model, weight_bytes=2 * model.weight_bytes)  # the same model in fp32
     assert fp16.budget_bytes - fp32.budget_bytes == model.weight_bytes
