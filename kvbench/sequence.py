@@ -57,11 +57,6 @@ class Sequence:
         return self.request.request_id
 
     @property
-    def num_uncomputed(self) -> int:
-        """Tokens the next step must feed through the model (prefill > 1, decode == 1)."""
-        return self.num_tokens - self.num_computed
-
-    @property
     def remaining(self) -> int:
         """Output tokens still to sample."""
         return self.request.output_len - self.num_generated

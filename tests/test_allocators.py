@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
 from itertools import pairwise
 
 import pytest
@@ -18,7 +17,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from engines.allocator import BlockTable, Extent
+from engines.allocator import BlockTable, Extent, snapshot
 from engines.arena import BuddyArena, FirstFitArena
 from engines.contiguous import ContiguousAllocator, MaxReservation, OracleReservation, Pow2Reservation
 from engines.paged import PagedAllocator
@@ -55,11 +54,6 @@ def decode(alloc, seq: Sequence) -> list[tuple[int, int]]:
     seq.advance(1, 0.0)
     alloc.check_integrity()
     return copies
-
-
-def snapshot(alloc, head: Sequence | None = None) -> KVSnapshot:
-    fp = replace(alloc.footprint(), external=alloc.external_frag(head))
-    return KVSnapshot.of(fp, alloc.num_slots)
 
 
 def assert_partition(snap: KVSnapshot) -> None:
