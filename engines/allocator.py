@@ -45,9 +45,10 @@ class KVAllocator(Protocol):
       is then able to hold `seq.num_tokens` tokens (the next step's writes).
     - `footprint()` totals cover resident sequences only; with `external_frag` they yield the
       six occupancy categories, which always sum to `num_slots`.
-    - `grow` is the multi-step form of `append` used by the simulator: after
-      `growth_horizon(seqs, k) >= n`, `grow(seqs, n)` makes the allocations that `n - 1`
-      further decode steps need, in the order step-by-step appends would make them.
+    - `grow` is the multi-step form of `append`: after `growth_horizon(seqs, k) >= n`,
+      `grow(seqs, n)` makes the allocations that `n - 1` further decode steps need, in the
+      order step-by-step appends would make them; `trim` gives back the tail of a segment
+      that ended early.
     """
 
     num_slots: int
@@ -92,6 +93,14 @@ class KVAllocator(Protocol):
 
     def grow(self, seqs: Seq[Sequence], num_steps: int) -> Growth | None:
         """Allocate for decode steps 1..num_steps-1 (step 0 was `append`ed)."""
+        ...
+
+    def trim(self, num_steps: int) -> None:
+        """Make the last `grow` final for its first `num_steps` steps; undo the rest.
+
+        A segment that ended early leaves exactly the state `grow(seqs, num_steps)` would have
+        left, block ids included. Called after every segment.
+        """
         ...
 
     def footprint(self) -> Footprint:

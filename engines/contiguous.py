@@ -120,6 +120,9 @@ class ContiguousAllocator:
     def grow(self, seqs: Seq[Sequence], num_steps: int) -> None:
         return None
 
+    def trim(self, num_steps: int) -> None:
+        return None
+
     def footprint(self) -> Footprint:
         tokens = sum(seq.num_computed for seq in self._extents)
         return Footprint(tokens, self._target, self._asked, self._granted)

@@ -18,7 +18,7 @@ Arena layout (block_size 4, num_slots 18 -> 4 blocks, 2 tail slots nobody can us
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence as Seq
 
 import numpy as np
@@ -55,6 +55,7 @@ class PagedAllocator:
         self._target = 0  # sum over sequences of min(final length, slots in their table)
         # growth_horizon's crossing list, reused by the grow() that follows for the same batch
         self._plan: tuple[Seq[Sequence] | None, list[tuple[int, int]]] = (None, [])
+        self._grown: list[tuple[int, list[int], int]] = []  # last grow's (step, table, target added)
 
     @property
     def num_free_blocks(self) -> int:
@@ -172,6 +173,7 @@ class PagedAllocator:
         if planned is not seqs:
             firsts = self._first_crossings(seqs)
         self._plan = (None, [])
+        self._grown = []
         if firsts[0][0] >= num_steps:
             return None
         asked = np.zeros(num_steps, dtype=np.int64)
@@ -186,9 +188,21 @@ class PagedAllocator:
                 added = min(max(seq.request.kv_len - len(table) * self.block_size, 0), self.block_size)
                 table.append(self._take())
                 self._target += added
+                self._grown.append((step, table, added))
                 asked[step] += self.block_size
                 target[step] += added
         return Growth(asked=asked, target=target)
+
+    def trim(self, num_steps: int) -> None:
+        # the last grow took its blocks from the front of the queue in step order; handing
+        # the late ones back to the front in reverse order restores the queue exactly
+        while self._grown and self._grown[-1][0] >= num_steps:
+            _, table, added = self._grown.pop()
+            block = table.pop()
+            self._refs[block] = 0
+            self._free.appendleft(block)
+            self._target -= added
+        self._grown = []  # the segment's allocations are final
 
     def footprint(self) -> Footprint:
         if self._num_shared:
@@ -205,9 +219,10 @@ class PagedAllocator:
 
     def check_integrity(self) -> None:
         refs = [0] * self.num_blocks
+        ahead = Counter(id(table) for _, table, _ in self._grown)  # a segment in flight grew these
         for seq, table in self._tables.items():
             assert len(set(table)) == len(table), f"seq {seq.seq_id} maps a block twice"
-            low, high = self.blocks_for(seq.num_computed), self.blocks_for(seq.num_tokens)
+            low, high = self.blocks_for(seq.num_computed), self.blocks_for(seq.num_tokens) + ahead[id(table)]
             assert low <= len(table) <= high, f"seq {seq.seq_id} holds {len(table)} blocks"
             for block in table:
                 refs[block] += 1

@@ -61,6 +61,8 @@ class CostModel:
 class CostModelRunner:
     """Simulates steps by the cost model: no tensors, many steps per call."""
 
+    allocates_ahead = False
+
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
 

@@ -5,10 +5,11 @@ reads as the numbered steps below; everything engine-specific sits behind the sc
 
 Multi-step segments: a decode batch stays the same until a sequence finishes, a paged
 sequence cannot get a block, or an arrival could be admitted. Up to that horizon the
-loop lets a runner that can predict step times (the simulator) run many steps in one
-call and writes one row for them (`num_steps`); occupancy is integrated exactly over the
-segment (`kvbench.occupancy.segment_integral`), so results equal a step-by-step run's.
-A GPU runner runs one step per call, as does the loop with `coalesce=False`.
+loop lets a runner run many steps in one call and writes one row for them (`num_steps`);
+occupancy is integrated exactly over the segment (`kvbench.occupancy.segment_integral`),
+so results equal a step-by-step run's. The simulator predicts step times; a GPU runner
+keeps the segment on the device and stops at the first step ending past the next arrival.
+`coalesce=False` runs one step per call.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from engines.allocator import measure
 from engines.scheduler import Batch, Scheduler
 from kvbench.errors import KvbenchError
-from kvbench.occupancy import Footprint, categories, segment_integral
+from kvbench.occupancy import Footprint, Growth, categories, segment_integral
 from kvbench.requests import Trace
 from kvbench.runner import Runner, step_ends
 from kvbench.sequence import Sequence
@@ -135,10 +136,16 @@ class Engine:
             if self.coalesce and not batch.is_prefill and sched.settled():
                 max_steps = alloc.growth_horizon(batch.seqs, batch.steps_to_finish)
             until = log.next_arrival() if log.pending() and not sched.waiting else math.inf
+            ahead = self.runner.allocates_ahead and max_steps > 1
+            growth = alloc.grow(batch.seqs, max_steps) if ahead else None
             result = self.runner.run(batch, max_steps, log.clock, until)
             durations = result.durations  # (k,) seconds
             k = len(durations)
-            growth = alloc.grow(batch.seqs, k) if k > 1 else None
+            if not ahead and k > 1:
+                growth = alloc.grow(batch.seqs, k)
+            alloc.trim(k)  # give back what steps past k would have used; the rest is final
+            if ahead and growth is not None:
+                growth = Growth(growth.asked[:k], growth.target[:k])
             # 4. advance the sequences, then measure memory before anyone leaves
             ends = step_ends(log.clock, durations)  # (k,) as a step-by-step clock would read
             end = float(ends[-1])

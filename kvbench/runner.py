@@ -32,6 +32,11 @@ def step_ends(start_s: float, durations: np.ndarray) -> np.ndarray:
 
 
 class Runner(Protocol):
+    # True for a runner that addresses the arena (a real one): the engine allocates a
+    # multi-step segment's slots before the run and trims what an early stop left unused.
+    # A simulator only needs them counted afterwards, for the steps that did run.
+    allocates_ahead: bool
+
     def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
         """Run between 1 and `max_steps` steps of `batch` from time `start_s`; their durations.
 

@@ -514,6 +514,16 @@ def test_grow_matches_step_by_step_appends(case):
         seq.advance(k, 1.0)
     assert state(alloc_d, batch_d) == final
 
+    # (e) a real runner's order: grow to the horizon before running, trim to the k steps run
+    alloc_e, batch_e, _ = build_batch(case)
+    alloc_e.growth_horizon(batch_e, max_steps)
+    alloc_e.grow(batch_e, horizon)
+    alloc_e.trim(k)
+    for seq in batch_e:
+        seq.advance(k, 1.0)
+    alloc_e.check_integrity()
+    assert state(alloc_e, batch_e) == final
+
 
 def test_growth_horizon_exact_small_case():
     alloc = PagedAllocator(16, 4, watermark=0.0)  # 4 blocks
