@@ -32,7 +32,7 @@ class _Flag:
         names = (self.flag,) if self.flag else ()
         option = typer.Option(*names, help=self.help, rich_help_panel=_PANEL)
         return inspect.Parameter(
-            self.flag.lstrip("-").replace("-", "_") if self.flag else self.field,
+            self.flag.split("/")[0].lstrip("-").replace("-", "_") if self.flag else self.field,
             inspect.Parameter.KEYWORD_ONLY,
             default=default,
             annotation=Annotated[self.kind, option],
@@ -80,6 +80,8 @@ class RealOptions:
     dtype: str = "auto"
     temperature: float = 0.0
     weights_seed: int = 0
+    attention: str = "auto"
+    cuda_graphs: bool = True
 
 
 _REAL_FLAGS = (
@@ -87,6 +89,13 @@ _REAL_FLAGS = (
     _Flag("dtype", str, "auto (bf16 on GPUs, fp32 on CPU), float16, bfloat16 or float32."),
     _Flag("temperature", float, "0: greedy; above 0: seeded sampling, identical for every engine."),
     _Flag("weights_seed", int, "Seed of a preset's random weights and of sampling."),
+    _Flag("attention", str, "auto (Triton kernels on CUDA), triton, or torch (the PyTorch reference)."),
+    _Flag(
+        "cuda_graphs",
+        bool,
+        "Replay decode steps as CUDA graphs (CUDA with the Triton kernels).",
+        "--cuda-graphs/--no-cuda-graphs",
+    ),
 )
 
 

@@ -44,6 +44,8 @@ class RunConfig:
     dtype: str = "auto"  # real runs: float16, bfloat16, float32; auto: bf16 on GPUs, fp32 on CPU
     temperature: float = 0.0  # real runs: 0 is greedy; else seeded sampling
     weights_seed: int = 0  # real runs: seed of a preset's random weights
+    attention: str = "auto"  # real runs: triton kernels, torch reference, or auto (triton on CUDA)
+    cuda_graphs: bool = True  # real runs: replay decode steps as CUDA graphs (needs the kernels)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,12 +1,18 @@
-"""The real runner: one step of a scheduled batch through the model, on the device, timed.
+"""The real runner: a scheduled batch through the model, on the device, timed.
 
 Every engine uses this same runner; only the addressing differs (a block table or an extent,
-straight from the engine's allocator). The step time it reports is wall time from the start
-of input preparation to the sampled tokens being on the host, so host-side overhead counts.
+straight from the engine's allocator). A prefill step runs eagerly; a decode segment of k
+steps stays on the device (`kvbench.decode_loop`, CUDA graphs where available) and syncs once,
+unless an arrival may cut it, when each step is checked against the arrival.
+
+Step times are wall time: a segment's steps sum exactly to the time from the start of input
+preparation to the sampled tokens being on the host, so host-side overhead counts. On CUDA
+the steps are split by events recorded between them; the first step carries the host work.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from itertools import groupby
 
@@ -15,8 +21,9 @@ import torch
 
 from engines.allocator import BlockTable, Extent, KVAllocator
 from engines.scheduler import Batch
+from kvbench.decode_loop import DecodeLoop
 from kvbench.modeling.arena import KVArena
-from kvbench.modeling.attention import AttentionMetadata
+from kvbench.modeling.attention import AttentionMetadata, resolve_backend
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.sampling import sample
 from kvbench.runner import StepResult
@@ -24,35 +31,89 @@ from kvbench.sequence import Sequence
 
 
 class ModelRunner:
+    allocates_ahead = True  # a segment's slots must exist before its steps write them
+
     def __init__(
-        self,
-        model: CausalLM,
-        arena: KVArena,
-        allocator: KVAllocator,
-        *,
-        temperature: float = 0.0,
-        seed: int = 0,
-    ) -> None:
+        self, model: CausalLM, arena: KVArena, allocator: KVAllocator, *, max_batch: int, max_len: int,
+        temperature: float = 0.0, seed: int = 0, attention: str = "auto", cuda_graphs: bool = True,
+    ) -> None:  # fmt: skip
         self.model = model
         self.arena = arena
         self.allocator = allocator
         self.temperature = temperature
         self.seed = seed
         self.device = arena.k.device
+        self.backend = resolve_backend(attention, self.device)
+        paged = hasattr(allocator, "block_size")
+        self.decoder = DecodeLoop(
+            model, arena, max_batch=max_batch, max_len=max_len,
+            block_size=allocator.block_size if paged else 0, paged=paged,
+            backend=self.backend, temperature=temperature, seed=seed,
+        )  # fmt: skip
+        # graphs need kernels that read context lengths on the device (the reference syncs)
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda" and self.backend == "triton"
+        if self.cuda_graphs:
+            self.decoder.capture()
         self._prompts: dict[int, np.ndarray] = {}  # request id -> prompt token ids
         self._host: tuple[torch.Tensor, torch.Tensor] | None = None  # swap space, made on first use
 
     def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
         start = time.perf_counter()
         self._swap(batch)
-        meta, input_ids, positions = self._inputs(batch)
         self._copy_blocks(batch.block_copies)
+        if batch.is_prefill:
+            tokens = self._prefill(batch)
+            return StepResult(np.array([time.perf_counter() - start]), [[t] for t in tokens])
+        return self._decode(batch, max_steps, start, until_s - start_s)
+
+    # ------------------------------------------------------------------ prefill
+    def _prefill(self, batch: Batch) -> list[int]:
+        ids, positions, slots, seqlens = [], [], [], []
+        addressing = [self.allocator.addressing(seq) for seq in batch.seqs]
+        for seq, where in zip(batch.seqs, addressing, strict=True):
+            lo, hi = seq.num_computed, seq.num_tokens
+            pos = np.arange(lo, hi)  # [n] positions computed in this step
+            ids.append(self._token_ids(seq, lo, hi))
+            positions.append(pos)
+            slots.append(_slots(where, pos))
+            seqlens.append(hi - lo)
+        dev = self.device
+        cu = torch.tensor(np.concatenate([[0], np.cumsum(seqlens)]), device=dev)  # [B + 1]
+        pos = torch.from_numpy(np.concatenate(positions)).to(dev)  # [T]
+        context = torch.tensor([seq.num_tokens for seq in batch.seqs], dtype=torch.int32, device=dev)  # [B]
+        meta = AttentionMetadata(
+            True, torch.from_numpy(np.concatenate(slots)).to(dev), cu, context,
+            max_new=max(seqlens), backend=self.backend, **_addressing(addressing, dev),
+        )  # fmt: skip
         with torch.inference_mode():
-            logits = self.model(input_ids, positions, meta, self.arena)  # [B, V]
-            last = positions[meta.cu_seqlens[1:] - 1]  # [B] position of each sampled token's input
-            ids = torch.tensor([seq.seq_id for seq in batch.seqs], device=self.device)
-            tokens = sample(logits, self.temperature, self.seed, ids, last).tolist()
-        return StepResult(np.array([time.perf_counter() - start]), [[t] for t in tokens])
+            logits = self.model(
+                torch.from_numpy(np.concatenate(ids)).to(dev), pos, meta, self.arena
+            )  # [B, V]
+            last = pos[cu[1:] - 1]  # [B] position of each sampled token's input
+            seq_ids = torch.tensor([seq.seq_id for seq in batch.seqs], device=dev)
+            return sample(logits, self.temperature, self.seed, seq_ids, last).tolist()
+
+    # ------------------------------------------------------------------ decode segments
+    def _decode(self, batch: Batch, max_steps: int, start: float, budget_s: float) -> StepResult:
+        """Up to `max_steps` steps; stop after the first ending `budget_s` or more after `start`."""
+        seqs = batch.seqs
+        loop = self.decoder
+        rows = loop.rows_for(len(seqs))
+        last = [seq.num_tokens - 1 for seq in seqs]  # position of each row's input token
+        loop.load(
+            rows, [int(self._token_ids(seq, p, p + 1)[0]) for seq, p in zip(seqs, last, strict=True)], last,
+            [seq.seq_id for seq in seqs], [self.allocator.addressing(seq) for seq in seqs],
+        )  # fmt: skip
+        out = torch.empty((max_steps, len(seqs)), dtype=torch.int64, device=self.device)  # [k, B]
+        clock = _StepClock(self.device, start)
+        cut = math.isfinite(budget_s)  # an arrival may end the segment: check each step's end
+        for k in range(1, max_steps + 1):
+            loop.run_step(rows)
+            out[k - 1].copy_(loop.input_ids[: len(seqs)])
+            if clock.mark(wait=cut) >= budget_s:
+                break
+        tokens = out[:k].T.tolist()  # [B][k]; waits for the last step
+        return StepResult(clock.durations(), tokens)
 
     def prompt_ids(self, seq: Sequence) -> np.ndarray:
         """The trace's prompt ids, or seeded random ids when the trace has only lengths."""
@@ -74,39 +135,6 @@ class ModelRunner:
             return prompt[lo:hi]
         outputs = np.asarray(seq.output_ids[max(lo - len(prompt), 0) : hi - len(prompt)], dtype=np.int64)
         return np.concatenate([prompt[lo:], outputs]) if lo < len(prompt) else outputs
-
-    def _inputs(self, batch: Batch) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
-        ids, positions, slots, seqlens = [], [], [], []
-        addressing = [self.allocator.addressing(seq) for seq in batch.seqs]
-        for seq, where in zip(batch.seqs, addressing, strict=True):
-            lo, hi = seq.num_computed, seq.num_tokens
-            pos = np.arange(lo, hi)  # [n] positions computed in this step
-            ids.append(self._token_ids(seq, lo, hi))
-            positions.append(pos)
-            slots.append(_slots(where, pos))
-            seqlens.append(hi - lo)
-        dev = self.device
-        cu = torch.tensor(np.concatenate([[0], np.cumsum(seqlens)]), device=dev)  # [B + 1]
-        slot_mapping = torch.from_numpy(np.concatenate(slots)).to(dev)  # [T]
-        input_ids = torch.from_numpy(np.concatenate(ids)).to(dev)  # [T]
-        pos = torch.from_numpy(np.concatenate(positions)).to(dev)  # [T]
-        if batch.is_prefill:
-            return AttentionMetadata(True, slot_mapping, cu, tuple(seqlens)), input_ids, pos
-        context = [seq.num_tokens for seq in batch.seqs]
-        tables = starts = None
-        block_size = 0
-        if isinstance(addressing[0], BlockTable):
-            block_size = addressing[0].block_size
-            width = max(len(a.blocks) for a in addressing)
-            padded = [list(a.blocks) + [a.blocks[0]] * (width - len(a.blocks)) for a in addressing]
-            tables = torch.tensor(padded, device=dev)  # [B, max_blocks]
-        else:
-            starts = torch.tensor([a.start for a in addressing], device=dev)  # [B]
-        meta = AttentionMetadata(
-            False, slot_mapping, cu, tuple(seqlens), context_lens=torch.tensor(context, device=dev),
-            block_tables=tables, block_size=block_size, starts=starts, max_context=max(context),
-        )  # fmt: skip
-        return meta, input_ids, pos
 
     def _swap(self, batch: Batch) -> None:
         """Do the batch's device<->host block copies, in scheduled order, before the step."""
@@ -152,3 +180,56 @@ def _slots(addressing: Extent | BlockTable, positions: np.ndarray) -> np.ndarray
     return (
         blocks[positions // addressing.block_size] * addressing.block_size + positions % addressing.block_size
     )
+
+
+def _addressing(addressing: list[Extent | BlockTable], device: torch.device) -> dict:
+    """Block tables `[B, max_blocks]` (padded with block 0, never read) or extent starts `[B]`."""
+    if isinstance(addressing[0], BlockTable):
+        width = max(len(a.blocks) for a in addressing)
+        tables = np.zeros((len(addressing), width), dtype=np.int32)
+        for row, a in enumerate(addressing):
+            tables[row, : len(a.blocks)] = a.blocks
+        return {"block_tables": torch.from_numpy(tables).to(device), "block_size": addressing[0].block_size}
+    return {"starts": torch.tensor([a.start for a in addressing], dtype=torch.int64, device=device)}
+
+
+class _StepClock:
+    """Per-step wall times of a decode segment, summing to the segment's wall time.
+
+    CUDA: events between steps (no sync unless asked); the first step also carries the host
+    work before it and the last the wait for the results. CPU: steps are synchronous.
+    """
+
+    def __init__(self, device: torch.device, start: float) -> None:
+        self.start = start
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+        if self.cuda:
+            self.first = torch.cuda.Event(enable_timing=True)
+            self.first.record()
+            self.launched = time.perf_counter()
+
+    def mark(self, *, wait: bool) -> float:
+        """Record the end of a step; with `wait`, block until it ends and return its end time
+        (seconds after `start`), else NaN on CUDA (compares False with any budget)."""
+        if not self.cuda:
+            self.marks.append(time.perf_counter())
+            return self.marks[-1] - self.start
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self.marks.append(event)
+        if not wait:
+            return math.nan
+        event.synchronize()
+        return self.launched - self.start + self.first.elapsed_time(event) / 1e3
+
+    def durations(self) -> np.ndarray:
+        total = time.perf_counter() - self.start
+        if self.cuda:
+            self.marks[-1].synchronize()
+            ends = [self.first.elapsed_time(event) / 1e3 for event in self.marks]
+        else:
+            ends = [t - self.start for t in self.marks]
+        steps = np.diff(np.concatenate(([0.0], ends)))  # (k,)
+        steps[0] += total - float(steps.sum())  # host work before, and the final wait
+        return steps

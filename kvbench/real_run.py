@@ -15,6 +15,7 @@ from kvbench.config import Prepared, RunConfig, prepare, resolve_model
 from kvbench.errors import KvbenchError
 from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
+from kvbench.modeling.attention import BACKENDS
 from kvbench.modeling.weights import load_checkpoint, random_model
 from kvbench.simulate import RunResult, execute
 
@@ -44,10 +45,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def run_real(config: RunConfig, *, prepared: Prepared | None = None) -> RunResult:
+def run_real(config: RunConfig, *, prepared: Prepared | None = None, coalesce: bool = True) -> RunResult:
     """Run the config's trace through its engine with real forward passes on `config.device`."""
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    if config.attention not in BACKENDS:
+        raise KvbenchError(f"--attention {config.attention!r}: choose one of {', '.join(BACKENDS)}")
     spec = resolve_model(config.model)
     if Path(config.model).is_dir():
         model = load_checkpoint(Path(config.model), dtype, device)
@@ -64,15 +67,31 @@ def run_real(config: RunConfig, *, prepared: Prepared | None = None) -> RunResul
             "beside the weights; lower --kv-cache-gib"
         ) from None
 
-    def make_runner(scheduler):
-        return ModelRunner(
-            model, arena, scheduler.allocator, temperature=config.temperature, seed=config.weights_seed
-        )
+    trace = prepared.trace.requests
+    max_len = max(request.kv_len for request in trace) + 1
+    max_batch = min(len(trace), prepared.options.scheduler.max_num_seqs or len(trace))
+    runners = []
 
-    extra = {
-        "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."),
-        "arena_bytes": arena.nbytes,
-        "weight_bytes": weight_bytes,
-    }
-    return execute(config, make_runner, mode="real", coalesce=False, prepared=prepared, extra=extra)
+    def make_runner(scheduler):
+        runners.append(
+            ModelRunner(
+                model, arena, scheduler.allocator, max_batch=max_batch, max_len=max_len,
+                temperature=config.temperature, seed=config.weights_seed, attention=config.attention,
+                cuda_graphs=config.cuda_graphs,
+            )
+        )  # fmt: skip
+        return runners[-1]
+
+    result = execute(config, make_runner, mode="real", coalesce=coalesce, prepared=prepared)
+    runner = runners[0]
+    result.summary.update(
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+        arena_bytes=arena.nbytes,
+        arena_slots=arena.num_slots,
+        weight_bytes=weight_bytes,
+        attention=runner.backend,
+        cuda_graphs=runner.cuda_graphs,
+        cuda_graph_capture_s=runner.decoder.capture_s,
+    )
+    return result

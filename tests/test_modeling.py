@@ -14,14 +14,15 @@ from engines import ENGINES, EngineOptions  # noqa: E402
 from engines.scheduler import SchedulerConfig  # noqa: E402
 from kvbench.engine import Engine  # noqa: E402
 from kvbench.errors import KvbenchError  # noqa: E402
-from kvbench.model_runner import ModelRunner  # noqa: E402
+from kvbench.model_runner import ModelRunner, _slots  # noqa: E402
 from kvbench.modeling.arena import KVArena  # noqa: E402
-from kvbench.modeling.attention import AttentionMetadata  # noqa: E402
+from kvbench.modeling.attention import AttentionMetadata, triton_available  # noqa: E402
 from kvbench.modeling.weights import load_checkpoint, random_model, read_checkpoint_spec  # noqa: E402
 from kvbench.models import get_model  # noqa: E402
 from kvbench.requests import Request, Trace  # noqa: E402
 
 CPU = torch.device("cpu")
+HAS_TRITON = triton_available()
 DEVICES = [
     pytest.param(CPU, id="cpu"),
     pytest.param(
@@ -57,10 +58,15 @@ def checkpoint(tmp_path, kind: str):
     return reloaded.eval(), tmp_path / kind
 
 
+BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="no triton"))]
+
+
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", ["opt", "llama"])
 @pytest.mark.parametrize("paged", [True, False])
-def test_logits_equal_transformers_for_prefill_and_decode(tmp_path, kind, paged, device):
+def test_logits_equal_transformers_for_prefill_and_decode(tmp_path, kind, paged, backend, device):
+    """A prompt prefilled in two chunks (the second extends a stored prefix), then decode steps."""
     ref, folder = checkpoint(tmp_path, kind)
     model = load_checkpoint(folder, torch.float32, device)
     spec = model.spec
@@ -70,38 +76,32 @@ def test_logits_equal_transformers_for_prefill_and_decode(tmp_path, kind, paged,
     arena = KVArena(spec, 64, torch.float32, device)
     arena.fill(float("nan"))  # anything read before being written would show
     # sequence 0 in blocks [5, 2, 7], sequence 1 in blocks [0, 3, 6] (block size 4), or extents at 8 and 40
-    tables = torch.tensor([[5, 2, 7], [0, 3, 6]])
-    starts = torch.tensor([8, 40])
+    tables = torch.tensor([[5, 2, 7], [0, 3, 6]], dtype=torch.int32, device=device)
+    starts = torch.tensor([8, 40], device=device)
+    addressing = {"block_tables": tables, "block_size": 4} if paged else {"starts": starts}
 
     def slots(positions: list[int]) -> torch.Tensor:
         pos = torch.tensor(positions, device=device)
         if paged:
-            return torch.cat([tables[b, pos // 4] * 4 + pos % 4 for b in range(2)])
+            return torch.cat([tables[b, pos // 4].long() * 4 + pos % 4 for b in range(2)])
         return torch.cat([starts[b] + pos for b in range(2)])
 
-    prompt = 5
-    tables, starts, ids = tables.to(device), starts.to(device), ids.to(device)
-    meta = AttentionMetadata(
-        True,
-        slots(list(range(prompt))),
-        torch.tensor([0, prompt, 2 * prompt], device=device),
-        (prompt, prompt),
-    )
-    with torch.no_grad():
-        out = model(
-            ids[:, :prompt].reshape(-1), torch.arange(prompt, device=device).repeat(2), meta, arena
-        ).cpu()
-    assert (out - expected[:, prompt - 1]).abs().max() < 1e-4
-    for step in range(prompt, 9):
+    def forward(lo: int, hi: int) -> torch.Tensor:
+        """Positions [lo, hi) of both sequences; logits of the last."""
+        n = hi - lo
         meta = AttentionMetadata(
-            False, slots([step]), torch.tensor([0, 1, 2], device=device), (1, 1),
-            context_lens=torch.tensor([step + 1] * 2, device=device),
-            block_tables=tables if paged else None, block_size=4 if paged else 0,
-            starts=None if paged else starts, max_context=step + 1,
+            n > 1, slots(list(range(lo, hi))), torch.tensor([0, n, 2 * n], device=device),
+            torch.tensor([hi, hi], dtype=torch.int32, device=device), max_new=n, num_splits=2,
+            backend=backend, **addressing,
         )  # fmt: skip
         with torch.no_grad():
-            out = model(ids[:, step], torch.tensor([step, step], device=device), meta, arena).cpu()
-        assert (out - expected[:, step]).abs().max() < 1e-4, f"decode step {step}"
+            positions = torch.arange(lo, hi, device=device).repeat(2)
+            return model(ids[:, lo:hi].reshape(-1).to(device), positions, meta, arena).cpu()
+
+    assert (forward(0, 3) - expected[:, 2]).abs().max() < 1e-4
+    assert (forward(3, 5) - expected[:, 4]).abs().max() < 1e-4  # attends to the stored 0..2
+    for step in range(5, 9):
+        assert (forward(step, step + 1) - expected[:, step]).abs().max() < 1e-4, f"decode step {step}"
 
 
 def small_trace(count: int = 10, seed: int = 0) -> Trace:
@@ -117,19 +117,26 @@ def small_trace(count: int = 10, seed: int = 0) -> Trace:
 
 
 class RecordingRunner(ModelRunner):
-    """The real runner, remembering every arena slot it wrote."""
+    """The real runner, remembering every arena slot a call was entitled to write: the
+    allocator's addressing of the positions the call computed."""
 
     written: set[int]
 
-    def _inputs(self, batch):
-        meta, ids, pos = super()._inputs(batch)
-        self.written = getattr(self, "written", set()) | set(meta.slot_mapping.tolist())
-        return meta, ids, pos
+    def run(self, batch, max_steps, start_s, until_s):
+        before = [(self.allocator.addressing(seq), seq.num_computed) for seq in batch.seqs]
+        result = super().run(batch, max_steps, start_s, until_s)
+        for seq, (where, computed) in zip(batch.seqs, before, strict=True):
+            # prefill: the new tokens; a decode segment: one position per step run
+            count = seq.num_tokens - computed if batch.is_prefill else len(result.durations)
+            self.written = getattr(self, "written", set()) | set(
+                _slots(where, np.arange(computed, computed + count)).tolist()
+            )
+        return result
 
 
 def decode_all(
     engine: str, model_name: str, num_slots: int, *, temperature=0.0, block_size=4, poison=True, device=CPU,
-    preemption="recompute", host_blocks=0,
+    preemption="recompute", host_blocks=0, coalesce=True, attention="torch", cuda_graphs=True,
 ):  # fmt: skip
     spec = get_model(model_name)
     model = random_model(spec, torch.float32, device, seed=3)
@@ -141,21 +148,43 @@ def decode_all(
         scheduler=SchedulerConfig(preemption=preemption),
     )  # fmt: skip
     sched = ENGINES[engine].build(options)
-    runner = RecordingRunner(model, arena, sched.allocator, temperature=temperature, seed=5)
-    run = Engine(sched, runner, coalesce=False).run(small_trace())
+    runner = RecordingRunner(
+        model, arena, sched.allocator, max_batch=10, max_len=64, temperature=temperature, seed=5,
+        attention=attention, cuda_graphs=cuda_graphs,
+    )  # fmt: skip
+    run = Engine(sched, runner, coalesce=coalesce).run(small_trace())
     return run, runner, arena
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("model_name", ["tiny-opt", "tiny-llama"])
 def test_greedy_tokens_are_identical_across_engines(model_name, device):
+    """Every engine, in multi-step segments and step by step; on CUDA with and without graphs."""
     tokens = {}
     for engine in ("static", "orca-max", "orca-pow2", "orca-oracle", "paged"):
-        run, _, _ = decode_all(engine, model_name, 300, device=device)
-        for seq in run.sequences:
-            assert len(seq.output_ids) == seq.request.output_len
-        tokens[engine] = [tuple(seq.output_ids) for seq in run.sequences]
+        for coalesce in (True, False):
+            attention = "triton" if device.type == "cuda" else "torch"
+            run, _, _ = decode_all(
+                engine, model_name, 300, device=device, coalesce=coalesce, attention=attention
+            )
+            for seq in run.sequences:
+                assert len(seq.output_ids) == seq.request.output_len
+            tokens[engine, coalesce] = [tuple(seq.output_ids) for seq in run.sequences]
+            if coalesce:
+                assert any(row.num_steps > 1 for row in run.steps)  # segments were exercised
+    if device.type == "cuda":
+        run, _, _ = decode_all("paged", model_name, 300, device=device, attention="triton", cuda_graphs=False)
+        tokens["eager"] = [tuple(seq.output_ids) for seq in run.sequences]
     assert len(set(map(tuple, tokens.values()))) == 1, "engines disagree on greedy tokens"
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="no triton")
+@pytest.mark.parametrize("engine", ["paged", "orca-oracle"])
+def test_triton_kernels_give_the_reference_tokens(engine):
+    """The whole runner on the Triton kernels (interpreted on CPU) against the PyTorch reference."""
+    reference, _, _ = decode_all(engine, "tiny-llama", 300)
+    kernels, _, _ = decode_all(engine, "tiny-llama", 300, attention="triton")
+    assert [s.output_ids for s in kernels.sequences] == [s.output_ids for s in reference.sequences]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

@@ -1,54 +1,83 @@
 """Attention over the KV arena, with the batch's layout passed explicitly (no global state).
 
-Prefill (varlen): the new tokens of each sequence, packed as `[T, ...]` with `cu_seqlens`,
-attend causally among themselves (a fresh or recomputed sequence has nothing else in the
-arena), and their K/V are stored at `slot_mapping`.
+Every step first stores the new tokens' K/V at `slot_mapping`, then attends from the arena:
 
-Decode: one query per sequence attends to its first `context_lens[b]` positions, whose slots
-come from the engine's addressing: a block table (paged) or an extent start (contiguous). This
-module is the PyTorch reference; the Triton kernels of `kernels/` replace it when present.
+- prefill (varlen): each sequence's new tokens, packed `[T, ...]` with `cu_seqlens`, attend
+  causally to all `context_lens[b]` positions their sequence holds (a prefix computed
+  earlier included);
+- decode: one query per sequence attends to its first `context_lens[b]` positions.
+
+Slots come from the engine's addressing: a block table (paged) or an extent start
+(contiguous). Two backends compute the same thing: the Triton kernels of `kernels/` (on GPUs,
+and in Triton's interpreter for tests) and their PyTorch references (anywhere). Kernel modules
+are imported on first use, so a machine without Triton runs the reference.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from functools import cache
 
 import torch
-import torch.nn.functional as F
+
+BACKENDS = ("auto", "triton", "torch")
 
 
 @dataclass(frozen=True)
 class AttentionMetadata:
     is_prefill: bool
-    slot_mapping: torch.Tensor  # [T] int64: arena slot of each new token
+    slot_mapping: torch.Tensor  # [T] int64: arena slot of each new token (-1: padding, not stored)
     cu_seqlens: torch.Tensor  # [B + 1] int64 offsets of each sequence's new tokens in [T]
-    seqlens: tuple[int, ...]  # [B] new tokens per sequence (host copy, for the varlen loop)
-    context_lens: torch.Tensor | None = None  # [B] decode: positions attended, new token included
-    block_tables: torch.Tensor | None = None  # [B, max_blocks] int64: paged addressing
+    context_lens: torch.Tensor  # [B] int32: positions attended (new tokens included; 0: padding row)
+    block_tables: torch.Tensor | None = None  # [B, max_blocks] int32: paged addressing
     block_size: int = 0
     starts: torch.Tensor | None = None  # [B] int64: contiguous addressing (extent starts)
-    max_context: int = 0  # decode: max(context_lens)
+    max_new: int = 1  # prefill: most new tokens of one sequence (sizes the kernel grid)
+    num_splits: int | None = None  # decode: split-KV partitions (fixed inside a CUDA graph)
+    backend: str = "torch"  # "triton" or "torch"
 
-    def context_slots(self) -> torch.Tensor:
-        """[B, max_context] slot of every attended position.
-
-        Padding past a sequence's context repeats its last position, so attention never reads
-        a slot the sequence has not written (an unwritten slot may hold anything, even NaN,
-        and a masked NaN still poisons the weighted sum).
-        """
-        positions = torch.arange(self.max_context, device=self.slot_mapping.device)  # [C]
-        positions = torch.minimum(positions[None, :], self.context_lens[:, None] - 1)  # [B, C]
-        if self.block_tables is not None:
-            blocks = self.block_tables.gather(1, positions // self.block_size)  # [B, C]
-            return blocks * self.block_size + positions % self.block_size
-        assert self.starts is not None, "decode needs block tables or extent starts"
-        return self.starts[:, None] + positions  # [B, C]
+    def addressing(self) -> dict:
+        return {"block_tables": self.block_tables, "block_size": self.block_size, "starts": self.starts}
 
 
-def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta) -> None:
-    """Write new tokens' K/V `[T, Hkv, D]` into one layer's arena `[S, Hkv, D]`."""
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
+def resolve_backend(name: str, device: torch.device) -> str:
+    """`auto`: the Triton kernels on CUDA (or under TRITON_INTERPRET=1), else the reference."""
+    if name not in BACKENDS:
+        raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    if name != "auto":
+        return name
+    usable = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return "triton" if usable and triton_available() else "torch"
+
+
+@cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@cache
+def _ops(backend: str):
+    """(store_kv, extend, decode) of a backend, imported on first use."""
+    if backend == "triton":
+        from kernels.decode_attention import decode_attention
+        from kernels.extend_attention import extend_attention
+        from kernels.kv_store import store_kv
+
+        return store_kv, extend_attention, decode_attention
+    from kernels.reference import decode_attention_ref, extend_attention_ref, store_kv_ref
+
+    def extend(q, k_cache, v_cache, cu_seqlens, context_lens, *, max_new, **kwargs):
+        return extend_attention_ref(q, k_cache, v_cache, cu_seqlens, context_lens, **kwargs)
+
+    def decode(q, k_cache, v_cache, context_lens, *, num_splits, **kwargs):
+        return decode_attention_ref(q, k_cache, v_cache, context_lens, **kwargs)
+
+    return store_kv_ref, extend, decode
 
 
 def attention(
@@ -56,35 +85,13 @@ def attention(
     meta: AttentionMetadata, scale: float,
 ) -> torch.Tensor:  # fmt: skip
     """q `[T, H, D]`, new k/v `[T, Hkv, D]` -> output `[T, H, D]`; stores the new K/V first."""
-    store_kv(k_cache, v_cache, k, v, meta)
+    store_kv, extend, decode = _ops(meta.backend)
+    store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if meta.is_prefill:
-        return _prefill(q, k, v, meta, scale)
-    return _decode(q, k_cache, v_cache, meta, scale)
-
-
-def _prefill(q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    out = torch.empty_like(q)  # [T, H, D]
-    group = q.shape[1] // k.shape[1]
-    start = 0
-    for length in meta.seqlens:
-        end = start + length
-        qs = q[start:end].transpose(0, 1)  # [H, L, D]
-        ks = k[start:end].transpose(0, 1).repeat_interleave(group, dim=0)  # [H, L, D]
-        vs = v[start:end].transpose(0, 1).repeat_interleave(group, dim=0)  # [H, L, D]
-        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)  # [H, L, D]
-        out[start:end] = o.transpose(0, 1)
-        start = end
-    return out
-
-
-def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    slots = meta.context_slots()  # [B, C]
-    group = q.shape[1] // k_cache.shape[1]
-    keys = k_cache[slots].transpose(1, 2).repeat_interleave(group, dim=1)  # [B, H, C, D]
-    values = v_cache[slots].transpose(1, 2).repeat_interleave(group, dim=1)  # [B, H, C, D]
-    positions = torch.arange(meta.max_context, device=q.device)  # [C]
-    mask = positions[None, :] < meta.context_lens[:, None]  # [B, C]
-    o = F.scaled_dot_product_attention(
-        q[:, :, None, :], keys, values, attn_mask=mask[:, None, None, :], scale=scale
-    )  # [B, H, 1, D]
-    return o[:, :, 0, :]
+        return extend(
+            q, k_cache, v_cache, meta.cu_seqlens, meta.context_lens, scale=scale, max_new=meta.max_new,
+            **meta.addressing(),
+        )  # fmt: skip
+    return decode(
+        q, k_cache, v_cache, meta.context_lens, scale=scale, num_splits=meta.num_splits, **meta.addressing()
+    )

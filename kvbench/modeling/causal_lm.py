@@ -9,6 +9,8 @@ parameter names that mirror Hugging Face's so checkpoints load by name.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -19,6 +21,8 @@ from kvbench.models import ModelSpec
 
 class CausalLM(nn.Module):
     spec: ModelSpec
+    # module name -> checkpoint module names stacked (along the output rows) into its weight
+    packed: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -1,14 +1,19 @@
 """Llama (Llama-2/3, Mistral-style): RoPE, RMSNorm, SwiGLU MLP, grouped-query attention, no biases.
 
-Parameter names mirror Hugging Face's `LlamaForCausalLM` (`model.layers.0.mlp.gate_proj.weight`).
+Parameter names mirror Hugging Face's `LlamaForCausalLM`, except that projections reading the same
+input are packed into one matrix product (`qkv_proj` holds `q_proj`, `k_proj`, `v_proj` stacked;
+`gate_up_proj` holds `gate_proj`, `up_proj`): one launch instead of three, which a small
+model's decode step notices. Checkpoints load through `CausalLM.packed`.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from kvbench.modeling import ops
 from kvbench.modeling.attention import AttentionMetadata, attention
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.models import ModelSpec
@@ -21,20 +26,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()  # normalise in fp32, as the reference implementation does
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
-def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding of `x` `[T, heads, D]` at `positions` `[T]` (halves rotated, not pairs)."""
-    dim = x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)  # [D/2]
-    angles = positions[:, None].float() * inv_freq[None, :]  # [T, D/2]
-    emb = torch.cat((angles, angles), dim=-1)[:, None, :]  # [T, 1, D]
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+        return ops.rms_norm(x, self.weight, self.eps)  # normalised in fp32, as the reference does
 
 
 class LlamaAttention(nn.Module):
@@ -42,17 +34,17 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.spec = spec
         kv = spec.num_kv_heads * spec.head_dim
-        self.q_proj = nn.Linear(spec.hidden, spec.num_heads * spec.head_dim, bias=False, **factory)
-        self.k_proj = nn.Linear(spec.hidden, kv, bias=False, **factory)
-        self.v_proj = nn.Linear(spec.hidden, kv, bias=False, **factory)
+        self.sizes = (spec.num_heads * spec.head_dim, kv, kv)  # q, k, v rows of the packed weight
+        self.qkv_proj = nn.Linear(spec.hidden, sum(self.sizes), bias=False, **factory)
         self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, spec.hidden, bias=False, **factory)
 
     def forward(self, x, positions, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         s, t = self.spec, x.shape[0]
-        q = self.q_proj(x).view(t, s.num_heads, s.head_dim)  # [T, H, D]
-        k = self.k_proj(x).view(t, s.num_kv_heads, s.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x).view(t, s.num_kv_heads, s.head_dim)  # [T, Hkv, D]
-        q, k = rotate(q, positions, s.rope_theta), rotate(k, positions, s.rope_theta)
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)  # [T, H*D], [T, Hkv*D] x2 (strided views)
+        q = q.view(t, s.num_heads, s.head_dim)  # [T, H, D]
+        k = k.view(t, s.num_kv_heads, s.head_dim)  # [T, Hkv, D]
+        v = v.view(t, s.num_kv_heads, s.head_dim)  # [T, Hkv, D]
+        q, k = ops.rotary(q, positions, s.rope_theta), ops.rotary(k, positions, s.rope_theta)
         o = attention(q, k, v, k_cache, v_cache, meta, s.head_dim**-0.5)  # [T, H, D]
         return self.o_proj(o.reshape(t, -1))
 
@@ -60,12 +52,12 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, spec: ModelSpec, **factory) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(spec.hidden, spec.ffn, bias=False, **factory)
-        self.up_proj = nn.Linear(spec.hidden, spec.ffn, bias=False, **factory)
+        self.gate_up_proj = nn.Linear(spec.hidden, 2 * spec.ffn, bias=False, **factory)
         self.down_proj = nn.Linear(spec.ffn, spec.hidden, bias=False, **factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, ffn] each (strided views)
+        return self.down_proj(ops.silu_mul(gate, up))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -90,6 +82,8 @@ class _LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
+    packed: ClassVar = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
     def __init__(self, spec: ModelSpec, **factory) -> None:
         super().__init__()
         self.spec = spec

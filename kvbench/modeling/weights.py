@@ -98,9 +98,13 @@ def load_checkpoint(path: Path, dtype: torch.dtype, device: torch.device) -> Cau
     for name, param in model.named_parameters():
         if name == "lm_head.weight" and name not in tensors and spec.family == "opt":
             continue  # tied to the embedding
-        tensor = tensors.get(name, tensors.get(name.removeprefix("model.")))  # OPT files omit "model."
-        if tensor is None:
-            raise KvbenchError(f"--model {path}: the weights lack {name!r}")
+        parts = []
+        for part in _checkpoint_names(name, model.packed):
+            tensor = tensors.get(part, tensors.get(part.removeprefix("model.")))  # OPT files omit "model."
+            if tensor is None:
+                raise KvbenchError(f"--model {path}: the weights lack {part!r}")
+            parts.append(tensor)
+        tensor = parts[0] if len(parts) == 1 else torch.cat(parts)
         if tuple(tensor.shape) != tuple(param.shape):
             raise KvbenchError(
                 f"--model {path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
@@ -109,6 +113,15 @@ def load_checkpoint(path: Path, dtype: torch.dtype, device: torch.device) -> Cau
     if spec.family == "llama" and "lm_head.weight" not in tensors:
         model.lm_head.weight.copy_(model.model.embed_tokens.weight)  # tie_word_embeddings
     return model
+
+
+def _checkpoint_names(name: str, packed: dict[str, tuple[str, ...]]) -> list[str]:
+    """Checkpoint tensors that make up parameter `name` (several for a packed projection)."""
+    module, _, leaf = name.rpartition(".")  # "model.layers.0.self_attn.qkv_proj", "weight"
+    prefix, _, last = module.rpartition(".")
+    if last not in packed:
+        return [name]
+    return [f"{prefix}.{part}.{leaf}" for part in packed[last]]
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -1,0 +1,156 @@
+"""Decode steps that stay on the device: static buffers, an in-place step, and CUDA graphs.
+
+A decode segment (the same batch for k steps, see `kvbench.engine`) needs no host work after
+its first step: each step feeds the token the last one sampled, one position further, into
+slots the allocator already granted (`allocates_ahead`). So the step reads and updates static
+device buffers in place::
+
+    input_ids, positions --slot from table/start, context = position + 1--> model -> logits
+        -> sample -> input_ids (next step's input), positions += 1
+
+and the same code runs eagerly or replays as a CUDA graph captured per batch-size bucket. A
+graph replays one launch instead of hundreds, which is most of a small model's step. Rows
+past the real batch (padding up to the bucket) are invalid: slot -1 (never stored), context 0
+(reads nothing), position held at 0.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from engines.allocator import BlockTable, Extent
+from kernels.splits import choose_num_splits
+from kvbench.modeling.arena import KVArena
+from kvbench.modeling.attention import AttentionMetadata
+from kvbench.modeling.causal_lm import CausalLM
+from kvbench.modeling.sampling import sample
+
+MAX_GRAPH_BATCH = 512  # larger batches (a static engine's whole trace) run eagerly
+
+
+def graph_buckets(max_batch: int) -> list[int]:
+    """Batch sizes with a captured graph: 1, 2, 4, then every multiple of 8 up to `max_batch`.
+
+    A batch pads up to the next bucket: at most 7 wasted rows, under 3 % from 256 rows on.
+    """
+    top = min(max_batch, MAX_GRAPH_BATCH)
+    small = [n for n in (1, 2, 4) if n < top]
+    return small + list(range(8, top + 8, 8))
+
+
+class DecodeLoop:
+    """Static decode buffers for up to `max_batch` sequences of up to `max_len` positions."""
+
+    def __init__(
+        self, model: CausalLM, arena: KVArena, *, max_batch: int, max_len: int, block_size: int,
+        paged: bool, backend: str, temperature: float, seed: int,
+    ) -> None:  # fmt: skip
+        self.model, self.arena = model, arena
+        self.backend, self.temperature, self.seed = backend, temperature, seed
+        self.block_size = block_size if paged else 0
+        self.device = dev = arena.k.device
+        rows = max(graph_buckets(max_batch)[-1], max_batch)
+        self.max_batch = max_batch
+        self.input_ids = torch.zeros(rows, dtype=torch.int64, device=dev)  # [N] each row's input token
+        self.positions = torch.zeros(rows, dtype=torch.int64, device=dev)  # [N] its position
+        self.seq_ids = torch.zeros(rows, dtype=torch.int64, device=dev)  # [N] sampling keys
+        self.valid = torch.zeros(rows, dtype=torch.int64, device=dev)  # [N] 1: a real row, 0: padding
+        self.cu_seqlens = torch.arange(rows + 1, device=dev)  # [N + 1] one new token per row
+        width = -(-max_len // block_size) if paged else 0
+        self.tables = torch.zeros((rows, width), dtype=torch.int32, device=dev) if paged else None  # [N, W]
+        self.starts = None if paged else torch.zeros(rows, dtype=torch.int64, device=dev)  # [N]
+        kv_heads = arena.k.shape[2]
+        self._splits = {n: choose_num_splits(n, kv_heads, max_len, dev) for n in range(1, rows + 1)}
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.capture_s = 0.0
+
+    # ------------------------------------------------------------------ loading a batch
+    def load(self, rows: int, tokens, positions, seq_ids, addressing: list[Extent | BlockTable]) -> None:
+        """Fill the first `rows` buffer rows: the batch, then padding (`rows` >= batch)."""
+        batch = len(tokens)
+        pad = rows - batch
+
+        def put(buffer: torch.Tensor, values, fill: int = 0) -> None:
+            host = np.asarray(values, dtype=np.int64)
+            if pad:
+                host = np.concatenate([host, np.full(pad, fill, dtype=np.int64)])
+            buffer[:rows].copy_(torch.from_numpy(host), non_blocking=True)
+
+        put(self.input_ids, tokens)
+        put(self.positions, positions)
+        put(self.seq_ids, seq_ids)
+        put(self.valid, np.ones(batch, dtype=np.int64))
+        if self.tables is not None:
+            host = np.zeros((rows, self.tables.shape[1]), dtype=np.int32)  # [rows, W]
+            for row, where in enumerate(addressing):
+                host[row, : len(where.blocks)] = where.blocks
+            self.tables[:rows].copy_(torch.from_numpy(host), non_blocking=True)
+        else:
+            put(self.starts, [where.start for where in addressing])
+
+    # ------------------------------------------------------------------ one step
+    def step(self, rows: int) -> None:
+        """One decode step of the first `rows` rows, in place (capturable: no host sync)."""
+        positions = self.positions[:rows]  # [n]
+        valid = self.valid[:rows].bool()  # [n]
+        context = torch.where(valid, positions + 1, 0).to(torch.int32)  # [n]
+        if self.tables is not None:
+            bs = self.block_size
+            tables = self.tables[:rows]  # [n, W]
+            blocks = tables.gather(1, (positions // bs)[:, None])[:, 0].long()  # [n]
+            slots = blocks * bs + positions % bs
+            starts = None
+        else:
+            tables, starts = None, self.starts[:rows]
+            slots = starts + positions
+        meta = AttentionMetadata(
+            False, torch.where(valid, slots, -1), self.cu_seqlens[: rows + 1], context,
+            block_tables=tables, block_size=self.block_size, starts=starts,
+            num_splits=self._splits[rows], backend=self.backend,
+        )  # fmt: skip
+        with torch.inference_mode():
+            logits = self.model(self.input_ids[:rows], positions, meta, self.arena)  # [n, V]
+            tokens = sample(logits, self.temperature, self.seed, self.seq_ids[:rows], positions)  # [n]
+            self.input_ids[:rows].copy_(tokens)
+            self.positions[:rows].add_(self.valid[:rows])
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def capture(self, buckets: list[int] | None = None) -> None:
+        """Capture one graph per bucket (largest first, so smaller ones reuse its memory pool).
+
+        Warm-up runs compile every kernel variant first; all rows are padding throughout, so
+        neither warm-up nor capture writes a slot of the arena.
+        """
+        start = time.perf_counter()
+        buckets = sorted(buckets or graph_buckets(self.max_batch), reverse=True)
+        for buffer in (self.input_ids, self.positions, self.valid):
+            buffer.zero_()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for rows in buckets:
+                self.step(rows)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        pool = None
+        for rows in buckets:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.step(rows)
+            pool = graph.pool()
+            self._graphs[rows] = graph
+        torch.cuda.synchronize(self.device)
+        self.capture_s = time.perf_counter() - start
+
+    def rows_for(self, batch: int) -> int:
+        """Rows a batch runs with: its graph's bucket, else exactly its size (eagerly)."""
+        return next((n for n in sorted(self._graphs) if n >= batch), batch)
+
+    def run_step(self, rows: int) -> None:
+        graph = self._graphs.get(rows)
+        if graph is None:
+            self.step(rows)
+        else:
+            graph.replay()
