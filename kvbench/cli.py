@@ -14,8 +14,8 @@ from typing import Annotated
 import typer
 
 from engines import ENGINES
+from kvbench import cli_kernels, cli_trace
 from kvbench import cli_options as opt
-from kvbench import cli_trace
 from kvbench.budget import GPUS
 from kvbench.config import DEFAULT_GPU, RunConfig
 from kvbench.models import MODELS
@@ -98,7 +98,7 @@ def _job(
     else:
         from kvbench.real_run import run_real
 
-        result = run_real(config)
+        result = run_real(config, coalesce=not step_by_step)
     write_result(result, out)
     s = result.summary
     occ = "  ".join(f"{k} {100 * v:.1f}%" for k, v in s["occupancy"].items())
@@ -145,6 +145,7 @@ def demo(
 
 
 app.add_typer(cli_trace.app, name="trace")
+app.command("kernels", short_help=cli_kernels.SHORT_HELP)(cli_kernels.kernels)
 
 
 def main() -> None:
