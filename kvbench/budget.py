@@ -91,16 +91,20 @@ def budget_emulating(
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 256,
     weight_bytes: int | None = None,
+    activation_bytes: int | None = None,
 ) -> KVBudget:
-    """The budget a server on `gpu` would leave for KV; `weight_bytes` as measured, if known."""
+    """The budget a server on `gpu` would leave for KV; weights and activations as measured, if known."""
     if not 0 < utilization <= 1:
         raise KvbenchError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
-    reserve = activation_reserve(model, max_num_batched_tokens, max_num_seqs)
+    if activation_bytes is None:
+        reserve, measured = activation_reserve(model, max_num_batched_tokens, max_num_seqs), "estimated"
+    else:
+        reserve, measured = activation_bytes, "measured"
     weights = model.weight_bytes if weight_bytes is None else weight_bytes
     budget = gpu.memory_bytes * utilization - weights - reserve
     how = "measured" if weight_bytes is not None else "fp16"
     source = (
         f"--emulate-gpu {gpu.name}: {gpu.memory_bytes / GIB:.1f} GiB x {utilization} "
-        f"- weights {weights / GIB:.2f} GiB ({how}) - activations {reserve / GIB:.2f} GiB"
+        f"- weights {weights / GIB:.2f} GiB ({how}) - activations {reserve / GIB:.2f} GiB ({measured})"
     )
     return _budget(budget, model, source, f"--emulate-gpu {gpu.name}")

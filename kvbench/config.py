@@ -68,8 +68,15 @@ def _positive_int(flag: str, value: int | None) -> None:
         raise KvbenchError(f"{flag} must be a positive integer, got {value}")
 
 
-def prepare(config: RunConfig, *, weight_bytes: int | None = None) -> Prepared:
-    """Resolve and validate `config`; `weight_bytes`: the loaded model's, for emulated budgets."""
+def batched_tokens(config: RunConfig, model: ModelSpec) -> int:
+    """Prompt tokens per prefill step: the flag, else max(model max length, 2048) as vLLM."""
+    return config.max_num_batched_tokens or max(model.max_len, 2048)
+
+
+def prepare(
+    config: RunConfig, *, weight_bytes: int | None = None, activation_bytes: int | None = None
+) -> Prepared:
+    """Resolve and validate `config`; for emulated budgets, what the loaded model measured."""
     spec = get_engine(config.engine)
     model = resolve_model(config.model)
     gpu = get_gpu(config.emulate_gpu)
@@ -78,7 +85,7 @@ def prepare(config: RunConfig, *, weight_bytes: int | None = None) -> Prepared:
         raise KvbenchError(f"--block-size must be a positive power of two, got {bs}")
     _positive_int("--max-num-seqs", config.max_num_seqs)
     _positive_int("--max-num-batched-tokens", config.max_num_batched_tokens)
-    tokens = config.max_num_batched_tokens or max(model.max_len, 2048)
+    tokens = batched_tokens(config, model)
     if tokens < model.max_len:
         raise KvbenchError(
             f"--max-num-batched-tokens {tokens} is below {model.name}'s maximum length "
@@ -99,6 +106,7 @@ def prepare(config: RunConfig, *, weight_bytes: int | None = None) -> Prepared:
             max_num_batched_tokens=tokens,
             max_num_seqs=config.max_num_seqs or 256,
             weight_bytes=weight_bytes,
+            activation_bytes=activation_bytes,
         )
     if bs > budget.num_slots:
         raise KvbenchError(f"--block-size {bs} exceeds the KV arena ({budget.num_slots} slots)")

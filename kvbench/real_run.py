@@ -11,11 +11,12 @@ from pathlib import Path
 
 import torch
 
-from kvbench.config import Prepared, RunConfig, prepare, resolve_model
+from kvbench.activations import measure_activation_bytes
+from kvbench.config import Prepared, RunConfig, batched_tokens, prepare, resolve_model
 from kvbench.errors import KvbenchError
 from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
-from kvbench.modeling.attention import BACKENDS
+from kvbench.modeling.attention import BACKENDS, resolve_backend
 from kvbench.modeling.weights import load_checkpoint, random_model
 from kvbench.simulate import RunResult, execute
 
@@ -57,8 +58,15 @@ def run_real(config: RunConfig, *, prepared: Prepared | None = None, coalesce: b
     else:
         model = random_model(spec, dtype, device, config.weights_seed)
     weight_bytes = sum(p.nbytes for p in model.parameters())  # tied parameters once
-    # an emulated GPU's budget subtracts the weights as loaded (dtype included)
-    prepared = prepared or prepare(config, weight_bytes=weight_bytes)
+    activation_bytes = None
+    if device.type == "cuda" and config.kv_cache_gib is None and prepared is None:
+        activation_bytes = measure_activation_bytes(
+            model, device, tokens=batched_tokens(config, spec), max_seqs=config.max_num_seqs or 256,
+            backend=resolve_backend(config.attention, device), temperature=config.temperature,
+        )  # fmt: skip
+    # an emulated GPU's budget subtracts the weights as loaded (dtype included) and the
+    # activations as measured
+    prepared = prepared or prepare(config, weight_bytes=weight_bytes, activation_bytes=activation_bytes)
     try:
         arena = KVArena(spec, prepared.budget.num_slots, dtype, device)
     except torch.OutOfMemoryError:
@@ -90,6 +98,7 @@ def run_real(config: RunConfig, *, prepared: Prepared | None = None, coalesce: b
         arena_bytes=arena.nbytes,
         arena_slots=arena.num_slots,
         weight_bytes=weight_bytes,
+        activation_bytes=activation_bytes,
         attention=runner.backend,
         cuda_graphs=runner.cuda_graphs,
         cuda_graph_capture_s=runner.decoder.capture_s,

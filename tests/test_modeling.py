@@ -261,3 +261,23 @@ def test_cost_model_and_real_runs_write_the_same_files(tmp_path):
     assert real_summary["mode"] == "real" and real_summary["completed"] == 6
     assert real_summary["arena_bytes"] == 2 * 2 * 2 * 16 * 4 * real_summary["num_slots"]  # fp32 on CPU
     assert set(json.loads((tmp_path / "sim" / "summary.json").read_text())) <= set(real_summary)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_emulated_budget_subtracts_measured_weights_and_activations(device):
+    """On CUDA the activation reserve is measured on the model; on CPU it stays the estimate."""
+    from kvbench.config import RunConfig
+    from kvbench.real_run import run_real
+    from workloads.spec import WorkloadSpec
+
+    workload = WorkloadSpec("uniform:prompt=4..20,output=2..8", num_requests=4, rate=100.0)
+    config = RunConfig(
+        engine="paged", model="tiny-llama", workload=workload, emulate_gpu="a100-40gb", device=device.type
+    )
+    summary = run_real(config).summary
+    source = summary["kv_budget_source"]
+    assert "weights" in source and "(measured)" in source.split("activations")[0]
+    if device.type == "cuda":
+        assert summary["activation_bytes"] > 0 and source.endswith("(measured)")
+    else:
+        assert summary["activation_bytes"] is None and source.endswith("(estimated)")
