@@ -7,7 +7,10 @@ clip(int(lognormal(log 200, 0.9)), 4, 1024) from numpy.random.default_rng(0) (pr
 Prints output tokens/s per engine and checks that every engine produced the same greedy tokens.
 
     python benchmarks/real_decode.py [--device cuda] [--engines paged,orca-oracle] [--kv-cache-gib 8]
-        [--attention auto|triton|torch] [--no-cuda-graphs] [--step-by-step]
+        [--attention auto|triton|torch] [--no-cuda-graphs] [--step-by-step] [--collectors torch,nvml,roofline]
+
+The collectors' cost: `--overhead --collectors torch,nvml,roofline` runs each engine four times,
+alternating without and with them, and prints the throughput ratio.
 
 Throughput is output tokens over the engine loop's wall time; building the runner (capturing
 its CUDA graphs) happens before and is reported beside it.
@@ -23,6 +26,7 @@ import numpy as np
 import torch
 
 from engines import ENGINES, EngineOptions
+from kvbench.collectors import CollectingRunner, build_collectors, parse_collectors
 from kvbench.engine import Engine
 from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
@@ -53,6 +57,8 @@ def main() -> None:
     parser.add_argument("--attention", default="auto", help="auto, triton or torch")
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--step-by-step", action="store_true", help="one engine call per step")
+    parser.add_argument("--collectors", default="none", help="torch,nvml,roofline or none")
+    parser.add_argument("--overhead", action="store_true", help="each engine without and with --collectors")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -68,8 +74,19 @@ def main() -> None:
     num_slots = int(args.kv_cache_gib * 2**30 // spec.kv_bytes_per_token)
     arena = KVArena(spec, num_slots, dtype, device)
     max_len = max(r.kv_len for r in trace.requests) + 1
+    collect = parse_collectors(args.collectors)
+    bandwidth = None
+    if "roofline" in collect:
+        from kernels.bandwidth import measure_read_bandwidth
+
+        bandwidth = measure_read_bandwidth(device)
     figures, tokens = {}, {}
-    for index, engine in enumerate(args.engines.split(",")):
+    plan = [(engine, ()) for engine in args.engines.split(",")]
+    if args.overhead:  # each engine without, then with the collectors, alternating, twice
+        plan = [(engine, names) for engine, _ in plan for _ in range(2) for names in ((), collect)]
+    else:
+        plan = [(engine, collect) for engine, _ in plan]
+    for index, (engine, names) in enumerate(plan):
         sched = ENGINES[engine].build(EngineOptions(num_slots=num_slots, max_len=spec.max_len))
         setup = time.perf_counter()
         runner = ModelRunner(
@@ -77,15 +94,24 @@ def main() -> None:
             attention=args.attention, cuda_graphs=not args.no_cuda_graphs,
         )  # fmt: skip
         setup = time.perf_counter() - setup
+        collectors = build_collectors(
+            names, device=device, weight_bytes=sum(p.nbytes for p in model.parameters()),
+            kv_bytes_per_token=spec.kv_bytes_per_token, read_bandwidth=bandwidth,
+        )  # fmt: skip
+        driven = CollectingRunner(runner, collectors) if collectors else runner
         start = time.perf_counter()
-        run = Engine(sched, runner, coalesce=not args.step_by_step).run(trace)
+        run = Engine(sched, driven, coalesce=not args.step_by_step).run(trace)
         if device.type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
         steps = [row.duration_s for row in run.steps if row.kind == "decode"]
         decode_steps = sum(row.num_steps for row in run.steps if row.kind == "decode")
         key = engine if engine not in figures else f"{engine}#{index}"
+        measured = driven.finish() if collectors else {}
         figures[key] = {
+            "collectors": [type(c).__name__ for c in collectors],
+            "roofline_efficiency": measured.get("roofline_efficiency"),
+            "energy_per_output_token_j": measured.get("energy_j", float("nan")) / total_out,
             "attention": runner.backend,
             "cuda_graphs": runner.cuda_graphs,
             "runner_setup_s": setup,
@@ -101,6 +127,17 @@ def main() -> None:
         print(
             key, json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures[key].items()})
         )
+    if args.overhead:
+        for engine in dict.fromkeys(args.engines.split(",")):
+            runs = [figures[key] for key in figures if key.split("#")[0] == engine]
+            bare = [run["output_tokens_per_s"] for run in runs if not run["collectors"]]
+            full = [run["output_tokens_per_s"] for run in runs if run["collectors"]]
+            if not full:
+                print(f"{engine}: no collector runs on {device.type}")
+                continue
+            drop = 1 - (sum(full) / len(full)) / (sum(bare) / len(bare))
+            print(f"{engine}: collectors cost {100 * drop:.2f} % of output tokens/s "
+                  f"({sum(bare) / len(bare):.0f} without, {sum(full) / len(full):.0f} with)")  # fmt: skip
     first = next(iter(tokens.values()))
     same = all(t == first for t in tokens.values())
     print(f"greedy tokens identical across engines: {same}")

@@ -82,6 +82,7 @@ class RealOptions:
     weights_seed: int = 0
     attention: str = "auto"
     cuda_graphs: bool = True
+    collectors: str = "torch,nvml,roofline"
 
 
 _REAL_FLAGS = (
@@ -96,6 +97,7 @@ _REAL_FLAGS = (
         "Replay decode steps as CUDA graphs (CUDA with the Triton kernels).",
         "--cuda-graphs/--no-cuda-graphs",
     ),
+    _Flag("collectors", str, "CUDA runs: torch (allocator), nvml (memory, power), roofline; or none."),
 )
 
 

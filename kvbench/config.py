@@ -15,6 +15,7 @@ from engines.scheduler import SchedulerConfig
 from kvbench.budget import GIB, KVBudget, budget_emulating, budget_from_gib, get_gpu
 from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
+from kvbench.metrics import DEFAULT_PERCENTILES, Slo, check_metric_options
 from kvbench.models import ModelSpec, get_model
 from kvbench.requests import Trace
 from workloads.spec import WorkloadSpec, build_trace
@@ -40,12 +41,15 @@ class RunConfig:
     cost_fixed_s: float | None = None  # cost-model overrides; None: roofline of the GPU
     cost_per_token_s: float | None = None
     cost_per_kv_token_s: float | None = None
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # of TTFT, TPOT, ITL, E2EL, queueing delay
+    slo: Slo = field(default_factory=Slo)  # goodput counts the requests meeting every given objective
     device: str = "cpu"  # real runs: cuda or cpu
     dtype: str = "auto"  # real runs: float16, bfloat16, float32; auto: bf16 on GPUs, fp32 on CPU
     temperature: float = 0.0  # real runs: 0 is greedy; else seeded sampling
     weights_seed: int = 0  # real runs: seed of a preset's random weights
     attention: str = "auto"  # real runs: triton kernels, torch reference, or auto (triton on CUDA)
     cuda_graphs: bool = True  # real runs: replay decode steps as CUDA graphs (needs the kernels)
+    collectors: str = "torch,nvml,roofline"  # real runs on CUDA: what to measure beside the steps
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,6 +88,7 @@ def prepare(
     if bs < 1 or bs & (bs - 1):
         raise KvbenchError(f"--block-size must be a positive power of two, got {bs}")
     _positive_int("--max-num-seqs", config.max_num_seqs)
+    check_metric_options(config.percentiles, config.slo)
     _positive_int("--max-num-batched-tokens", config.max_num_batched_tokens)
     tokens = batched_tokens(config, model)
     if tokens < model.max_len:

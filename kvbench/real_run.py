@@ -7,11 +7,13 @@ each scheduled batch through the model. Results have the same files as a simulat
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from kvbench.activations import measure_activation_bytes
+from kvbench.collectors import CollectingRunner, build_collectors, parse_collectors
 from kvbench.config import Prepared, RunConfig, batched_tokens, prepare, resolve_model
 from kvbench.errors import KvbenchError
 from kvbench.model_runner import ModelRunner
@@ -52,6 +54,7 @@ def run_real(config: RunConfig, *, prepared: Prepared | None = None, coalesce: b
     dtype = resolve_dtype(config.dtype, device)
     if config.attention not in BACKENDS:
         raise KvbenchError(f"--attention {config.attention!r}: choose one of {', '.join(BACKENDS)}")
+    collect = parse_collectors(config.collectors)
     spec = resolve_model(config.model)
     if Path(config.model).is_dir():
         model = load_checkpoint(Path(config.model), dtype, device)
@@ -64,6 +67,11 @@ def run_real(config: RunConfig, *, prepared: Prepared | None = None, coalesce: b
             model, device, tokens=batched_tokens(config, spec), max_seqs=config.max_num_seqs or 256,
             backend=resolve_backend(config.attention, device), temperature=config.temperature,
         )  # fmt: skip
+    bandwidth = None
+    if device.type == "cuda" and "roofline" in collect:  # before the arena takes the memory it reads
+        from kernels.bandwidth import measure_read_bandwidth
+
+        bandwidth = measure_read_bandwidth(device)
     # an emulated GPU's budget subtracts the weights as loaded (dtype included) and the
     # activations as measured
     prepared = prepared or prepare(config, weight_bytes=weight_bytes, activation_bytes=activation_bytes)
@@ -81,17 +89,27 @@ def run_real(config: RunConfig, *, prepared: Prepared | None = None, coalesce: b
     runners = []
 
     def make_runner(scheduler):
-        runners.append(
-            ModelRunner(
-                model, arena, scheduler.allocator, max_batch=max_batch, max_len=max_len,
-                temperature=config.temperature, seed=config.weights_seed, attention=config.attention,
-                cuda_graphs=config.cuda_graphs,
-            )
+        runner = ModelRunner(
+            model, arena, scheduler.allocator, max_batch=max_batch, max_len=max_len,
+            temperature=config.temperature, seed=config.weights_seed, attention=config.attention,
+            cuda_graphs=config.cuda_graphs,
         )  # fmt: skip
+        collectors = build_collectors(
+            collect, device=device, weight_bytes=weight_bytes, kv_bytes_per_token=spec.kv_bytes_per_token,
+            read_bandwidth=bandwidth,
+        )  # fmt: skip
+        runners.append(CollectingRunner(runner, collectors))
         return runners[-1]
 
     result = execute(config, make_runner, mode="real", coalesce=coalesce, prepared=prepared)
-    runner = runners[0]
+    collecting = runners[0]
+    runner = collecting.inner
+    measured = collecting.finish()
+    output_tokens = sum(record.output_len for record in result.requests)
+    if "energy_j" in measured:
+        measured["energy_per_output_token_j"] = measured["energy_j"] / max(output_tokens, 1)
+    result = replace(result, step_columns=tuple(collecting.rows))
+    result.summary.update(measured)
     result.summary.update(
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
@@ -102,5 +120,6 @@ def run_real(config: RunConfig, *, prepared: Prepared | None = None, coalesce: b
         attention=runner.backend,
         cuda_graphs=runner.cuda_graphs,
         cuda_graph_capture_s=runner.decoder.capture_s,
+        collectors=[type(c).__name__ for c in collecting.collectors],
     )
     return result

@@ -16,9 +16,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import astuple, fields
 from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
 
 
@@ -43,14 +44,46 @@ def environment() -> dict:
         "platform": platform.platform(),
         "command": sys.argv,
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "packages": {name: _version(name) for name in ("torch", "triton", "transformers", "numpy")},
+        **_gpu(),
     }
 
 
-def write_csv(path: Path, rows: Iterable, row_type: type) -> None:
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _gpu() -> dict:
+    """The GPU a run used, if torch is loaded and sees one (a simulation does not load torch)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return {}
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    info = {"gpu": props.name, "gpu_memory_bytes": props.total_memory, "cuda": torch.version.cuda}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+    except Exception:  # NVML is optional: the driver version is then unknown
+        info["driver"] = None
+    return info
+
+
+def write_csv(path: Path, rows: Iterable, row_type: type, extra: Sequence[dict] = ()) -> None:
+    """Rows of a dataclass, plus optional extra columns per row (collectors' measurements)."""
+    names = list(dict.fromkeys(key for columns in extra for key in columns))  # first-seen order
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([field.name for field in fields(row_type)])
-        writer.writerows(astuple(row) for row in rows)
+        writer.writerow([field.name for field in fields(row_type)] + names)
+        if not names:
+            writer.writerows(astuple(row) for row in rows)
+            return
+        for row, columns in zip(rows, extra, strict=True):
+            writer.writerow([*astuple(row), *(columns.get(name, "") for name in names)])
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -11,7 +11,7 @@ from engines.scheduler import Scheduler
 from kvbench.config import Prepared, RunConfig, prepare
 from kvbench.cost_model import CostModelRunner
 from kvbench.engine import Engine, EngineRun, StepRecord
-from kvbench.metrics import RequestRecord, request_record, summarize
+from kvbench.metrics import PooledItls, RequestRecord, request_record, summarize
 from kvbench.results import environment, write_csv, write_json, write_run_atomically
 from kvbench.runner import Runner
 
@@ -22,6 +22,7 @@ class RunResult:
     run: EngineRun
     requests: list[RequestRecord]
     summary: dict
+    step_columns: tuple[dict, ...] = ()  # collectors' columns, one dict per step row (real runs)
 
 
 def execute(
@@ -32,7 +33,8 @@ def execute(
     prepared = prepared or prepare(config)
     scheduler = get_engine(config.engine).build(prepared.options)
     run = Engine(scheduler, make_runner(scheduler), coalesce=coalesce).run(prepared.trace)
-    records = [request_record(seq) for seq in run.sequences]
+    itls = PooledItls.of(run.sequences)
+    records = [request_record(seq, m) for seq, m in zip(run.sequences, itls.maxima().tolist(), strict=True)]
     summary = {
         "engine": config.engine,
         "model": config.model,
@@ -43,7 +45,7 @@ def execute(
         "kv_budget_source": prepared.budget.source,
         "kv_bytes_per_token": prepared.model.kv_bytes_per_token,
         **(extra or {}),
-        **summarize(run, records),
+        **summarize(run, records, itls.gaps, percentiles=config.percentiles, slo=config.slo),
     }
     return RunResult(prepared, run, records, summary)
 
@@ -61,7 +63,7 @@ def write_result(result: RunResult, out: Path) -> None:
     def write(tmp: Path) -> None:
         write_json(tmp / "config.json", config)
         write_json(tmp / "env.json", environment())
-        write_csv(tmp / "steps.csv", result.run.steps, StepRecord)
+        write_csv(tmp / "steps.csv", result.run.steps, StepRecord, extra=result.step_columns)
         write_csv(tmp / "requests.csv", result.requests, RequestRecord)
         write_json(tmp / "summary.json", result.summary)
 
