@@ -38,6 +38,14 @@ class _Flag:
             annotation=Annotated[self.kind, option],
         )
 
+    def args(self, value: Any) -> list[str]:
+        """This flag set to `value` on a command line (`--rate 2.0`, `--no-cuda-graphs`)."""
+        name = self.flag or "--" + self.field.replace("_", "-")
+        if isinstance(value, bool):
+            on, _, off = name.partition("/")
+            return [on if value else (off or "--no-" + on.removeprefix("--"))]
+        return [name, repr(value) if isinstance(value, float) else str(value)]
+
     def argument(self) -> inspect.Parameter:
         """This flag as the command's required positional argument (`trace make SPEC`)."""
         return inspect.Parameter(
@@ -83,6 +91,10 @@ class RealOptions:
     attention: str = "auto"
     cuda_graphs: bool = True
     collectors: str = "torch,nvml,roofline"
+    hf_batch_size: int = 32
+    hf_block_size: int | None = None
+    hf_memory: float | None = None
+    hf_attn: str = "paged|sdpa"
 
 
 _REAL_FLAGS = (
@@ -98,6 +110,10 @@ _REAL_FLAGS = (
         "--cuda-graphs/--no-cuda-graphs",
     ),
     _Flag("collectors", str, "CUDA runs: torch (allocator), nvml (memory, power), roofline; or none."),
+    _Flag("hf_batch_size", int, "hf-generate: requests per padded generate() batch."),
+    _Flag("hf_block_size", int | None, "hf-cb: tokens per cache block (default: transformers', 256)."),
+    _Flag("hf_memory", float | None, "hf-cb: share of free GPU memory for its cache (default: KV budget)."),
+    _Flag("hf_attn", str, "hf-*: paged|sdpa, paged|eager, paged|flash_attention_2, paged|flash_attention_3."),
 )
 
 
@@ -129,11 +145,30 @@ def _with_group(command, name: str, cls: type, flags: tuple[_Flag, ...], source_
     return wrapper
 
 
-def with_workload(command=None, *, source_argument: bool = False):
-    """The workload flags (`--trace`, `--rate`, ...), passed as `workload=WorkloadSpec(...)`."""
+def with_workload(command=None, *, source_argument: bool = False, omit: tuple[str, ...] = ()):
+    """The workload flags (`--trace`, `--rate`, ...), passed as `workload=WorkloadSpec(...)`.
+
+    `omit`: WorkloadSpec fields left out of the flags (at their defaults), for a command that
+    sets them otherwise (`sweep` takes lists: `--rates`, `--seeds`, repeated `--trace`).
+    """
     if command is None:
-        return functools.partial(with_workload, source_argument=source_argument)
-    return _with_group(command, "workload", WorkloadSpec, _FLAGS, source_argument)
+        return functools.partial(with_workload, source_argument=source_argument, omit=omit)
+    flags = tuple(flag for flag in _FLAGS if flag.field not in omit)
+    return _with_group(command, "workload", WorkloadSpec, flags, source_argument)
+
+
+def group_args(value: WorkloadSpec | RealOptions) -> list[str]:
+    """The flags that rebuild `value` from its defaults: a command line for a subprocess."""
+    flags = _FLAGS if isinstance(value, WorkloadSpec) else _REAL_FLAGS
+    defaults = type(value)()
+    args = []
+    for flag in flags:
+        setting = getattr(value, flag.field)
+        if setting != getattr(defaults, flag.field):
+            if setting is None:
+                raise ValueError(f"{flag.field}=None cannot be given as a flag")  # a kvbench bug
+            args += flag.args(setting)
+    return args
 
 
 def with_real(command):

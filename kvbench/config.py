@@ -15,6 +15,7 @@ from engines.scheduler import SchedulerConfig
 from kvbench.budget import GIB, KVBudget, budget_emulating, budget_from_gib, get_gpu
 from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
+from kvbench.external import check_options, is_external
 from kvbench.metrics import DEFAULT_PERCENTILES, Slo, check_metric_options
 from kvbench.models import ModelSpec, get_model
 from kvbench.requests import Trace
@@ -38,7 +39,8 @@ class RunConfig:
     watermark: float = 0.01
     preemption: str = "recompute"  # paged engines: recompute or swap
     swap_space_gib: float = 4.0  # paged engines: host memory for swapped blocks (vLLM's default)
-    cost_fixed_s: float | None = None  # cost-model overrides; None: roofline of the GPU
+    cost_model: str | None = None  # a `kvbench calibrate` file; None: the roofline of the GPU
+    cost_fixed_s: float | None = None  # cost-model overrides (of the calibrated or roofline model)
     cost_per_token_s: float | None = None
     cost_per_kv_token_s: float | None = None
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # of TTFT, TPOT, ITL, E2EL, queueing delay
@@ -50,6 +52,10 @@ class RunConfig:
     attention: str = "auto"  # real runs: triton kernels, torch reference, or auto (triton on CUDA)
     cuda_graphs: bool = True  # real runs: replay decode steps as CUDA graphs (needs the kernels)
     collectors: str = "torch,nvml,roofline"  # real runs on CUDA: what to measure beside the steps
+    hf_batch_size: int = 32  # hf-generate: requests per padded generate() batch
+    hf_block_size: int | None = None  # hf-cb: tokens per cache block; None: transformers' default
+    hf_memory: float | None = None  # hf-cb: share of free GPU memory for its cache; None: the KV budget
+    hf_attn: str = "paged|sdpa"  # external engines: transformers attention implementation
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,7 +87,9 @@ def prepare(
     config: RunConfig, *, weight_bytes: int | None = None, activation_bytes: int | None = None
 ) -> Prepared:
     """Resolve and validate `config`; for emulated budgets, what the loaded model measured."""
-    spec = get_engine(config.engine)
+    spec = None if is_external(config.engine) else get_engine(config.engine)  # external: transformers'
+    if spec is None:
+        check_options(config)
     model = resolve_model(config.model)
     gpu = get_gpu(config.emulate_gpu)
     bs = config.block_size
@@ -121,11 +129,15 @@ def prepare(
         raise KvbenchError(f"--swap-space-gib must be a number >= 0, got {config.swap_space_gib}")
     host_blocks = int(config.swap_space_gib * GIB // (bs * model.kv_bytes_per_token))
     roofline = CostModel.roofline(model, gpu, bs)
+    if config.cost_model is not None:  # fitted to real runs by `kvbench calibrate`
+        from kvbench.calibrate import load_cost_model
+
+        roofline = load_cost_model(config.cost_model, model.name)
     cost = CostModel(
         fixed_s=_or(config.cost_fixed_s, roofline.fixed_s, "--cost-fixed-s"),
         per_token_s=_or(config.cost_per_token_s, roofline.per_token_s, "--cost-per-token-s"),
         per_kv_token_s=_or(config.cost_per_kv_token_s, roofline.per_kv_token_s, "--cost-per-kv-token-s"),
-        per_swap_block_s=roofline.per_swap_block_s,
+        per_swap_block_s=roofline.per_swap_block_s or CostModel.roofline(model, gpu, bs).per_swap_block_s,
     )
     if cost.fixed_s + cost.per_token_s + cost.per_kv_token_s <= 0:
         raise KvbenchError("--cost-fixed-s, --cost-per-token-s, --cost-per-kv-token-s: a step must take time")
@@ -140,7 +152,8 @@ def prepare(
         host_blocks=host_blocks if config.preemption == "swap" else 0,
         scheduler=SchedulerConfig(config.max_num_seqs, tokens, config.preemption),
     )
-    spec.build(options)  # fail now, not mid-sweep, if the engine cannot be built
+    if spec is not None:
+        spec.build(options)  # fail now, not mid-sweep, if the engine cannot be built
     return Prepared(config, model, budget, options, cost, trace)
 
 

@@ -43,6 +43,8 @@ class StepRecord:
     kind: str  # "prefill" | "decode"
     batch_size: int
     num_tokens: int  # tokens fed through the model over the row's steps
+    context_tokens: int  # K/V positions attended over the row's steps (what attention reads)
+    swapped_blocks: int  # blocks copied between device and host before the row's first step
     num_waiting: int  # after scheduling: requests that arrived and wait
     num_running: int  # resident, unfinished requests
     num_preempted: int  # waiting requests that lost their K/V
@@ -153,7 +155,7 @@ class Engine:
             finished = [
                 seq
                 for seq, ids in zip(batch.seqs, tokens, strict=True)
-                if seq.advance(k, end, log.clock, ids)
+                if seq.advance(k, end, log.clock, ids, ends)
             ]
             fp = measure(alloc, sched.waiting[0] if sched.waiting else None)
             if sched.held:  # finished requests a static batch still holds: their K/V is dead weight
@@ -208,7 +210,9 @@ class _RunLog:
         self.rows.append(
             StepRecord(
                 self.step, k, self.clock, seconds, "prefill" if batch.is_prefill else "decode",
-                len(batch.seqs), batch.num_tokens + (k - 1) * len(batch.seqs), len(sched.waiting) + late,
+                len(batch.seqs), batch.num_tokens + (k - 1) * len(batch.seqs),
+                k * batch.num_context + len(batch.seqs) * k * (k - 1) // 2, len(batch.swaps),
+                len(sched.waiting) + late,
                 running, sched.num_preempted, len(sched.swapped),
                 *map(int, categories(end, self.num_slots).values()),
             )

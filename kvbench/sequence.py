@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+import numpy as np
+
 from kvbench.requests import Request
 
 
@@ -48,6 +50,10 @@ class Sequence:
     finish_s: float | None = None
     num_preemptions: int = 0
     output_ids: list[int] = field(default_factory=list)  # sampled token ids (real runs only)
+    # when each output token was sampled: the `ends` array (k,) of every segment the sequence ran
+    # in, shared with the other sequences of that batch (one reference per segment, not one float
+    # per token); `token_times` concatenates them
+    step_ends: list[np.ndarray] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.num_tokens = self.request.prompt_len + self.num_generated
@@ -57,21 +63,35 @@ class Sequence:
         return self.request.request_id
 
     @property
+    def token_times(self) -> np.ndarray:
+        """(num_generated,) when each output token was sampled, in order (the last is `finish_s`)."""
+        return np.concatenate(self.step_ends) if self.step_ends else np.empty(0)
+
+    @property
     def remaining(self) -> int:
         """Output tokens still to sample."""
         return self.request.output_len - self.num_generated
 
     def advance(
-        self, num_steps: int, end_s: float, start_s: float | None = None, tokens: list[int] | None = None
+        self,
+        num_steps: int,
+        end_s: float,
+        start_s: float | None = None,
+        tokens: list[int] | None = None,
+        ends: np.ndarray | None = None,
     ) -> bool:
         """Record `num_steps` consecutive steps of this sequence, run from `start_s` to `end_s`.
 
         Only the first step may be a prefill (many tokens); later ones are decodes, so after
         the call the sequence again has exactly one uncomputed token. The start of its first
-        step is when the sequence left the queue (`admitted_s`). Returns whether it finished.
+        step is when the sequence left the queue (`admitted_s`). Each step samples one token at
+        its end: `ends` (k,) are those end times (kept by reference, so the caller must not
+        change the array); without it every step is taken to end at `end_s`. Returns whether
+        it finished.
         """
         if self.admitted_s is None:
             self.admitted_s = start_s
+        self.step_ends.append(ends if ends is not None else np.full(num_steps, end_s))
         if tokens is not None:
             self.output_ids += tokens
         self.num_tokens += num_steps

@@ -11,7 +11,8 @@ from engines.scheduler import Scheduler
 from kvbench.config import Prepared, RunConfig, prepare
 from kvbench.cost_model import CostModelRunner
 from kvbench.engine import Engine, EngineRun, StepRecord
-from kvbench.metrics import PooledItls, RequestRecord, request_record, summarize
+from kvbench.latency_stats import ItlTable
+from kvbench.metrics import RequestRecord, request_record, summarize
 from kvbench.results import environment, write_csv, write_json, write_run_atomically
 from kvbench.runner import Runner
 
@@ -33,8 +34,8 @@ def execute(
     prepared = prepared or prepare(config)
     scheduler = get_engine(config.engine).build(prepared.options)
     run = Engine(scheduler, make_runner(scheduler), coalesce=coalesce).run(prepared.trace)
-    itls = PooledItls.of(run.sequences)
-    records = [request_record(seq, m) for seq, m in zip(run.sequences, itls.maxima().tolist(), strict=True)]
+    itls = ItlTable.of(run.sequences)
+    records = [request_record(seq, m) for seq, m in zip(run.sequences, itls.maxima.tolist(), strict=True)]
     summary = {
         "engine": config.engine,
         "model": config.model,
@@ -45,7 +46,7 @@ def execute(
         "kv_budget_source": prepared.budget.source,
         "kv_bytes_per_token": prepared.model.kv_bytes_per_token,
         **(extra or {}),
-        **summarize(run, records, itls.gaps, percentiles=config.percentiles, slo=config.slo),
+        **summarize(run, records, itls, percentiles=config.percentiles, slo=config.slo),
     }
     return RunResult(prepared, run, records, summary)
 
@@ -58,7 +59,9 @@ def simulate(config: RunConfig, *, coalesce: bool = True, prepared: Prepared | N
 
 
 def write_result(result: RunResult, out: Path) -> None:
-    config = {**result.prepared.config.to_dict(), "cost_model": asdict(result.prepared.cost)}
+    # the constants the run used (the roofline's, a calibrated file's, or the flags'), beside the
+    # `cost_model` path that asked for them
+    config = {**result.prepared.config.to_dict(), "cost_model_constants": asdict(result.prepared.cost)}
 
     def write(tmp: Path) -> None:
         write_json(tmp / "config.json", config)

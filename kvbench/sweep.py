@@ -1,0 +1,208 @@
+"""`kvbench sweep`: a grid of runs, resumable cell by cell, and each engine's sustained rate.
+
+    <out>/sweep.json      the grid, the base settings, the command
+    <out>/cells/<id>/     one run's folder (config.json, env.json, steps.csv, requests.csv,
+                          summary.json), written atomically by `write_result`
+    <out>/sweep.csv       one row per cell, rewritten atomically after every cell
+    <out>/sustained.csv   per engine and setup: the sustained rate and how it was found
+
+The order: the unloaded baseline cells (when the latency threshold is not given), the grid,
+then bisection between each engine's last passing and first failing rate. A cell whose folder
+holds a summary.json is finished; `--resume` skips it (after checking it ran the same
+settings), so a sweep killed at any point loses at most the cell it was running. See
+docs/SWEEPS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from kvbench.config import RunConfig
+from kvbench.errors import KvbenchError
+from kvbench.sweep_cell import CellRun, config_differences, run_cell
+from kvbench.sweep_files import (
+    CELL_COLUMNS,
+    CI_METRICS,
+    SUSTAINED_COLUMNS,
+    add_confidence_intervals,
+    cell_row,
+    metric_columns,
+    read_table,
+    write_json_atomically,
+    write_table,
+)
+from kvbench.sweep_grid import (
+    BASELINE,
+    REPEAT_SEED_STRIDE,
+    Axes,
+    Cell,
+    cell_config,
+    grid_cells,
+)
+from kvbench.sweep_progress import Progress
+from kvbench.sweep_sustained import SustainedOptions, sustained_table
+
+OUR_FILES = ("cells", "sweep.csv", "sweep.json", "sustained.csv")
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    axes: Axes
+    base: RunConfig  # every setting but the axes (the axes' fields are overwritten per cell)
+    run: CellRun = field(default_factory=CellRun)
+    sustained: SustainedOptions = field(default_factory=SustainedOptions)
+    continue_on_error: bool = False
+
+    @property
+    def needs_baseline(self) -> bool:
+        return bool(self.axes.swept_rates) and self.sustained.threshold_s is None
+
+    def config(self, cell: Cell) -> RunConfig:
+        return cell_config(self.base, cell, self.sustained.baseline)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    rows: list[dict]  # sweep.csv
+    sustained: list[dict]  # sustained.csv ([] when no rate was swept)
+    ran: int
+    resumed: int
+    failed: int
+
+
+class _Sweep:
+    """One invocation's state: the rows so far, by cell id, in the order cells were planned."""
+
+    def __init__(self, plan: SweepPlan, out: Path, resume: bool, progress: Progress) -> None:
+        self.plan, self.out, self.resume, self.progress = plan, out, resume, progress
+        self.rows: dict[str, dict] = {}
+        self.previous = read_table(out / "sweep.csv")  # wall times of resumed cells
+        self.columns = [*CELL_COLUMNS, *metric_columns(plan.base)]
+        if plan.axes.repeats > 1:
+            self.columns += [f"{m}_{stat}" for m in CI_METRICS for stat in ("mean", "ci95")]
+        self.ran = self.resumed = self.failed = 0
+
+    def plan_cells(self, cells: list[Cell]) -> None:
+        for cell in cells:
+            self.rows.setdefault(cell.id, cell_row(cell, self.plan.config(cell), "pending", None, "", None))
+
+    def run(self, cell: Cell) -> dict:
+        """Run `cell` (or find it finished); its row."""
+        config, folder = self.plan.config(cell), self.out / "cells" / cell.id
+        self.progress.begin(cell.id)
+        if self.resume and (folder / "summary.json").is_file():
+            differs = config_differences(config, folder)
+            if differs:
+                raise KvbenchError(
+                    f"--resume: {folder} ran other settings ({', '.join(differs)}); "
+                    "use another --out, or --overwrite"
+                )
+            summary = json.loads((folder / "summary.json").read_text())
+            wall = self.previous.get(cell.id, {}).get("wall_s") or None
+            row = cell_row(cell, config, "ok", summary, "", float(wall) if wall else None)
+            self.resumed += 1
+            self.progress.finish(True, None)
+        else:
+            outcome = run_cell(config, folder, self.plan.run)
+            status = "ok" if outcome.ok else "failed"
+            row = cell_row(cell, config, status, outcome.summary, outcome.error, round(outcome.wall_s, 3))
+            self.ran += 1
+            self.failed += not outcome.ok
+            self.progress.finish(outcome.ok, outcome.wall_s)
+        self.rows[cell.id] = row
+        self.write()
+        if row["status"] == "failed" and not self.plan.continue_on_error:
+            raise KvbenchError(
+                f"cell {cell.id} failed: {row['error']} (--continue-on-error records failed cells and "
+                "goes on; --resume retries them)"
+            )
+        return row
+
+    def write(self) -> None:
+        rows = list(self.rows.values())
+        if self.plan.axes.repeats > 1:
+            add_confidence_intervals(rows)
+        write_table(self.out / "sweep.csv", rows, self.columns)
+
+
+def run_sweep(
+    plan: SweepPlan,
+    out: Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """Run every cell of `plan` into `out`; write sweep.csv, sweep.json and sustained.csv."""
+    out = Path(out)
+    _prepare_folder(out, resume, overwrite)
+    grid = grid_cells(plan.axes)
+    baselines = _baseline_cells(plan, grid) if plan.needs_baseline else []
+    groups = {cell.group for cell in grid}
+    bisect_cells = len(groups) * plan.sustained.bisect * plan.axes.repeats if plan.axes.swept_rates else 0
+    progress = progress or Progress(len(baselines) + len(grid) + bisect_cells)
+    write_json_atomically(out / "sweep.json", _description(plan, len(baselines) + len(grid)))
+    state = _Sweep(plan, out, resume, progress)
+    try:
+        state.plan_cells(baselines + grid)
+        state.write()
+        for cell in baselines + grid:
+            state.run(cell)
+        sustained = sustained_table(plan, state, grid) if plan.axes.swept_rates else []
+    finally:
+        progress.close()
+    if sustained:
+        write_table(out / "sustained.csv", sustained, SUSTAINED_COLUMNS)
+    return SweepResult(list(state.rows.values()), sustained, state.ran, state.resumed, state.failed)
+
+
+def _prepare_folder(out: Path, resume: bool, overwrite: bool) -> None:
+    if resume and overwrite:
+        raise KvbenchError("--resume and --overwrite contradict each other: pick one")
+    if out.exists() and not out.is_dir():
+        raise KvbenchError(f"--out {out} is a file, not a folder")
+    busy = out.is_dir() and any(out.iterdir())
+    if busy and resume and not (out / "sweep.json").is_file():
+        raise KvbenchError(f"--resume: {out} holds no sweep (no sweep.json)")
+    if busy and not resume:
+        if not overwrite:
+            raise KvbenchError(
+                f"--out {out} is not empty: --resume continues that sweep, --overwrite replaces it"
+            )
+        for name in OUR_FILES:
+            target = out / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+    (out / "cells").mkdir(parents=True, exist_ok=True)
+    # what a killed sweep leaves: a cell's or a table's temporary copy (names starting with ".")
+    leftovers = [*(out / "cells").glob(".*"), *(p for name in OUR_FILES for p in out.glob(f".{name}.*"))]
+    for stale in leftovers:
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
+
+
+def _baseline_cells(plan: SweepPlan, grid: list[Cell]) -> list[Cell]:
+    """One unloaded cell per engine and setup (the first repeat's seed)."""
+    groups = dict.fromkeys(cell.group for cell in grid)
+    return [Cell(BASELINE, e, trace, None, bs, kv, seed) for e, trace, bs, kv, seed in groups]
+
+
+def _description(plan: SweepPlan, planned: int) -> dict:
+    from kvbench import __version__
+
+    return {
+        "command": sys.argv,
+        "kvbench": __version__,
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "mode": "real" if plan.run.real else "simulated",
+        "axes": asdict(plan.axes),
+        "repeat_seed_stride": REPEAT_SEED_STRIDE,
+        "base_config": plan.base.to_dict(),
+        "cell_run": asdict(plan.run),
+        "sustained": asdict(plan.sustained),
+        "continue_on_error": plan.continue_on_error,
+        "cells_planned": planned,
+    }

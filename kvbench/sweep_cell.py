@@ -1,0 +1,149 @@
+"""Running one sweep cell: in this process, or in a child `kvbench simulate|run` process.
+
+In-process is fastest (simulations take milliseconds to seconds). `--isolate` starts
+`python -m kvbench.cli simulate|run <the cell's flags> --out <cell>` per cell, which a GPU
+sweep wants: a cell that crashes, leaks memory or runs out of it takes only its own process
+down. Both write the same folder through `kvbench.simulate.write_result`, atomically, so a
+cell folder with a summary.json is a finished cell.
+
+Failures a sweep can record and go on from (`--continue-on-error`): a `KvbenchError` (a cell
+the settings make impossible, e.g. a budget below the longest request), running out of memory
+(`torch.OutOfMemoryError` is recognised by its type name, so simulations never import torch)
+and a child process that exits non-zero. Anything else is a kvbench bug and propagates.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from kvbench.cli_options import RealOptions, group_args
+from kvbench.config import RunConfig
+from kvbench.errors import KvbenchError
+from kvbench.metrics import format_slo
+
+_REAL_FIELDS = {f.name for f in fields(RealOptions)}
+
+
+@dataclass(frozen=True)
+class CellRun:
+    """How to run a cell; the same for every cell of a sweep."""
+
+    real: bool = False  # kvbench.real_run.run_real instead of the simulator
+    isolate: bool = False  # one child process per cell
+    step_by_step: bool = False
+    timeout_s: float | None = None  # isolate: kill a child that runs longer
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    summary: dict | None  # summary.json of a finished cell
+    error: str  # one line; "" when ok
+    wall_s: float
+
+
+def run_cell(config: RunConfig, out: Path, how: CellRun) -> Outcome:
+    """Run `config` into the folder `out`; a recordable failure comes back as `ok=False`."""
+    start = time.perf_counter()
+    try:
+        summary = _isolated(config, out, how) if how.isolate else _in_process(config, out, how)
+    except KvbenchError as error:
+        return Outcome(False, None, str(error), time.perf_counter() - start)
+    except MemoryError:
+        return Outcome(False, None, "out of host memory", time.perf_counter() - start)
+    except Exception as error:
+        if type(error).__name__ != "OutOfMemoryError":  # torch's, without importing torch
+            raise
+        message = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
+        _release_device_memory()
+        return Outcome(False, None, f"OutOfMemoryError: {message}", time.perf_counter() - start)
+    return Outcome(True, summary, "", time.perf_counter() - start)
+
+
+def _in_process(config: RunConfig, out: Path, how: CellRun) -> dict:
+    from kvbench.simulate import simulate, write_result
+
+    if how.real:
+        from kvbench.real_run import run_real
+
+        result = run_real(config, coalesce=not how.step_by_step)
+    else:
+        result = simulate(config, coalesce=not how.step_by_step)
+    write_result(result, out)
+    return result.summary
+
+
+def _release_device_memory() -> None:
+    """After an out-of-memory cell, give its tensors back before the next cell starts."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def command(config: RunConfig, out: Path, how: CellRun) -> list[str]:
+    """The `kvbench simulate|run` command line that runs `config` into `out`."""
+    args = [sys.executable, "-m", "kvbench.cli", "run" if how.real else "simulate"]
+    real = RealOptions(**{name: getattr(config, name) for name in _REAL_FIELDS})
+    for f in fields(RunConfig):
+        value = getattr(config, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        if f.name in _REAL_FIELDS or value is None:
+            continue
+        if f.name == "workload":
+            args += group_args(value)
+        elif f.name == "percentiles":
+            args += [flag, ",".join(repr(float(p)) for p in value)]
+        elif f.name == "slo":
+            args += [flag, format_slo(value)] if value.given() else []
+        elif isinstance(value, bool):
+            args.append(flag if value else "--no-" + flag[2:])
+        else:
+            args += [flag, repr(value) if isinstance(value, float) else str(value)]
+    if how.real:
+        args += group_args(real)
+    args += ["--step-by-step"] if how.step_by_step else []
+    return [*args, "--out", str(out)]
+
+
+def _isolated(config: RunConfig, out: Path, how: CellRun) -> dict:
+    argv = command(config, out, how)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=how.timeout_s)
+    except subprocess.TimeoutExpired:
+        raise KvbenchError(f"the cell ran longer than {how.timeout_s:g} s and was stopped") from None
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        last = lines[-1] if lines else ""
+        if proc.returncode < 0:
+            raise KvbenchError(f"the cell's process was killed by signal {-proc.returncode} ({last})")
+        if "OutOfMemoryError" in proc.stderr:
+            raise KvbenchError(f"OutOfMemoryError: {last}")
+        raise KvbenchError(
+            last.removeprefix("error: ") or f"the cell's process exited with {proc.returncode}"
+        )
+    _check_same_config(config, out)
+    return json.loads((out / "summary.json").read_text())
+
+
+def config_differences(config: RunConfig, folder: Path) -> list[str]:
+    """The settings in which `folder/config.json` differs from `config` (its cost model aside).
+
+    config.json's `cost_model` holds the resolved constants, not the setting of that name.
+    """
+    wrote = json.loads((folder / "config.json").read_text())
+    wanted = json.loads(json.dumps(config.to_dict()))
+    return sorted(key for key in wanted if key != "cost_model_constants" and wrote.get(key) != wanted[key])
+
+
+def _check_same_config(config: RunConfig, out: Path) -> None:
+    """The child must have run exactly `config`: a flag lost on the way would be a silent bug."""
+    differs = config_differences(config, out)
+    if differs:
+        raise RuntimeError(f"{out}: the child process ran other settings ({', '.join(differs)})")

@@ -1,0 +1,87 @@
+"""The sweep's progress line on stderr: a bar, cells done of planned, failures, elapsed and ETA.
+
+On a terminal it is one line rewritten in place (carriage return, no escape codes); into a
+file or a pipe (CI logs) it prints one line per finished cell instead, so the log stays
+readable. The ETA is the mean wall time of the cells run by this invocation times the cells
+left; resumed cells count as done but not towards that mean.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from typing import TextIO
+
+
+def _clock(seconds: float) -> str:
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress:
+    """Mutable, one per sweep invocation."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, width: int = 24) -> None:
+        self.total = total
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.tty = self.stream.isatty()
+        self.done = self.failed = self.resumed = self.ran = 0
+        self.ran_seconds = 0.0
+        self.start = time.perf_counter()
+        self.current = ""
+        self._shown = 0  # characters of the line on screen (tty)
+        self._printed_total = total  # the total in the last line printed (not a tty)
+
+    def plan(self, extra: int) -> None:
+        """More (or, negative, fewer) cells than first planned: bisection decides as it goes."""
+        self.total = max(self.total + extra, self.done)
+
+    def begin(self, cell_id: str) -> None:
+        self.current = cell_id
+        if self.tty:
+            self._show(self.line())
+
+    def finish(self, ok: bool, wall_s: float | None) -> None:
+        """A cell ended: run now (`wall_s`) or found finished by --resume (None)."""
+        self.done += 1
+        self.failed += not ok
+        if wall_s is None:
+            self.resumed += 1
+        else:
+            self.ran += 1
+            self.ran_seconds += wall_s
+        if self.tty:
+            self._show(self.line())
+        elif wall_s is not None or not ok:
+            print(self.line(), file=self.stream, flush=True)
+            self._printed_total = self.total
+
+    def close(self) -> None:
+        if self.tty and self._shown:
+            print(file=self.stream, flush=True)
+            self._shown = 0
+        elif not self.tty and self.done and self.total != self._printed_total:
+            print(self.line(), file=self.stream, flush=True)  # the plan shrank after the last line
+
+    def line(self) -> str:
+        filled = self.width * self.done // self.total if self.total else self.width
+        bar = "#" * filled + "." * (self.width - filled)
+        elapsed = time.perf_counter() - self.start
+        eta = "?"
+        if self.ran:
+            eta = _clock(self.ran_seconds / self.ran * (self.total - self.done))
+        notes = "".join(
+            f", {n} {what}" for n, what in ((self.failed, "failed"), (self.resumed, "resumed")) if n
+        )
+        counts = f"{self.done}/{self.total} cells{notes}"
+        return f"[{bar}] {counts}  {_clock(elapsed)} elapsed, ETA {eta}  {self.current}"
+
+    def _show(self, text: str) -> None:
+        text = text[: shutil.get_terminal_size().columns - 1]  # a wrapped line could not be rewritten
+        pad = max(self._shown - len(text), 0)
+        self.stream.write("\r" + text + " " * pad)
+        self.stream.flush()
+        self._shown = len(text)

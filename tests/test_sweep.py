@@ -1,0 +1,332 @@
+"""`kvbench sweep`: grid parsing, real simulated sweeps, sustained rates, resume, kills, failures."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvbench.config import RunConfig
+from kvbench.errors import KvbenchError
+from kvbench.metrics import parse_slo
+from kvbench.sweep import SustainedOptions, SweepPlan, run_sweep
+from kvbench.sweep_cell import CellRun, command, config_differences, run_cell
+from kvbench.sweep_grid import (
+    BASELINE,
+    GRID,
+    Axes,
+    Cell,
+    cell_config,
+    grid_cells,
+    parse_block_sizes,
+    parse_budgets,
+    parse_engines,
+    parse_rates,
+    parse_seeds,
+    trace_token,
+)
+from kvbench.sweep_progress import Progress
+from kvbench.sweep_stats import bisect_rate, mean_ci95, sustained_rate, t975
+from tests.test_cli import kvbench
+from workloads.spec import WorkloadSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINES6 = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged", "paged-static")
+
+
+def rows_of(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def plan(
+    engines=("paged",), rates=(2.0,), num_requests=40, kv=(4.0,), repeats=1, sustained=None, **kw
+) -> SweepPlan:
+    axes = Axes(tuple(engines), ("sharegpt-paper",), tuple(rates), (16,), tuple(kv), (0,), repeats)
+    base = RunConfig("paged", workload=WorkloadSpec(num_requests=num_requests, max_total_len=1000))
+    return SweepPlan(axes, base, sustained=sustained or SustainedOptions(threshold_s=1.0), **kw)
+
+
+def quiet() -> Progress:
+    return Progress(0, stream=io.StringIO())
+
+
+# --- the grid --------------------------------------------------------------------------------
+
+
+def test_axes_parse_and_refuse_bad_values_naming_the_axis():
+    assert parse_engines("paged, orca-max,paged", real=False) == ("paged", "orca-max")
+    assert parse_engines("all", real=False) == ENGINES6
+    assert parse_rates("4,1,2.5") == (1.0, 2.5, 4.0) and parse_rates(None) == (None,)
+    assert parse_block_sizes("16,32") == (16, 32) and parse_budgets("12,0.5") == (12.0, 0.5)
+    assert parse_seeds("0,3") == (0, 3)
+    for call, message in (
+        (lambda: parse_engines("paged,vllm", real=False), "--engines: unknown engine 'vllm'"),
+        (lambda: parse_engines("hf-cb", real=False), "--engines: hf-cb is an external engine"),
+        (lambda: parse_rates("1,fast"), "--rates: 'fast' is not a positive number of requests/s"),
+        (lambda: parse_rates("0"), "--rates: '0' is not a positive number"),
+        (lambda: parse_rates("1,,2"), "--rates: empty value in '1,,2'"),
+        (lambda: parse_rates("inf"), "--rates: 'inf' is not a positive number"),
+        (lambda: parse_block_sizes("12"), "--block-sizes: '12' is not a positive power of two"),
+        (lambda: parse_budgets("-1"), "--kv-cache-gib: '-1' is not a positive number of GiB"),
+        (lambda: parse_seeds("x"), "--seeds: 'x' is not an integer >= 0"),
+    ):
+        with pytest.raises(KvbenchError) as error:
+            call()
+        assert str(error.value).startswith(message), str(error.value)
+
+
+def test_cell_ids_are_readable_stable_and_distinct():
+    cell = Cell(GRID, "paged", "sharegpt-paper", 2.0, 16, 12.0, 0)
+    assert cell.id == "paged__trace-sharegpt-paper__rate-2__bs-16__kv-12__seed-0__rep-0"
+    assert Cell(GRID, "paged", "sharegpt-paper", 0.125, 16, None, 3, 1).id.endswith(
+        "__rate-0.125__bs-16__kv-gpu__seed-3__rep-1"
+    )
+    assert "rate-unloaded" in Cell(BASELINE, "paged", "sharegpt-paper", None, 16, 12.0, 0).id
+    # specs that are not folder names get a slug and a hash, and stay apart
+    a, b = trace_token("uniform:prompt=4..30,output=2..12"), trace_token("uniform:prompt=4..30,output=2..13")
+    assert a != b and "/" not in a and a.startswith("uniform-prompt-4..30-output-2..12-")
+    axes = Axes(
+        ("paged", "static"), ("sharegpt-paper", "alpaca-paper"), (1.0, 2.0), (16, 32), (12.0,), (0,), 2
+    )
+    cells = grid_cells(axes)
+    assert len(cells) == 2 * 2 * 2 * 2 * 2 == len({c.id for c in cells})
+    assert [c.workload_seed for c in cells[:2]] == [0, 1000]  # repeats shift the seed
+
+
+def test_cell_config_sets_the_axes_and_a_sparse_baseline():
+    base = RunConfig("paged", workload=WorkloadSpec(num_requests=500))
+    config = cell_config(base, Cell(GRID, "orca-max", "alpaca-paper", 3.0, 32, 6.0, 2, 1))
+    assert (config.engine, config.block_size, config.kv_cache_gib) == ("orca-max", 32, 6.0)
+    assert (config.workload.source, config.workload.rate, config.workload.seed) == ("alpaca-paper", 3.0, 1002)
+    unloaded = cell_config(base, Cell(BASELINE, "paged", "sharegpt-paper", None, 16, 6.0, 0))
+    assert (unloaded.workload.arrivals, unloaded.workload.rate, unloaded.workload.num_requests) == (
+        "constant",
+        0.001,
+        50,
+    )
+
+
+# --- pure numbers ----------------------------------------------------------------------------
+
+
+def test_confidence_interval():
+    mean, half = mean_ci95([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.303 / math.sqrt(3))
+    assert math.isnan(mean_ci95([5.0])[1]) and t975(1) == 12.706
+    assert t975(31) == pytest.approx(2.0395, abs=1e-3) and t975(1000) == pytest.approx(1.9623, abs=1e-3)
+
+
+def test_sustained_rate_on_made_up_points():
+    curve = [(1.0, 0.02), (2.0, 0.025), (4.0, 0.04), (8.0, 0.9), (16.0, 3.0)]
+    verdict = sustained_rate(curve, threshold=0.1)
+    assert (verdict.sustained_rate, verdict.first_fail, verdict.bracket) == (4.0, 8.0, (4.0, 8.0))
+    # a pass above a failure is noise in the knee: the search stops at the first failure
+    assert sustained_rate([(1, 0.02), (2, 0.5), (3, 0.05)], 0.1).sustained_rate == 1
+    assert sustained_rate([(1, 0.02), (2, None), (3, 0.05)], 0.1).sustained_rate == 1  # failed cell
+    everything = sustained_rate([(1, 0.02), (2, 0.03)], 0.1)
+    assert everything.sustained_rate == 2 and everything.bracket is None and "may be higher" in everything.how
+    nothing = sustained_rate([(1, 0.5), (2, 0.6)], 0.1)
+    assert nothing.sustained_rate is None and nothing.bracket == (0.0, 1)
+
+
+def test_bisection_on_a_made_up_curve_converges_on_the_knee():
+    def latency(rate: float) -> float:  # flat, then a wall at 5.3 req/s
+        return 0.02 if rate < 5.3 else 1.0
+
+    points = [(r, latency(r)) for r in (1.0, 2.0, 4.0, 8.0)]
+    for _ in range(6):
+        bracket = sustained_rate(points, 0.1).bracket
+        rate = bisect_rate(bracket)
+        points.append((rate, latency(rate)))
+    verdict = sustained_rate(points, 0.1)
+    assert verdict.sustained_rate < 5.3 <= verdict.first_fail
+    assert verdict.first_fail - verdict.sustained_rate == pytest.approx(4.0 / 2**6)
+
+
+# --- real sweeps (simulated) -----------------------------------------------------------------
+
+
+def test_every_engine_one_row_per_cell(tmp_path):
+    p = plan(engines=ENGINES6, rates=(2.0, 8.0), repeats=2)
+    result = run_sweep(p, tmp_path / "s", progress=quiet())
+    rows = rows_of(tmp_path / "s" / "sweep.csv")
+    assert len(rows) == len(result.rows) == 6 * 2 * 2 and result.ran == 24 and result.failed == 0
+    assert {r["engine"] for r in rows} == set(ENGINES6) and {r["status"] for r in rows} == {"ok"}
+    for row in rows:
+        folder = tmp_path / "s" / "cells" / row["cell_id"]
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["engine"] == row["engine"] and float(row["rate"]) in (2.0, 8.0)
+        assert float(row["request_throughput"]) == summary["request_throughput"]
+        assert float(row["p99_ttft_s"]) == summary["p99_ttft_s"]
+        assert float(row["occupancy_token_states"]) == summary["occupancy"]["token_states"]
+        config = json.loads((folder / "config.json").read_text())
+        assert config["workload"]["seed"] == 1000 * int(row["repeat"])
+    # the two repeats of a point share its mean and 95 % interval
+    pair = [r for r in rows if r["engine"] == "paged" and r["rate"] == "8.0"]
+    values = [float(r["normalized_latency_s"]) for r in pair]
+    mean, half = mean_ci95(values)
+    assert all(float(r["normalized_latency_s_mean"]) == pytest.approx(mean) for r in pair)
+    assert float(pair[0]["normalized_latency_s_ci95"]) == pytest.approx(half) and half > 0
+    described = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert described["axes"]["engines"] == list(ENGINES6) and described["base_config"]["model"] == "opt-13b"
+
+
+def test_sustained_rate_of_a_real_sweep_with_bisection(tmp_path):
+    sustained = SustainedOptions(bisect=2)  # threshold: 4 x each engine's unloaded latency
+    p = plan(
+        engines=("paged", "orca-max"),
+        rates=(0.5, 1.0, 16.0),
+        num_requests=150,
+        kv=(12.0,),
+        sustained=sustained,
+    )
+    result = run_sweep(p, tmp_path / "s", progress=quiet())
+    rows = {r["cell_id"]: r for r in rows_of(tmp_path / "s" / "sweep.csv")}
+    table = {r["engine"]: r for r in rows_of(tmp_path / "s" / "sustained.csv")}
+    assert [r["role"] for r in result.rows].count("baseline") == 2
+    assert [r["role"] for r in result.rows].count("bisect") == 4  # 2 per engine
+    for engine, row in table.items():
+        baseline = next(r for r in rows.values() if r["engine"] == engine and r["role"] == "baseline")
+        assert int(baseline["peak_batched_requests"]) == 1  # truly unloaded
+        threshold = float(row["latency_threshold_s"])
+        assert threshold == pytest.approx(4 * float(baseline["normalized_latency_s"]))
+        latency = {
+            float(r["rate"]): float(r["normalized_latency_s"])
+            for r in rows.values()
+            if r["engine"] == engine and r["role"] != "baseline"
+        }
+        ok, fail = float(row["sustained_rate"]), float(row["first_fail_rate"])
+        assert latency[ok] < threshold <= latency[fail]
+        assert all(v < threshold for r, v in latency.items() if r < ok)
+        assert row["bisect_cells"] == "2" and "bisected 2x" in row["how"]
+    # paged keeps up with more than max-length reservations do (the paper's Figure 12)
+    assert float(table["paged"]["sustained_rate"]) > float(table["orca-max"]["sustained_rate"])
+
+
+def test_resume_skips_finished_cells_and_a_full_folder_needs_a_choice(tmp_path):
+    out = tmp_path / "s"
+    p = plan(engines=("paged", "orca-oracle"), rates=(1.0, 3.0))
+    run_sweep(p, out, progress=quiet())
+    stamps = {f: f.stat().st_mtime_ns for f in out.glob("cells/*/summary.json")}
+    assert len(stamps) == 4
+    again = run_sweep(p, out, resume=True, progress=quiet())
+    assert (again.ran, again.resumed) == (0, 4)
+    assert {f: f.stat().st_mtime_ns for f in out.glob("cells/*/summary.json")} == stamps
+    assert [r["status"] for r in rows_of(out / "sweep.csv")] == ["ok"] * 4
+    with pytest.raises(KvbenchError, match="is not empty: --resume continues that sweep, --overwrite"):
+        run_sweep(p, out, progress=quiet())
+    # a changed setting cannot be resumed into the same folder
+    other = SweepPlan(p.axes, RunConfig("paged", workload=WorkloadSpec(num_requests=41, max_total_len=1000)))
+    with pytest.raises(KvbenchError, match=r"--resume: .* ran other settings \(workload\)"):
+        run_sweep(other, out, resume=True, progress=quiet())
+    assert run_sweep(p, out, overwrite=True, progress=quiet()).ran == 4
+
+
+def test_a_failing_cell_is_recorded_or_stops_the_sweep(tmp_path):
+    # orca-max reserves 2048 slots per request: more than 1 GiB of OPT-13B KV (1310 slots)
+    p = plan(engines=("orca-max", "paged"), rates=(1.0, 2.0), kv=(1.0,), continue_on_error=True)
+    result = run_sweep(p, tmp_path / "a", progress=quiet())
+    rows = rows_of(tmp_path / "a" / "sweep.csv")
+    assert [r["status"] for r in rows] == ["failed", "failed", "ok", "ok"] and result.failed == 2
+    assert "cannot fit the KV arena of 1310 slots" in rows[0]["error"] and rows[0]["request_throughput"] == ""
+    assert not (tmp_path / "a" / "cells" / rows[0]["cell_id"]).exists()
+    stop = SweepPlan(p.axes, p.base, sustained=p.sustained)
+    with pytest.raises(KvbenchError, match=r"^cell orca-max__\S+ failed: request \d+ .*--continue-on-error"):
+        run_sweep(stop, tmp_path / "b", progress=quiet())
+    assert [r["status"] for r in rows_of(tmp_path / "b" / "sweep.csv")] == [
+        "failed",
+        "pending",
+        "pending",
+        "pending",
+    ]
+
+
+def test_progress_line_counts_cells_and_gives_an_eta(tmp_path):
+    stream = io.StringIO()
+    run_sweep(plan(rates=(1.0, 2.0, 3.0)), tmp_path / "s", progress=Progress(3, stream=stream))
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3 and lines[-1].startswith("[" + "#" * 24 + "] 3/3 cells")
+    assert "ETA 0:00" in lines[-1] and "__rate-3__" in lines[-1]
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def test_isolated_cells_equal_in_process_ones_and_record_failures(tmp_path):
+    args = ("sweep", "--engines", "paged,orca-max", "--rates", "2", "--kv-cache-gib", "1",
+            "--num-requests", "30", "--max-total-len", "1000", "--slo", "ttft=1", "--percentiles", "50,99.9",
+            "--continue-on-error", "--latency-threshold", "1")  # fmt: skip
+    inside = kvbench(*args, "--out", str(tmp_path / "in"))
+    isolated = kvbench(*args, "--isolate", "--out", str(tmp_path / "iso"))
+    assert inside.returncode == isolated.returncode == 0, isolated.stderr
+    assert "2 cells (2 run, 0 resumed, 1 failed)" in isolated.stdout
+    a, b = rows_of(tmp_path / "in" / "sweep.csv"), rows_of(tmp_path / "iso" / "sweep.csv")
+    assert [r["status"] for r in b] == ["ok", "failed"] and b[1]["error"] == a[1]["error"]
+    for key in ("request_throughput", "normalized_latency_s", "goodput", "p99.9_tpot_s", "num_preemptions"):
+        assert a[0][key] == b[0][key], key
+    cell = tmp_path / "iso" / "cells" / b[0]["cell_id"]
+    assert json.loads((cell / "env.json").read_text())["command"][1:2] == ["simulate"]
+
+
+def test_an_isolated_cell_runs_exactly_its_config(tmp_path):
+    workload = WorkloadSpec(num_requests=20, prefix="fewshot-1", arrivals="gamma", burstiness=0.5)
+    base = RunConfig("paged", workload=workload, percentiles=(50.0, 99.9), slo=parse_slo("tpot=0.05"))
+    config = cell_config(base, Cell(GRID, "orca-oracle", "alpaca-paper", 2.5, 32, 0.5, 1))
+    argv = command(config, tmp_path / "c", CellRun(isolate=True))
+    assert argv[1:4] == ["-m", "kvbench.cli", "simulate"] and argv[-2:] == ["--out", str(tmp_path / "c")]
+    assert "--burstiness" in argv and "--prefix" in argv and "--slo" in argv
+    outcome = run_cell(config, tmp_path / "c", CellRun(isolate=True))  # checks the child's config.json
+    assert outcome.ok and outcome.summary["engine"] == "orca-oracle" and "p99.9_itl_s" in outcome.summary
+    assert config_differences(config, tmp_path / "c") == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--engines", "paged,vllm"), "error: --engines: unknown engine 'vllm'"),
+        (("--rates", "1,fast"), "error: --rates: 'fast' is not a positive number of requests/s"),
+        (("--block-sizes", "24"), "error: --block-sizes: '24' is not a positive power of two"),
+        (
+            ("--bisect", "2"),
+            "error: --bisect and --latency-threshold look for a sustained rate: give --rates",
+        ),
+        (("--resume", "--overwrite"), "error: --resume and --overwrite contradict each other"),
+    ],
+)
+def test_bad_sweep_input_is_one_line(tmp_path, args, message):
+    proc = kvbench("sweep", "--num-requests", "5", *args, "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(message)
+
+
+def test_a_killed_sweep_resumes_without_redoing_or_losing_a_cell(tmp_path):
+    out = tmp_path / "s"
+    args = [sys.executable, "-m", "kvbench.cli", "sweep", "--engines", "paged", "--rates", "4,6,8,10,12,16",
+            "--latency-threshold", "0.1", "--kv-cache-gib", "4", "--num-requests", "600",
+            "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(out.glob("cells/*/summary.json")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = {f: f.stat().st_mtime_ns for f in out.glob("cells/*/summary.json")}
+    assert 1 <= len(done) < 6, "the sweep must be killed between its first and its last cell"
+    resumed = kvbench(*args[3:], "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"6 cells ({6 - len(done)} run, {len(done)} resumed, 0 failed)" in resumed.stdout
+    assert {f: f.stat().st_mtime_ns for f in done} == done  # not redone
+    rows = rows_of(out / "sweep.csv")
+    assert len(rows) == 6 and {r["status"] for r in rows} == {"ok"}
+    assert len(list(out.glob("cells/*/summary.json"))) == 6 and not list(out.glob("cells/.*"))
+    assert (out / "sustained.csv").is_file()
