@@ -26,6 +26,7 @@ from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata, resolve_backend
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.sampling import sample
+from kvbench.requests import Request
 from kvbench.runner import StepResult
 from kvbench.sequence import Sequence
 
@@ -120,11 +121,7 @@ class ModelRunner:
         request = seq.request
         cached = self._prompts.get(request.request_id)
         if cached is None:
-            if request.prompt_ids is not None:
-                cached = np.asarray(request.prompt_ids, dtype=np.int64)
-            else:
-                rng = np.random.default_rng([self.seed, request.request_id])
-                cached = rng.integers(0, self.model.spec.vocab, request.prompt_len)
+            cached = prompt_token_ids(request, self.model.spec.vocab, self.seed)
             self._prompts[request.request_id] = cached
         return cached
 
@@ -170,6 +167,14 @@ class ModelRunner:
         src, dst = (slots.to(self.device) for slots in self._block_slots(copies))  # [N * bs] each
         self.arena.k[:, dst] = self.arena.k[:, src]
         self.arena.v[:, dst] = self.arena.v[:, src]
+
+
+def prompt_token_ids(request: Request, vocab: int, seed: int) -> np.ndarray:
+    """(prompt_len,) int64: the trace's prompt ids, or seeded random ids when it has only lengths
+    (the same for every engine, external ones included)."""
+    if request.prompt_ids is not None:
+        return np.asarray(request.prompt_ids, dtype=np.int64)
+    return np.random.default_rng([seed, request.request_id]).integers(0, vocab, request.prompt_len)
 
 
 def _slots(addressing: Extent | BlockTable, positions: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ from kvbench.activations import measure_activation_bytes
 from kvbench.collectors import CollectingRunner, build_collectors, parse_collectors
 from kvbench.config import Prepared, RunConfig, batched_tokens, prepare, resolve_model
 from kvbench.errors import KvbenchError
+from kvbench.external import EXTERNAL
 from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import BACKENDS, resolve_backend
@@ -50,6 +51,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def run_real(config: RunConfig, *, prepared: Prepared | None = None, coalesce: bool = True) -> RunResult:
     """Run the config's trace through its engine with real forward passes on `config.device`."""
+    if config.engine in EXTERNAL:  # transformers' own loops (kvbench/external/)
+        return EXTERNAL[config.engine].run(config, prepared)
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     if config.attention not in BACKENDS:
