@@ -1,0 +1,125 @@
+"""Fitting the step-time cost model to measured runs, so simulation can sweep what a GPU did.
+
+A real run's steps.csv says, for every row (a prefill step or a decode segment of k steps),
+how long it took and what it did: steps, tokens fed, K/V positions attended, blocks swapped.
+The cost model is linear in exactly those counts,
+
+    duration = fixed_s * steps + per_token_s * tokens + per_kv_token_s * context + per_swap_block_s * swaps
+
+so its constants are a least-squares fit over the rows: non-negative (a negative cost would be
+an artefact of collinear rows), and weighted by 1 / duration so that a 2 ms decode step counts
+as much as a 200 ms prefill (the fit minimises relative error, which is what a simulated
+latency's error is judged by). With 4 unknowns the non-negative fit is exact by enumeration:
+the best unconstrained fit over every subset of the terms, keeping the feasible one.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvbench.cost_model import CostModel
+from kvbench.errors import KvbenchError
+
+TERMS = ("num_steps", "num_tokens", "context_tokens", "swapped_blocks")  # steps.csv columns
+
+
+@dataclass(frozen=True)
+class Calibration:
+    cost: CostModel
+    model: str
+    runs: tuple[str, ...]
+    rows: int
+    median_relative_error: float  # of the fitted row durations, on the fitting rows
+    p90_relative_error: float
+
+    def to_dict(self) -> dict:
+        return {**asdict(self.cost), "model": self.model, "runs": list(self.runs), "rows": self.rows,
+                "median_relative_error": self.median_relative_error,
+                "p90_relative_error": self.p90_relative_error}  # fmt: skip
+
+
+def read_rows(run: Path) -> tuple[str, np.ndarray, np.ndarray]:
+    """(model, counts `[R, 4]`, durations `[R]`) of a run folder's steps.csv."""
+    steps, summary = run / "steps.csv", run / "summary.json"
+    if not steps.is_file() or not summary.is_file():
+        raise KvbenchError(f"{run}: not a kvbench run folder (no steps.csv and summary.json)")
+    facts = json.loads(summary.read_text())
+    if facts.get("external"):
+        engine = facts.get("engine")
+        raise KvbenchError(f"{run}: a run of the external engine {engine}: its steps are not kvbench's")
+    model = facts.get("model", "?")
+    with open(steps, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [name for name in (*TERMS, "duration_s") if name not in (reader.fieldnames or [])]
+        if missing:
+            raise KvbenchError(f"{steps}: no column {missing[0]!r} (written by an older kvbench?)")
+        rows = [[float(row[name]) for name in (*TERMS, "duration_s")] for row in reader]
+    data = np.array(rows, dtype=np.float64).reshape(-1, len(TERMS) + 1)
+    return model, data[:, :-1], data[:, -1]
+
+
+def fit(counts: np.ndarray, durations: np.ndarray) -> np.ndarray:
+    """Non-negative, relative-error least squares: constants `[4]` with counts @ c ~ durations."""
+    keep = durations > 0
+    a = counts[keep] / durations[keep, None]  # [R, 4] each row scaled to relative error
+    b = np.ones(int(keep.sum()))
+    best, best_loss = np.zeros(counts.shape[1]), float(len(b))  # all-zero fit: loss = R
+    for size in range(1, counts.shape[1] + 1):
+        for subset in itertools.combinations(range(counts.shape[1]), size):
+            cols = list(subset)
+            if not a[:, cols].any():
+                continue
+            solution, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+            if (solution < 0).any():
+                continue
+            loss = float(((a[:, cols] @ solution - b) ** 2).sum())
+            if loss < best_loss - 1e-15:
+                best, best_loss = np.zeros(counts.shape[1]), loss
+                best[cols] = solution
+    return best
+
+
+def calibrate(runs: list[Path]) -> Calibration:
+    if not runs:
+        raise KvbenchError("kvbench calibrate: give at least one run folder")
+    models, counts, durations = set(), [], []
+    for run in runs:
+        model, c, d = read_rows(Path(run))
+        models.add(model)
+        counts.append(c)
+        durations.append(d)
+    if len(models) > 1:
+        names = ", ".join(sorted(models))
+        raise KvbenchError(f"kvbench calibrate: the runs are of different models ({names})")
+    c, d = np.concatenate(counts), np.concatenate(durations)
+    if len(d) < len(TERMS):
+        raise KvbenchError(f"kvbench calibrate: {len(d)} step rows are too few to fit {len(TERMS)} constants")
+    constants = fit(c, d)
+    error = np.abs(c @ constants - d) / np.maximum(d, 1e-12)
+    return Calibration(
+        CostModel(*map(float, constants)), models.pop(), tuple(str(r) for r in runs), len(d),
+        float(np.median(error)), float(np.quantile(error, 0.9)),
+    )  # fmt: skip
+
+
+def load_cost_model(path: str, model: str) -> CostModel:
+    """The cost model of a `kvbench calibrate` file, checked against the run's model."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise KvbenchError(f"--cost-model {path}: cannot read it ({error.__class__.__name__})") from None
+    if data.get("model") not in (None, model):
+        raise KvbenchError(f"--cost-model {path}: fitted on {data['model']}, not on --model {model}")
+    try:
+        return CostModel(
+            float(data["fixed_s"]), float(data["per_token_s"]), float(data["per_kv_token_s"]),
+            float(data.get("per_swap_block_s", 0.0)),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError):
+        raise KvbenchError(f"--cost-model {path}: not a kvbench calibrate file") from None

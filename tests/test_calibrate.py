@@ -1,0 +1,66 @@
+"""`kvbench calibrate`: the fit recovers a known cost model, and simulate uses the fitted file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvbench.calibrate import calibrate, load_cost_model
+from kvbench.config import RunConfig
+from kvbench.errors import KvbenchError
+from kvbench.simulate import simulate, write_result
+from workloads.spec import WorkloadSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+TRUE = dict(cost_fixed_s=0.012, cost_per_token_s=4e-5, cost_per_kv_token_s=3e-7)
+
+
+def simulated(tmp_path: Path, name: str, rate: float, seed: int, **extra) -> Path:
+    """A run whose step times come exactly from the cost model TRUE (swap preemption included)."""
+    workload = WorkloadSpec("sharegpt-paper", num_requests=150, rate=rate, seed=seed)
+    config = RunConfig(engine="paged", workload=workload, kv_cache_gib=2.0, **TRUE, **extra)
+    write_result(simulate(config), tmp_path / name)
+    return tmp_path / name
+
+
+def test_the_fit_recovers_the_cost_model_that_made_the_steps(tmp_path):
+    runs = [simulated(tmp_path, "a", 4.0, 0), simulated(tmp_path, "b", 30.0, 1, preemption="swap")]
+    rows = [json.loads((run / "summary.json").read_text()) for run in runs]
+    assert rows[1]["num_preemptions"] > 0  # swaps happened, so their term is identifiable
+    fitted = calibrate(runs)
+    assert fitted.cost.fixed_s == pytest.approx(TRUE["cost_fixed_s"], rel=1e-6)
+    assert fitted.cost.per_token_s == pytest.approx(TRUE["cost_per_token_s"], rel=1e-6)
+    assert fitted.cost.per_kv_token_s == pytest.approx(TRUE["cost_per_kv_token_s"], rel=1e-6)
+    assert fitted.p90_relative_error < 1e-6 and fitted.model == "opt-13b"
+
+
+def test_simulate_with_the_fitted_model_reproduces_a_held_out_run(tmp_path):
+    fitted_on = simulated(tmp_path, "fit", 6.0, 0)
+    held_out = simulated(tmp_path, "held", 12.0, 7)
+    model = tmp_path / "cost.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", "calibrate", str(fitted_on), "--out", str(model)],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    workload = WorkloadSpec("sharegpt-paper", num_requests=150, rate=12.0, seed=7)
+    again = simulate(RunConfig(engine="paged", workload=workload, kv_cache_gib=2.0, cost_model=str(model)))
+    truth = json.loads((held_out / "summary.json").read_text())
+    assert again.summary["normalized_latency_s"] == pytest.approx(truth["normalized_latency_s"], rel=1e-6)
+    assert again.summary["request_throughput"] == pytest.approx(truth["request_throughput"], rel=1e-6)
+
+
+def test_calibration_errors_are_one_line(tmp_path):
+    with pytest.raises(KvbenchError, match="not a kvbench run folder"):
+        calibrate([tmp_path])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"model": "llama-1b-ref", "fixed_s": 1}))
+    with pytest.raises(KvbenchError, match="fitted on llama-1b-ref, not on --model opt-13b"):
+        load_cost_model(str(bad), "opt-13b")
+    bad.write_text("{")
+    with pytest.raises(KvbenchError, match="cannot read it"):
+        load_cost_model(str(bad), "opt-13b")
