@@ -14,10 +14,12 @@ from typing import Annotated
 import typer
 
 from engines import ENGINES
-from kvbench import cli_kernels, cli_trace
+from kvbench import cli_kernels, cli_report, cli_sweep, cli_trace
 from kvbench import cli_options as opt
 from kvbench.budget import GPUS
 from kvbench.config import DEFAULT_GPU, RunConfig
+from kvbench.errors import KvbenchError
+from kvbench.external import EXTERNAL
 from kvbench.models import MODELS
 from workloads.presets import PRESETS
 from workloads.spec import WorkloadSpec
@@ -38,7 +40,9 @@ def _choices(names) -> str:
 def _job(
     workload: WorkloadSpec,  # the workload flags, see cli_options.with_workload
     real: opt.RealOptions | None,  # None: simulate; else the real-run flags (cli_options.with_real)
-    engine: Annotated[str, typer.Option(help=f"Engine: {_choices(ENGINES)}.")],
+    engine: Annotated[
+        str, typer.Option(help=f"Engine: {_choices(ENGINES)}; for real runs also {_choices(EXTERNAL)}.")
+    ],
     out: Annotated[Path, typer.Option(help="Folder for config.json, steps.csv, requests.csv, summary.json.")],
     model: Annotated[str, typer.Option(help=f"Model preset: {_choices(MODELS)}.")] = "opt-13b",
     kv_cache_gib: Annotated[
@@ -69,6 +73,9 @@ def _job(
         str, typer.Option(help="Paged engines: recompute, or swap blocks to host memory.")
     ] = "recompute",
     swap_space_gib: Annotated[float, typer.Option(help="Paged engines: host memory for swapping.")] = 4.0,
+    cost_model: Annotated[
+        str | None, typer.Option(help="Cost model fitted to real runs (kvbench calibrate's JSON).")
+    ] = None,
     cost_fixed_s: Annotated[float | None, typer.Option(help="Cost model: seconds per step.")] = None,
     cost_per_token_s: Annotated[float | None, typer.Option(help="Cost model: seconds per token fed.")] = None,
     cost_per_kv_token_s: Annotated[
@@ -77,11 +84,21 @@ def _job(
     step_by_step: Annotated[
         bool, typer.Option(help="One row per step instead of coalescing identical decode steps.")
     ] = False,
+    percentiles: Annotated[
+        str, typer.Option(help="Percentiles in (0, 100] of TTFT, TPOT, ITL, E2EL, queueing in summary.json.")
+    ] = "50,90,99",
+    slo: Annotated[
+        str | None,
+        typer.Option(help="Goodput: seconds per objective, e.g. ttft=0.5,tpot=0.05,e2el=20 (all must hold)."),
+    ] = None,
 ) -> None:
     """Drive a trace through one engine: simulated (cost model) or real (the model on a device)."""
+    from kvbench.metrics import parse_percentiles, parse_slo
     from kvbench.simulate import simulate as run_simulation
     from kvbench.simulate import write_result
 
+    if real is None and engine in EXTERNAL:
+        raise KvbenchError(f"--engine {engine}: external engines only run for real (kvbench run)")
     if workload.rate is None and workload.arrivals is None and workload.source in PRESETS:
         workload = replace(workload, rate=1.0)  # presets have no timestamps; 1 req/s unless told
     config = RunConfig(
@@ -89,8 +106,9 @@ def _job(
         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, contiguous_fit=contiguous_fit, watermark=watermark,
         preemption=preemption, swap_space_gib=swap_space_gib,
-        cost_fixed_s=cost_fixed_s, cost_per_token_s=cost_per_token_s, cost_per_kv_token_s=cost_per_kv_token_s,
-        **(asdict(real) if real else {}),
+        cost_model=cost_model, cost_fixed_s=cost_fixed_s, cost_per_token_s=cost_per_token_s,
+        cost_per_kv_token_s=cost_per_kv_token_s,
+        percentiles=parse_percentiles(percentiles), slo=parse_slo(slo), **(asdict(real) if real else {}),
     )  # fmt: skip
     start = time.perf_counter()
     if real is None:
@@ -107,8 +125,11 @@ def _job(
         f"({time.perf_counter() - start:.2f} s wall), {s['request_throughput']:.2f} req/s, "
         f"{s['mean_batched_requests']:.1f} batched, "
         f"normalized latency {s['normalized_latency_s']:.3f} s/token, "
-        f"{s['num_preemptions']} preemptions\n  occupancy: {occ}\n  results: {out}"
+        f"{s.get('num_preemptions') or 0} preemptions\n  occupancy: {occ or 'not observable'}\n"
+        f"  results: {out}"
     )
+    if "goodput" in s:
+        typer.echo(f"  goodput: {s['goodput']:.2f} req/s ({100 * s['goodput_fraction']:.1f}% met {slo})")
 
 
 app.command(
@@ -119,33 +140,89 @@ app.command("run", short_help="Run one engine on a trace with real decoding, mea
 )
 
 
-@app.command(short_help="Every engine on the paper's OPT-13B setting, beside the paper's numbers.")
+@app.command(short_help="Every engine side by side, beside the paper's numbers, ending with a report.")
 @opt.user_errors
 def demo(
-    out: Annotated[Path, typer.Option(help="Folder for each engine's results and demo.md.")] = Path(
-        "runs/demo"
-    ),
-    num_requests: Annotated[int, typer.Option(help="Requests in the trace.")] = 1000,
+    out: Annotated[
+        Path, typer.Option(help="Folder for each engine's results, demo.md and the report.")
+    ] = Path("runs/demo"),
+    mode: Annotated[
+        str, typer.Option(help="auto (real decoding on a CUDA GPU, else simulated), simulate or real.")
+    ] = "auto",
+    num_requests: Annotated[
+        int | None, typer.Option(help="Requests in the trace (default: 1000 simulated, 100 real).")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the trace.")] = 0,
 ) -> None:
-    """Every engine on OPT-13B, 12 GiB of KV, ShareGPT-like at 2 req/s, beside the paper's numbers."""
-    from kvbench.demo import format_table, run_demo
+    """Every engine on the same trace and KV budget; simulated on CPU, real on a GPU; then the report."""
+    from kvbench.demo import REAL, format_table, run_demo
+    from kvbench.report import write_report
 
-    typer.echo(
-        f"Simulating {num_requests} sharegpt-paper requests at 2 req/s on OPT-13B with 12 GiB of KV cache "
-        "(the paper's A100-40GB setting)...\n"
-    )
-    rows = run_demo(out, num_requests=num_requests, seed=seed)
+    if mode not in ("auto", "simulate", "real"):
+        raise KvbenchError(f"--mode {mode!r}: choose auto, simulate or real")
+    real = mode == "real" or (mode == "auto" and _has_cuda())
+    count = num_requests or (100 if real else 1000)
+    if count < 1:
+        raise KvbenchError(f"--num-requests must be at least 1, got {count}")
+    if real:
+        typer.echo(
+            f"Real decoding on the GPU: {count} sharegpt-paper requests at {REAL['rate']:g} req/s, "
+            f"{REAL['model']} with {REAL['kv_cache_gib']:g} GiB of KV (16,384 slots, as the paper's "
+            "OPT-13B with 12 GiB); about two minutes...\n"
+        )
+    else:
+        typer.echo(
+            f"Simulating {count} sharegpt-paper requests at 2 req/s on OPT-13B with 12 GiB of KV cache "
+            "(the paper's A100-40GB setting)...\n"
+        )
+    rows = run_demo(out, num_requests=count, seed=seed, real=real)
     typer.echo(format_table(rows))
+    html, _ = write_report([out], out / "report")
     typer.echo(
         "\nkvbench (paper): mean batched requests as in Figure 13; occupancy % as in Figure 2, "
         "time-weighted while requests wait.\n"
-        f"Results: {out}/<engine>/ (config.json, steps.csv, requests.csv, summary.json), {out}/demo.md"
+        f"Results: {out}/<engine>/ (config.json, steps.csv, requests.csv, summary.json), {out}/demo.md\n"
+        f"Report: {html}"
     )
 
 
+def _has_cuda() -> bool:
+    """Whether torch is installed and sees a CUDA GPU (imported only to ask)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 app.add_typer(cli_trace.app, name="trace")
+
+
+@app.command(short_help="Fit the simulator's step-time model to real runs (for simulate --cost-model).")
+@opt.user_errors
+def calibrate(
+    runs: Annotated[list[Path], typer.Argument(help="Run folders (steps.csv, summary.json) of one model.")],
+    out: Annotated[Path, typer.Option(help="Where to write the fitted model (JSON).")] = Path("cost.json"),
+) -> None:
+    """Least-squares fit of the cost model's constants to the runs' measured step rows."""
+    from kvbench.calibrate import calibrate as fit
+    from kvbench.results import write_json
+
+    result = fit(runs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, result.to_dict())
+    c = result.cost
+    typer.echo(
+        f"{result.model}: fixed {1e3 * c.fixed_s:.3f} ms/step, {1e6 * c.per_token_s:.3f} us/token fed, "
+        f"{1e9 * c.per_kv_token_s:.3f} ns/context token, {1e6 * c.per_swap_block_s:.1f} us/swapped block "
+        f"({result.rows} rows; relative error median {100 * result.median_relative_error:.1f} %, "
+        f"p90 {100 * result.p90_relative_error:.1f} %)\n  written: {out}"
+    )
+
+
 app.command("kernels", short_help=cli_kernels.SHORT_HELP)(cli_kernels.kernels)
+app.command("sweep", short_help=cli_sweep.SHORT_HELP)(cli_sweep.command(_job))
+cli_report.register(app)
 
 
 def main() -> None:

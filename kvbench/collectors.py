@@ -6,8 +6,9 @@ They wrap the runner (`CollectingRunner`) instead of living in it, so the model 
 about decoding and a collector sees exactly what the engine saw: each call's batch, its wall
 span and its result. Allocator occupancy is not here: the engine records it on every row.
 
-- `torch`: the CUDA caching allocator's allocated / reserved / inactive-split bytes after
-  each row, its allocation retries and OOMs; peaks in the summary.
+- `torch`: the CUDA caching allocator's allocated and reserved bytes after each row; peaks,
+  inactive-split bytes (fragmentation inside torch's own pool), allocation retries and OOMs
+  in the summary.
 - `nvml`: device memory used, this process's memory, utilization and power, sampled on a
   background thread (`kvbench.nvml`) and joined to rows by wall time; energy per output token.
 - `roofline`: for decode rows, the bytes the steps must move (weights + K/V read + K/V
@@ -92,16 +93,18 @@ class TorchMemory:
         self.cuda.reset_peak_memory_stats(device)
 
     def row(self, batch: Batch, contexts: Sequence[int], result: StepResult) -> dict[str, float]:
-        stats = self.cuda.memory_stats(self.device)
+        # two counters, not `memory_stats()`: building its hundred-entry dict on every row would
+        # cost about a percent of a small model's decode throughput
         return {
-            "torch_allocated_bytes": stats.get("allocated_bytes.all.current", 0),
-            "torch_reserved_bytes": stats.get("reserved_bytes.all.current", 0),
-            "torch_inactive_split_bytes": stats.get("inactive_split_bytes.all.current", 0),
+            "torch_allocated_bytes": self.cuda.memory_allocated(self.device),
+            "torch_reserved_bytes": self.cuda.memory_reserved(self.device),
         }
 
     def finish(self, rows: list[dict[str, float]], spans: list[tuple[float, float]]) -> dict:
         stats = self.cuda.memory_stats(self.device)
         return {
+            "torch_inactive_split_bytes": stats.get("inactive_split_bytes.all.current", 0),
+            "torch_peak_inactive_split_bytes": stats.get("inactive_split_bytes.all.peak", 0),
             "torch_peak_allocated_bytes": stats.get("allocated_bytes.all.peak", 0),
             "torch_peak_reserved_bytes": stats.get("reserved_bytes.all.peak", 0),
             "torch_alloc_retries": stats.get("num_alloc_retries", 0),

@@ -45,7 +45,7 @@ def test_simulate_writes_every_result_file(tmp_path):
     assert summary["engine"] == "paged" and summary["completed"] == 60
     assert sum(summary["occupancy"].values()) == pytest.approx(1.0)
     config = json.loads((out / "config.json").read_text())
-    assert config["kv_cache_gib"] == 2.0 and config["block_size"] == 16 and "cost_model" in config
+    assert config["kv_cache_gib"] == 2.0 and config["block_size"] == 16 and "cost_model_constants" in config
     requests = read_csv(out / "requests.csv")
     assert [int(r["request_id"]) for r in requests] == list(range(60))
     steps = read_csv(out / "steps.csv")
@@ -116,13 +116,21 @@ def test_help_lists_engines_and_models():
 
 
 def test_demo_prints_the_side_by_side_table(tmp_path):
-    proc = kvbench("demo", "--num-requests", "150", "--out", str(tmp_path / "demo"))
+    proc = kvbench("demo", "--mode", "simulate", "--num-requests", "150", "--out", str(tmp_path / "demo"))
     assert proc.returncode == 0, proc.stderr
     for name in ("Orca (Max)", "Orca (Pow2)", "Orca (Oracle)", "vLLM", "FasterTransformer"):
         assert name in proc.stdout
     for engine in ("static", "orca-max", "orca-pow2", "orca-oracle", "paged"):
         assert json.loads((tmp_path / "demo" / engine / "summary.json").read_text())["completed"] == 150
     assert "| paged | vLLM |" in (tmp_path / "demo" / "demo.md").read_text()
+    assert (tmp_path / "demo" / "report" / "report.html").is_file()  # the demo ends with the report
+    assert "report.html" in proc.stdout.splitlines()[-1]
+
+
+def test_demo_mode_is_checked(tmp_path):
+    proc = kvbench("demo", "--mode", "gpu", "--out", str(tmp_path / "demo"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: --mode 'gpu': choose auto, simulate or real"
 
 
 def test_run_decodes_for_real_on_the_cpu(tmp_path):
