@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	else \
 		$(PIP) install -q "$(TORCH_CPU)"; \
 	fi
-	$(PIP) install -q -e .
+	$(PIP) install -q -e ".[plot]"
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.installed
