@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from engines import ENGINES
-from kvbench import cli_kernels, cli_report, cli_sweep, cli_trace
+from kvbench import cli_kernels, cli_report, cli_reproduce, cli_sweep, cli_trace
 from kvbench import cli_options as opt
 from kvbench.budget import GPUS
 from kvbench.config import DEFAULT_GPU, RunConfig
@@ -223,6 +223,7 @@ def calibrate(
 app.command("kernels", short_help=cli_kernels.SHORT_HELP)(cli_kernels.kernels)
 app.command("sweep", short_help=cli_sweep.SHORT_HELP)(cli_sweep.command(_job))
 cli_report.register(app)
+cli_reproduce.register(app)
 
 
 def main() -> None:

@@ -59,6 +59,21 @@ def _row(result: RunResult) -> DemoRow:
     )
 
 
+def run_engine(config: RunConfig, out: Path, real: bool) -> DemoRow:
+    """One engine's run written to `out`, as a row of the side-by-side table.
+
+    Shared by the demo and `kvbench reproduce` (Figures 2 and 13), so both read a run alike.
+    """
+    if real:
+        from kvbench.real_run import run_real
+
+        result = run_real(config)
+    else:
+        result = simulate(config)
+    write_result(result, out)
+    return _row(result)
+
+
 REAL = {"model": "opt-1.3b", "kv_cache_gib": 3.0, "rate": 64.0}  # see the module docstring
 
 
@@ -68,19 +83,15 @@ def run_demo(
     rows = []
     for engine in DEMO_ENGINES:
         if real:
-            from kvbench.real_run import run_real
-
             workload = WorkloadSpec(trace, num_requests=num_requests, seed=seed, rate=REAL["rate"])
             config = RunConfig(
                 engine=engine, model=REAL["model"], workload=workload, kv_cache_gib=REAL["kv_cache_gib"],
                 device="cuda",
             )  # fmt: skip
-            result = run_real(config)
         else:
             workload = WorkloadSpec(trace, num_requests=num_requests, seed=seed, rate=FIG13_RATE[trace])
-            result = simulate(RunConfig(engine=engine, workload=workload, kv_cache_gib=12.0))
-        write_result(result, out / engine)
-        rows.append(_row(result))
+            config = RunConfig(engine=engine, workload=workload, kv_cache_gib=12.0)
+        rows.append(run_engine(config, out / engine, real))
     write_json(out / "demo.json", {"rows": [row.__dict__ for row in rows]})
     (out / "demo.md").write_text(format_table(rows, trace) + "\n")
     return rows

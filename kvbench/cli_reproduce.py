@@ -1,0 +1,58 @@
+"""`kvbench reproduce`: the command line of `kvbench.reproduce`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvbench import cli_options as opt
+from kvbench.errors import KvbenchError
+
+SHORT_HELP = "Run the paper's figures (2, 12, 13, 18b, 19) and its claims, every number beside the paper's."
+
+
+def reproduce(
+    figures: Annotated[
+        list[str] | None,
+        typer.Argument(help="Figures: fig2, fig13, fig12, fig18b, fig19, claims (default: all)."),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Folder: <figure>/, claims.md, reproduce.md.")] = Path(
+        "runs/reproduce"
+    ),
+    quick: Annotated[bool, typer.Option(help="Fewer requests and rates: a few minutes on a CPU.")] = False,
+    mode: Annotated[
+        str, typer.Option(help="auto (real decoding on a CUDA GPU, else simulated), simulate or real.")
+    ] = "auto",
+    cost_model: Annotated[
+        str | None, typer.Option(help="Simulate with this `kvbench calibrate` file instead of the roofline.")
+    ] = None,
+    num_requests: Annotated[int | None, typer.Option(hidden=True, help="Requests per run (tests).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the traces.")] = 0,
+) -> None:
+    """Run, collect and report the paper's figures; kvbench's numbers beside the paper's."""
+    from kvbench.reproduce import parse_figures, run_reproduce, setting_for
+    from kvbench.reproduce_rows import Options
+
+    names = parse_figures(figures or [])
+    if mode not in ("auto", "simulate", "real"):
+        raise KvbenchError(f"--mode {mode!r}: choose auto, simulate or real")
+    if num_requests is not None and num_requests < 1:
+        raise KvbenchError(f"--num-requests must be at least 1, got {num_requests}")
+    real = mode == "real" or (mode == "auto" and cost_model is None and _has_cuda())
+    options = Options(quick, setting_for(real, cost_model), num_requests, seed)
+    start = time.perf_counter()
+    run_reproduce(names, options, out, echo=typer.echo)
+    typer.echo(f"done in {time.perf_counter() - start:.0f} s: {out / 'reproduce.md'}, {out / 'claims.md'}")
+
+
+def _has_cuda() -> bool:
+    from kvbench.cli import _has_cuda as has_cuda
+
+    return has_cuda()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("reproduce", short_help=SHORT_HELP)(opt.user_errors(reproduce))

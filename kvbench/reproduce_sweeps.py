@@ -1,0 +1,257 @@
+"""Figures 12, 18b and 19 of `kvbench reproduce`: sweeps through `kvbench.sweep`'s Python API.
+
+Each figure is one or more sweep folders (sweep.json, sweep.csv, sustained.csv, cells/) under
+the figure's folder, so `kvbench report` and `kvbench sweep --resume` work on them as on any
+sweep. Real runs (`Setting.real`) isolate every cell in its own process, as a GPU sweep should.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+
+from kvbench.config import RunConfig
+from kvbench.plots import PlotSkipped, plot_block_size, plot_latency_vs_rate
+from kvbench.plots_data import read_json, read_table
+from kvbench.plots_style import pyplot, save
+from kvbench.reproduce_paper import (
+    FIG12_SUSTAINED,
+    FIG12_THRESHOLD_S,
+    FIG18B_BEST,
+    FIG19_RECOMPUTE_MS,
+    FIG19_SWAP_MS,
+    RATIO_BASELINES,
+)
+from kvbench.reproduce_rows import FigureResult, Options, Row
+from kvbench.sweep import SweepPlan, SweepResult, run_sweep
+from kvbench.sweep_cell import CellRun
+from kvbench.sweep_grid import PAPER_ENGINES, Axes
+from kvbench.sweep_sustained import SustainedOptions
+from workloads.spec import WorkloadSpec
+
+POWERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# the paper's rates (req/s) around each engine's sustained rate; times Setting.rate_scale
+FIG12_RATES = {
+    "sharegpt-paper": {
+        "quick": (0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0),
+        "full": (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0),
+    },
+    "alpaca-paper": {
+        "quick": (4.0, 8.0, 16.0, 32.0, 64.0, 96.0, 128.0),
+        "full": (2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0),
+    },
+}
+FIG12_REQUESTS = {"quick": 600, "full": 3000}  # a short trace never queues long enough to cross
+FIG18B_RATE = {"sharegpt-paper": 1.5, "alpaca-paper": 20.0}  # near vLLM's sustained rate
+FIG19_RATE = 2.0  # ShareGPT, on a quarter of the budget: paged preempts
+FIG19_BUDGET_SHARE = 0.25
+
+
+def _sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes, kv, preemption="recompute",
+           threshold: float | None = FIG12_THRESHOLD_S, bisect: int = 0,
+           requests: tuple[int, int] = (200, 2000)) -> SweepResult:  # fmt: skip
+    s = options.setting
+    workload = WorkloadSpec(trace, num_requests=options.requests(*requests), seed=options.seed)
+    base = RunConfig(
+        engines[0], model=s.model, workload=workload, kv_cache_gib=kv, preemption=preemption,
+        cost_model=None if s.real else s.cost_model, device="cuda" if s.real else "cpu",
+    )  # fmt: skip
+    axes = Axes(tuple(engines), (trace,), tuple(r * s.rate_scale for r in rates), tuple(block_sizes), (kv,),
+                (options.seed,))  # fmt: skip
+    plan = SweepPlan(
+        axes, base, CellRun(real=s.real, isolate=s.real), SustainedOptions(threshold, 4.0, bisect)
+    )
+    return run_sweep(plan, folder, overwrite=True)
+
+
+def _plot(plot, data, out: Path, notes: list[str], prefix: str = "") -> list[str]:
+    try:
+        return [prefix + p.name for p in plot(data, out)]
+    except PlotSkipped as skipped:
+        notes.append(f"{out.name}: {skipped}")
+        return []
+
+
+def fig12(options: Options, folder: Path) -> FigureResult:
+    s = options.setting
+    rows: list[Row] = []
+    verdicts, notes, plots = [], [], []
+    threshold = FIG12_THRESHOLD_S if s.paper_threshold else None
+    for trace, grids in FIG12_RATES.items():
+        rates = grids["quick" if options.quick else "full"]
+        result = _sweep(options, folder / trace, engines=PAPER_ENGINES, trace=trace, rates=rates,
+                        block_sizes=(16,), kv=s.kv_cache_gib, threshold=threshold,
+                        bisect=3 if options.quick else 5,
+                        requests=(FIG12_REQUESTS["quick"], FIG12_REQUESTS["full"]))  # fmt: skip
+        paper = FIG12_SUSTAINED[trace]
+        for r in result.rows:
+            if r["role"] != "baseline" and r["status"] == "ok":
+                rows.append(Row("fig12", r["engine"], trace, f"normalized_latency_s@{r['rate']:g}",
+                                r["normalized_latency_s"]))  # fmt: skip
+        sustained = {r["engine"]: r["sustained_rate"] for r in result.sustained}
+        comparable = s.rate_scale == 1.0 and not s.real  # the paper's absolute rates: its setting only
+        rows += [
+            Row("fig12", e, trace, "sustained_rate_req_s", sustained.get(e), paper[e] if comparable else None)
+            for e in PAPER_ENGINES
+        ]
+        for other in RATIO_BASELINES:
+            ours = _ratio(sustained.get("paged"), sustained.get(other))
+            rows.append(
+                Row("fig12", f"paged/{other}", trace, "sustained_ratio", ours, paper["paged"] / paper[other])
+            )
+        verdicts.append(f"{trace}: {_order_verdict(sustained, paper)}")
+        plots += _plot(
+            plot_latency_vs_rate, folder / trace, folder / trace / "latency_vs_rate", notes, f"{trace}/"
+        )
+    limit = f"{FIG12_THRESHOLD_S} s/token" if threshold else "4x the unloaded normalized latency"
+    notes.append(f"sustained: the highest rate (after bisection) with normalized latency under {limit}")
+    ok = all("matches" in v for v in verdicts)
+    verdict = ("order of engines matches the paper: " if ok else "differs: ") + "; ".join(verdicts)
+    return FigureResult("fig12", "Sustained request rate (normalized latency vs rate)", tuple(rows), verdict,
+                        tuple(plots), tuple(notes))  # fmt: skip
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _order_verdict(sustained: dict, paper: dict) -> str:
+    found = {e: v for e, v in sustained.items() if v is not None}
+    missing = [e for e in PAPER_ENGINES if e not in found]
+    ours = sorted(found, key=lambda e: (found[e], PAPER_ENGINES.index(e)))
+    expected = [e for e in sorted(paper, key=paper.get) if e in found]
+    ratios = ", ".join(
+        f"paged/{o} {found['paged'] / found[o]:.2f}x (paper {paper['paged'] / paper[o]:.2f}x)"
+        for o in RATIO_BASELINES
+        if "paged" in found and found.get(o)
+    )
+    tied = all(found[a] <= found[b] for a, b in itertools.pairwise(expected))
+    head = "order matches" if ours == expected or tied else f"order differs ({' < '.join(ours)})"
+    tail = (
+        f"; no sustained rate for {', '.join(missing)} (over the threshold at every rate)" if missing else ""
+    )
+    return f"{head}, {ratios}{tail}"
+
+
+def fig18b(options: Options, folder: Path) -> FigureResult:
+    s = options.setting
+    rows: list[Row] = []
+    verdicts, notes, plots = [], [], []
+    sizes = POWERS if not options.quick else (1, 4, 16, 32, 64, 128, 256)
+    for trace, rate in FIG18B_RATE.items():
+        result = _sweep(options, folder / trace, engines=("paged",), trace=trace, rates=(rate,),
+                        block_sizes=sizes, kv=s.kv_cache_gib)  # fmt: skip
+        latency = {r["block_size"]: r["normalized_latency_s"] for r in result.rows if r["status"] == "ok"}
+        rows += [
+            Row("fig18b", "paged", trace, f"normalized_latency_s@bs{bs}", v) for bs, v in latency.items()
+        ]
+        low, high = FIG18B_BEST[trace]
+        best = min(latency, key=latency.get)
+        near = sorted(bs for bs, v in latency.items() if v <= 1.05 * latency[best])  # within 5 % of the best
+        rows.append(Row("fig18b", "paged", trace, "best_block_size", float(best)))
+        inside = low <= best <= high
+        verdicts.append(
+            f"{trace} @ {rate * s.rate_scale:g} req/s: best {best} (within 5 %: {near[0]}-{near[-1]}), "
+            f"paper {low}-{high}: {'matches' if inside else 'differs'}"
+        )
+        plots += _plot(plot_block_size, folder / trace, folder / trace / "block_size", notes, f"{trace}/")
+    ok = all(v.endswith("matches") for v in verdicts)
+    verdict = ("best block size in the paper's range: " if ok else "differs: ") + "; ".join(verdicts)
+    return FigureResult("fig18b", "End-to-end normalized latency vs block size (paged)", tuple(rows), verdict,
+                        tuple(plots), tuple(notes))  # fmt: skip
+
+
+def preemption_overhead_ms(cell: Path, preemption: str) -> float | None:
+    """Modelled time per preemption: swap in + out of its blocks, or recomputing its tokens.
+
+    Swap: blocks copied (steps.csv `swapped_blocks`) x the cost model's `per_swap_block_s`.
+    Recompute: prefill tokens beyond the requests' prompts (the tokens fed again) x
+    `per_token_s`. None when the cell never preempted.
+    """
+    summary = read_json(cell / "summary.json")
+    count = summary.get("num_preemptions") or 0
+    if not count:
+        return None
+    cost = read_json(cell / "config.json")["cost_model_constants"]
+    steps = read_table(cell / "steps.csv")
+    if preemption == "swap":
+        seconds = float(np.sum(steps["swapped_blocks"])) * cost["per_swap_block_s"]
+    else:
+        prefill = float(np.sum(steps["num_tokens"][steps["kind"] == "prefill"]))
+        prompts = float(np.sum(read_table(cell / "requests.csv")["prompt_len"]))
+        seconds = max(prefill - prompts, 0.0) * cost["per_token_s"]
+    return 1e3 * seconds / count
+
+
+def fig19(options: Options, folder: Path) -> FigureResult:
+    s = options.setting
+    trace, kv = "sharegpt-paper", s.kv_cache_gib * FIG19_BUDGET_SHARE
+    sizes = POWERS if not options.quick else (1, 4, 16, 64, 256)
+    rows: list[Row] = []
+    overheads: dict[str, dict[int, float | None]] = {}
+    notes, plots = [], []
+    for how in ("recompute", "swap"):
+        result = _sweep(options, folder / how, engines=("paged",), trace=trace, rates=(FIG19_RATE,),
+                        block_sizes=sizes, kv=kv, preemption=how)  # fmt: skip
+        overheads[how] = {}
+        for r in result.rows:
+            if r["status"] != "ok":
+                continue
+            bs = r["block_size"]
+            ms = preemption_overhead_ms(folder / how / "cells" / r["cell_id"], how)
+            overheads[how][bs] = ms
+            paper = FIG19_SWAP_MS.get(bs) if how == "swap" else FIG19_RECOMPUTE_MS
+            rows += [
+                Row("fig19", f"paged-{how}", trace, f"overhead_ms_per_preemption@bs{bs}", ms, paper),
+                Row("fig19", f"paged-{how}", trace, f"preemptions@bs{bs}", float(r["num_preemptions"] or 0)),
+                Row(
+                    "fig19", f"paged-{how}", trace, f"normalized_latency_s@bs{bs}", r["normalized_latency_s"]
+                ),
+            ]
+        plots += _plot(plot_block_size, folder / how, folder / how / "block_size", notes, f"{how}/")
+    plots += _plot(_plot_overheads, overheads, folder / "overhead", notes)
+    notes.append(
+        f"{kv:g} GiB of KV ({FIG19_BUDGET_SHARE:g} of the setting's) at {FIG19_RATE * s.rate_scale:g} "
+        "req/s so that paged preempts; overheads are the cost model's time for the blocks swapped / "
+        "tokens recomputed"
+    )
+    return FigureResult("fig19", "Preemption: recompute vs swap, overhead per preemption vs block size",
+                        tuple(rows), fig19_verdict(overheads), tuple(plots), tuple(notes))  # fmt: skip
+
+
+def fig19_verdict(overheads: dict[str, dict[int, float | None]]) -> str:
+    swap = {bs: v for bs, v in overheads.get("swap", {}).items() if v is not None}
+    recompute = [v for v in overheads.get("recompute", {}).values() if v is not None]
+    if len(swap) < 2 or not recompute:
+        return "differs: too few block sizes preempted to compare (raise the load or lower the budget)"
+    small, large = swap[min(swap)], swap[max(swap)]
+    spread = max(recompute) / min(recompute)
+    text = (
+        f"swap {small:.0f} ms at block size {min(swap)} -> {large:.0f} ms at {max(swap)} (paper 137 -> 33); "
+        f"recompute {min(recompute):.0f}-{max(recompute):.0f} ms (paper ~36-39, flat)"
+    )
+    if small > large and spread < 1.5:
+        return "shape matches the paper: " + text
+    return "differs: " + text
+
+
+def _plot_overheads(overheads: dict[str, dict[int, float | None]], out: Path) -> list[Path]:
+    series = {how: {bs: v for bs, v in by.items() if v is not None} for how, by in overheads.items()}
+    if not any(len(v) >= 2 for v in series.values()):
+        raise PlotSkipped("fewer than two block sizes preempted")
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
+    for how, points in series.items():
+        xs = sorted(points)
+        ax.plot(xs, [points[x] for x in xs], marker="o", label=f"{how} (kvbench)")
+    ax.plot(sorted(FIG19_SWAP_MS), [FIG19_SWAP_MS[k] for k in sorted(FIG19_SWAP_MS)], "k--", marker="x",
+            label="swap (paper)")  # fmt: skip
+    ax.axhline(FIG19_RECOMPUTE_MS, color="grey", linestyle=":", label="recompute (paper)")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="block size", ylabel="ms per preemption", title="Preemption overhead (Figure 19)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return save(fig, out)
