@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("triton")
 
-from kernels import bench
+from kernels import bench, bench_backends
 from kernels.bench_plot import plot_bandwidth_fraction, plot_latency, read_rows
 from kernels.reference import decode_attention_ref
 from kvbench import cli_kernels
@@ -178,7 +178,7 @@ def test_flex_block_mask_reads_the_paged_arena_like_the_reference():
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(4, 4, 16, generator=gen)  # [B, Hq, D]
     k, v = (torch.randn(layout.num_slots, 2, 16, generator=gen) for _ in range(2))  # [S, Hkv, D]
-    mask = bench.flex_block_mask(layout, cell.batch)
+    mask = bench_backends.flex_block_mask(layout, cell.batch)
     k4, v4 = k.permute(1, 0, 2).unsqueeze(0), v.permute(1, 0, 2).unsqueeze(0)  # [1, Hkv, S, D]
     out = flex.flex_attention(q.unsqueeze(2), k4, v4, block_mask=mask, scale=0.25, enable_gqa=True).squeeze(2)
     ref = decode_attention_ref(

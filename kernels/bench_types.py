@@ -1,0 +1,161 @@
+"""The kernel benchmark's data: cells, settings, rows and the inputs each backend is built on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+BACKENDS = (  # every backend, in the order of the CSV; BUILDERS (at the end) builds each
+    "kvbench-paged", "kvbench-contiguous", "torch-sdpa", "flex-paged",
+    "flashinfer-cuda-cores", "flashinfer-tensor-cores",
+)  # fmt: skip
+CPU_BACKENDS = ("kvbench-paged", "kvbench-contiguous", "torch-sdpa")  # the interpreter smoke test's
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+ATOL = {"bfloat16": 2e-2, "float16": 5e-3}  # max |out - reference| accepted (N(0, 1) inputs)
+L2_DEFAULT = 50 * 10**6  # bytes: an H100/H200's L2, when the device does not say
+L2_MULTIPLE = 4  # the cycled copies together hold at least this many L2s of KV ...
+MAX_COPIES = 16  # ... with at most this many copies
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the grid: a decode step of `batch` sequences of up to `context` tokens."""
+
+    batch: int
+    context: int  # every sequence's length, or the top of the uniform draw when ragged
+    block_size: int
+    kv_heads: int
+    gqa: int  # query heads per KV head
+    head_dim: int
+    dtype: str  # "bfloat16" | "float16"
+    ragged: bool = False  # lengths uniform in [1, context] instead of all equal to it
+
+    @property
+    def q_heads(self) -> int:
+        return self.kv_heads * self.gqa
+
+    @property
+    def label(self) -> str:
+        return f"B{self.batch} L{self.context} bs{self.block_size} g{self.gqa}"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    cells: tuple[Cell, ...]
+    backends: tuple[str, ...]  # a subset of BACKENDS
+    device: str = "cuda"  # "cpu" only for the Triton interpreter smoke test
+    repeats: int = 50  # timed calls per (cell, backend); the median is reported
+    warmup: int = 5
+    seed: int = 0  # with (batch, context), seeds each cell's lengths, page order and inputs
+    max_gib: float = 64.0  # cells whose buffers need more device memory are skipped
+    bandwidth_gib: float = 2.0  # buffer streamed by the read-bandwidth measurement
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of kernels.csv: one backend on one cell."""
+
+    cell: str
+    batch: int
+    context: int
+    block_size: int
+    q_heads: int
+    kv_heads: int
+    gqa: int
+    head_dim: int
+    dtype: str
+    ragged: bool
+    backend: str
+    status: str  # ok | wrong (error above atol) | failed | skipped
+    us: float  # median of the timed calls, microseconds
+    us_p10: float
+    us_p90: float
+    useful_bytes: int  # KV of the real context lengths + q + out
+    moved_bytes: int  # what the backend reads and writes, padding and expanded heads included
+    gbps: float  # useful_bytes / median time, in 1e9 bytes/s
+    bw_fraction: float  # gbps over this run's measured read bandwidth
+    vs_contiguous: float  # time / kvbench-contiguous time on this cell (paging's cost when > 1)
+    max_abs_err: float  # against kernels.reference.decode_attention_ref
+    atol: float
+    copies: int  # input copies cycled while timing
+    note: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One cell's addressing, shared by every input copy (the arenas are what differ)."""
+
+    lens: torch.Tensor  # [B] int32 context lengths
+    block_tables: torch.Tensor  # [B, max_blocks] int32: a random permutation of the blocks
+    starts: torch.Tensor  # [B] int32 extent starts, sequences back to back
+    num_slots: int  # S: the whole blocks of every sequence
+    block_size: int
+    max_len: int
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One independent set of inputs."""
+
+    q: torch.Tensor  # [B, Hq, D]
+    k: torch.Tensor  # [S, Hkv, D]
+    v: torch.Tensor  # [S, Hkv, D]
+    out: torch.Tensor  # [B, Hq, D]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every cell of a run shares: the device and what it offers."""
+
+    device: torch.device
+    l2_bytes: int
+    sdpa_gqa: bool  # SDPA takes enable_gqa (torch 2.5+); otherwise KV heads are expanded
+    flex: Callable | None  # torch.compile(flex_attention), when flex-paged runs on CUDA with torch 2.5+
+    flashinfer: ModuleType | None
+
+    @classmethod
+    def create(cls, device: torch.device, backends: tuple[str, ...]) -> Context:
+        l2 = L2_DEFAULT
+        if device.type == "cuda":
+            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or L2_DEFAULT
+        flex = None
+        if "flex-paged" in backends and device.type == "cuda":
+            try:
+                from torch.nn.attention.flex_attention import flex_attention
+            except ImportError:  # torch before 2.5: the flex-paged rows say "failed"
+                flex_attention = None
+            flex = flex_attention and torch.compile(flex_attention, dynamic=False)
+        flashinfer = None
+        if any(b.startswith("flashinfer") for b in backends):
+            try:
+                import flashinfer
+            except Exception:  # its absence is reported by the CLI; the rows say "failed"
+                flashinfer = None
+        return cls(device, l2, sdpa_takes_gqa(device), flex, flashinfer)
+
+
+@dataclass(frozen=True)
+class Built:
+    """A backend ready to time on one cell."""
+
+    calls: tuple[Callable[[], torch.Tensor], ...]  # one per copy, each returning out [B, Hq, D]
+    addressing: str  # "paged" | "contiguous": the reference its output must match
+    moved_bytes: int = 0  # 0: the useful bytes
+    note: str = ""
+
+
+def scale_of(cell: Cell) -> float:
+    return cell.head_dim**-0.5
+
+
+def sdpa_takes_gqa(device: torch.device) -> bool:
+    q = torch.zeros(1, 2, 1, 16, device=device)  # [B, Hq, 1, D]
+    kv = torch.zeros(1, 1, 4, 16, device=device)  # [B, Hkv, L, D]
+    try:
+        torch.nn.functional.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except (TypeError, RuntimeError):
+        return False
+    return True
