@@ -49,6 +49,32 @@ def tile_slots(table, first, hi, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr
 
 
 @triton.jit
+def load_kv_tile(
+    k_ptr, v_ptr, table, start, first, hi, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, d, d_mask,
+    PAGED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """K and V `[BLOCK_N, D]` of one KV head at positions `first, ...` (< hi), and their mask.
+
+    Paged: slots through the block-table row `table`; contiguous: `start + position`. The one
+    place where the two addressing modes differ, shared by decode and extend attention.
+    """
+    pos = first + tl.arange(0, BLOCK_N)  # [N]
+    n_mask = pos < hi
+    if PAGED:  # noqa: SIM108 (a constexpr branch, compiled away)
+        slots = tile_slots(table, first, hi, BLOCK_N, BLOCK_SIZE)  # [N]
+    else:
+        slots = start + pos
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(
+        k_ptr + slots[:, None] * stride_ks + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0
+    )
+    v = tl.load(
+        v_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0
+    )
+    return k, v, n_mask
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, lens_ptr, table_ptr, starts_ptr, out_ptr, lse_ptr,
     scale,
@@ -87,24 +113,13 @@ def _decode_split_kernel(
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max
     total = tl.zeros([BLOCK_G], tl.float32)  # running sum of exp
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    if PAGED:
-        table = table_ptr + b.to(tl.int64) * stride_tb
-    else:
-        start = tl.load(starts_ptr + b).to(tl.int64)
+    table = table_ptr + b.to(tl.int64) * stride_tb  # paged: this sequence's block-table row
+    start = tl.load(starts_ptr + b).to(tl.int64)  # contiguous: its extent (a placeholder when paged)
     for first in range(lo, hi, BLOCK_N):
-        pos = first + tl.arange(0, BLOCK_N)  # [N]
-        n_mask = pos < hi
-        if PAGED:  # noqa: SIM108 (a constexpr branch, compiled away)
-            slots = tile_slots(table, first, hi, BLOCK_N, BLOCK_SIZE)  # [N]
-        else:
-            slots = start + pos
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(
-            k_ptr + slots[:, None] * stride_ks + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0
-        )
-        v = tl.load(
-            v_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0
-        )
+        k, v, n_mask = load_kv_tile(
+            k_ptr, v_ptr, table, start, first, hi, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, d,
+            d_mask, PAGED, BLOCK_N, BLOCK_SIZE,
+        )  # fmt: skip  # [N, D] each
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [G, N] fp32
         scores = tl.where(n_mask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.decode_attention import dot_precision, tile_slots
+from kernels.decode_attention import dot_precision, load_kv_tile
 
 BLOCK_M = 32
 BLOCK_N = 32
@@ -50,28 +50,18 @@ def _extend_kernel(
             other=0.0,
         )  # [M, D]
         q = (q.to(tl.float32) * scale).to(q.dtype)
-        if PAGED:
-            table = table_ptr + b.to(tl.int64) * stride_tb
-        else:
-            start = tl.load(starts_ptr + b).to(tl.int64)
+        table = table_ptr + b.to(tl.int64) * stride_tb  # paged: this sequence's block-table row
+        start = tl.load(starts_ptr + b).to(tl.int64)  # contiguous: its extent (a placeholder when paged)
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         total = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         last = tl.minimum(context - num_new + (tile + 1) * BLOCK_M, context)  # keys the tile can see
         for key_first in range(0, last, BLOCK_N):
             pos = key_first + tl.arange(0, BLOCK_N)  # [N]
-            n_mask = pos < last
-            if PAGED:  # noqa: SIM108 (a constexpr branch, compiled away)
-                slots = tile_slots(table, key_first, last, BLOCK_N, BLOCK_SIZE)
-            else:
-                slots = start + pos
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(
-                k_ptr + slots[:, None] * stride_ks + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0
-            )
-            v = tl.load(
-                v_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0
-            )
+            k, v, n_mask = load_kv_tile(
+                k_ptr, v_ptr, table, start, key_first, last, kv_head, stride_ks, stride_kh, stride_vs,
+                stride_vh, d, d_mask, PAGED, BLOCK_N, BLOCK_SIZE,
+            )  # fmt: skip  # [N, D] each
             scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [M, N]
             visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
             scores = tl.where(visible, scores, float("-inf"))
