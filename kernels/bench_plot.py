@@ -11,7 +11,7 @@ import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from kvbench.errors import KvbenchError
+from kvbench.plots_style import pyplot
 
 ORDER = ("kvbench-paged", "kvbench-contiguous", "torch-sdpa", "flex-paged",
          "flashinfer-cuda-cores", "flashinfer-tensor-cores")  # fmt: skip
@@ -56,7 +56,7 @@ def plot_latency(rows: list[dict], out: Path) -> list[Path]:
     (their time does not depend on the block size; the median over block sizes is drawn).
     Only the most common (GQA, heads, head dim, dtype, raggedness) of the CSV is drawn.
     """
-    plt = _pyplot()
+    plt = pyplot("kvbench kernels' plots")
     timed = [r for r in rows if r["status"] in ("ok", "wrong") and math.isfinite(r["us"])]
     if not timed:
         return _empty(plt, out, "no timed cells in this CSV")
@@ -105,7 +105,7 @@ def plot_latency(rows: list[dict], out: Path) -> list[Path]:
 
 def plot_bandwidth_fraction(rows: list[dict], out: Path) -> list[Path]:
     """A heatmap: each cell (row) × backend (column), the fraction of the measured read bandwidth."""
-    plt = _pyplot()
+    plt = pyplot("kvbench kernels' plots")
     if not rows:
         return _empty(plt, out, "no rows in this CSV")
     backends = sorted({r["backend"] for r in rows}, key=_rank)
@@ -138,17 +138,6 @@ def _shape(row: dict) -> tuple:
 
 def _rank(backend: str) -> int:
     return ORDER.index(backend) if backend in ORDER else len(ORDER)
-
-
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise KvbenchError("kvbench kernels plots need matplotlib: pip install 'kvbench[plot]'") from None
-    return plt
 
 
 def _empty(plt, out: Path, message: str) -> list[Path]:

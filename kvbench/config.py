@@ -129,15 +129,16 @@ def prepare(
         raise KvbenchError(f"--swap-space-gib must be a number >= 0, got {config.swap_space_gib}")
     host_blocks = int(config.swap_space_gib * GIB // (bs * model.kv_bytes_per_token))
     roofline = CostModel.roofline(model, gpu, bs)
+    base = roofline
     if config.cost_model is not None:  # fitted to real runs by `kvbench calibrate`
         from kvbench.calibrate import load_cost_model
 
-        roofline = load_cost_model(config.cost_model, model.name)
+        base = load_cost_model(config.cost_model, model.name)
     cost = CostModel(
-        fixed_s=_or(config.cost_fixed_s, roofline.fixed_s, "--cost-fixed-s"),
-        per_token_s=_or(config.cost_per_token_s, roofline.per_token_s, "--cost-per-token-s"),
-        per_kv_token_s=_or(config.cost_per_kv_token_s, roofline.per_kv_token_s, "--cost-per-kv-token-s"),
-        per_swap_block_s=roofline.per_swap_block_s or CostModel.roofline(model, gpu, bs).per_swap_block_s,
+        fixed_s=_or(config.cost_fixed_s, base.fixed_s, "--cost-fixed-s"),
+        per_token_s=_or(config.cost_per_token_s, base.per_token_s, "--cost-per-token-s"),
+        per_kv_token_s=_or(config.cost_per_kv_token_s, base.per_kv_token_s, "--cost-per-kv-token-s"),
+        per_swap_block_s=base.per_swap_block_s or roofline.per_swap_block_s,  # runs without swaps fit none
     )
     if cost.fixed_s + cost.per_token_s + cost.per_kv_token_s <= 0:
         raise KvbenchError("--cost-fixed-s, --cost-per-token-s, --cost-per-kv-token-s: a step must take time")

@@ -41,6 +41,15 @@ def graph_buckets(max_batch: int) -> list[int]:
     return small + list(range(8, top + 8, 8))
 
 
+def block_table_array(tables: list[BlockTable], rows: int, width: int) -> np.ndarray:
+    """Block tables as `[rows, width]` int32, padded with block 0: never read, since every read is
+    bounded by the row's context length (rows past the tables are padding, context 0)."""
+    out = np.zeros((rows, width), dtype=np.int32)
+    for row, table in enumerate(tables):
+        out[row, : len(table.blocks)] = table.blocks
+    return out
+
+
 class DecodeLoop:
     """Static decode buffers for up to `max_batch` sequences of up to `max_len` positions."""
 
@@ -84,9 +93,7 @@ class DecodeLoop:
         put(self.seq_ids, seq_ids)
         put(self.valid, np.ones(batch, dtype=np.int64))
         if self.tables is not None:
-            host = np.zeros((rows, self.tables.shape[1]), dtype=np.int32)  # [rows, W]
-            for row, where in enumerate(addressing):
-                host[row, : len(where.blocks)] = where.blocks
+            host = block_table_array(addressing, rows, self.tables.shape[1])  # [rows, W]
             self.tables[:rows].copy_(torch.from_numpy(host), non_blocking=True)
         else:
             put(self.starts, [where.start for where in addressing])
@@ -141,12 +148,13 @@ class DecodeLoop:
                 self.step(rows)
             pool = graph.pool()
             self._graphs[rows] = graph
+        self._graphs = dict(sorted(self._graphs.items()))  # ascending: `rows_for` takes the first fit
         torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - start
 
     def rows_for(self, batch: int) -> int:
         """Rows a batch runs with: its graph's bucket, else exactly its size (eagerly)."""
-        return next((n for n in sorted(self._graphs) if n >= batch), batch)
+        return next((n for n in self._graphs if n >= batch), batch)  # buckets captured in ascending order
 
     def run_step(self, rows: int) -> None:
         graph = self._graphs.get(rows)

@@ -21,7 +21,7 @@ import torch
 
 from engines.allocator import BlockTable, Extent, KVAllocator
 from engines.scheduler import Batch
-from kvbench.decode_loop import DecodeLoop
+from kvbench.decode_loop import DecodeLoop, block_table_array
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata, resolve_backend
 from kvbench.modeling.causal_lm import CausalLM
@@ -190,10 +190,7 @@ def _slots(addressing: Extent | BlockTable, positions: np.ndarray) -> np.ndarray
 def _addressing(addressing: list[Extent | BlockTable], device: torch.device) -> dict:
     """Block tables `[B, max_blocks]` (padded with block 0, never read) or extent starts `[B]`."""
     if isinstance(addressing[0], BlockTable):
-        width = max(len(a.blocks) for a in addressing)
-        tables = np.zeros((len(addressing), width), dtype=np.int32)
-        for row, a in enumerate(addressing):
-            tables[row, : len(a.blocks)] = a.blocks
+        tables = block_table_array(addressing, len(addressing), max(len(a.blocks) for a in addressing))
         return {"block_tables": torch.from_numpy(tables).to(device), "block_size": addressing[0].block_size}
     return {"starts": torch.tensor([a.start for a in addressing], dtype=torch.int64, device=device)}
 

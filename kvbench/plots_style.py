@@ -62,14 +62,15 @@ def engine_rank(engine: str) -> tuple[int, str]:
     return (ENGINE_ORDER.index(engine) if engine in ENGINE_ORDER else len(ENGINE_ORDER), engine)
 
 
-def pyplot():
+def pyplot(what: str = "kvbench's plots"):
+    """matplotlib's pyplot on the file-only Agg backend, or a one-line error naming `what` needs it."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise KvbenchError("kvbench plots need matplotlib: pip install 'kvbench[plot]'") from None
+        raise KvbenchError(f"{what}: matplotlib is missing: pip install 'kvbench[plot]'") from None
     return plt
 
 

@@ -10,19 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from kvbench.errors import KvbenchError
+from kvbench.plots_style import pyplot
 from kvbench.requests import Trace
 
 
 def plot_trace(trace: Trace, out: Path) -> list[Path]:
     """Write `out` (PNG) and its SVG twin; returns both paths."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise KvbenchError("kvbench trace plot needs matplotlib: pip install 'kvbench[plot]'") from None
+    plt = pyplot("kvbench trace plot")
     prompt = np.fromiter((r.prompt_len for r in trace.requests), dtype=np.int64)
     output = np.fromiter((r.output_len for r in trace.requests), dtype=np.int64)
     arrival = np.fromiter((r.arrival_s for r in trace.requests), dtype=np.float64)
