@@ -9,8 +9,9 @@ Prints output tokens/s per engine and checks that every engine produced the same
     python benchmarks/real_decode.py [--device cuda] [--engines paged,orca-oracle] [--kv-cache-gib 8]
         [--attention auto|triton|torch] [--no-cuda-graphs] [--step-by-step] [--collectors torch,nvml,roofline]
 
-The collectors' cost: `--overhead --collectors torch,nvml,roofline` runs each engine four times,
-alternating without and with them, and prints the throughput ratio.
+The collectors' cost: `--overhead --collectors torch,nvml,roofline` runs each engine seven times:
+after one uncounted warm-up run, alternating without and with them three times, and prints the
+throughput ratio of the warm runs.
 
 Throughput is output tokens over the engine loop's wall time; building the runner (capturing
 its CUDA graphs) happens before and is reported beside it.
@@ -82,8 +83,12 @@ def main() -> None:
         bandwidth = measure_read_bandwidth(device)
     figures, tokens = {}, {}
     plan = [(engine, ()) for engine in args.engines.split(",")]
-    if args.overhead:  # each engine without, then with the collectors, alternating, twice
-        plan = [(engine, names) for engine, _ in plan for _ in range(2) for names in ((), collect)]
+    if args.overhead:  # a warm-up run (compilation), then without and with the collectors, three times
+        plan = [
+            (engine, names)
+            for engine, _ in plan
+            for names in [("warmup",)] + [n for _ in range(3) for n in ((), collect)]
+        ]
     else:
         plan = [(engine, collect) for engine, _ in plan]
     for index, (engine, names) in enumerate(plan):
@@ -95,7 +100,8 @@ def main() -> None:
         )  # fmt: skip
         setup = time.perf_counter() - setup
         collectors = build_collectors(
-            names, device=device, weight_bytes=sum(p.nbytes for p in model.parameters()),
+            tuple(n for n in names if n != "warmup"), device=device,
+            weight_bytes=sum(p.nbytes for p in model.parameters()),
             kv_bytes_per_token=spec.kv_bytes_per_token, read_bandwidth=bandwidth,
         )  # fmt: skip
         driven = CollectingRunner(runner, collectors) if collectors else runner
@@ -107,6 +113,8 @@ def main() -> None:
         steps = [row.duration_s for row in run.steps if row.kind == "decode"]
         decode_steps = sum(row.num_steps for row in run.steps if row.kind == "decode")
         key = engine if engine not in figures else f"{engine}#{index}"
+        if names == ("warmup",):
+            key = f"{engine}#warmup"
         measured = driven.finish() if collectors else {}
         figures[key] = {
             "collectors": [type(c).__name__ for c in collectors],
@@ -129,7 +137,7 @@ def main() -> None:
         )
     if args.overhead:
         for engine in dict.fromkeys(args.engines.split(",")):
-            runs = [figures[key] for key in figures if key.split("#")[0] == engine]
+            runs = [figures[key] for key in figures if key.split("#")[0] == engine and "warmup" not in key]
             bare = [run["output_tokens_per_s"] for run in runs if not run["collectors"]]
             full = [run["output_tokens_per_s"] for run in runs if run["collectors"]]
             if not full:

@@ -7,7 +7,9 @@ that read is the kernel's floor. The kernel is built around reading it once, fas
   tile is loaded once for the group (`q` is a `[G, D]` tile padded to 16 rows for `tl.dot`).
 - **Split-KV** (flash-decoding): a sequence's context is cut into `num_splits` ranges handled
   by separate programs, each writing a partial output and its log-sum-exp; a second kernel
-  merges them. Small batches with long contexts then still fill every SM.
+  merges them, or the last split of each (sequence, KV head) to finish does (`merge="fused"`,
+  `kernels/split_merge.py`). Small batches with long contexts then still fill every SM. One
+  split writes the output directly: a single launch, nothing to merge.
 - **Addressing** is one `constexpr` switch: a tile of positions `p` maps to arena slots through
   the block table (`table[p // bs] * bs + p % bs`, paged) or the extent start (`start + p`,
   contiguous). Everything else is the same code, so paged-vs-contiguous measures paging alone.
@@ -23,10 +25,17 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.splits import choose_num_splits
+from kernels.split_merge import launch_merge_kernel, merge_if_last
+from kernels.splits import DecodeWorkspace, choose_num_splits
 
 # (context positions per loop iteration, warps, pipeline stages): tuned on an H200
 LAUNCH = (128, 4, 2)  # benchmarks/tune_decode.py; results/reference/kernel-tuning
+MERGES = ("kernel", "fused")  # who merges split-KV partials: a second launch, or the last split
+MERGE = "kernel"  # until benchmarks/merge_variants.py has timed both on the H200
+# ptxas (CUDA 12.8), finding an atomic in a kernel of known block size, aims at full occupancy:
+# 32 registers for 128 threads, and ~6 KB of spills per thread here. A register cap of 255 keeps
+# the allocation the kernel gets without the ticket (255, a few hundred bytes of spills).
+FUSED_MAXNREG = 255
 
 
 @triton.jit
@@ -76,17 +85,19 @@ def load_kv_tile(
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, lens_ptr, table_ptr, starts_ptr, out_ptr, lse_ptr,
-    scale,
-    stride_qb, stride_qh,
-    stride_ks, stride_kh, stride_vs, stride_vh,
-    stride_tb,
-    stride_ob, stride_oh, stride_os,
-    stride_lb, stride_lh,
+    q_ptr,  # [B, H, D]
+    k_ptr, v_ptr,  # [S, Hkv, D]: the arena
+    lens_ptr,  # [B] int32 context lengths
+    table_ptr,  # [B, W] int32 block tables (paged; a placeholder when contiguous)
+    starts_ptr,  # [B] extent starts (contiguous; a placeholder when paged)
+    out_ptr,  # [B, H, D]: written by the only split, or by the fused merge
+    part_ptr, lse_ptr, tickets_ptr,  # DecodeWorkspace [N, H, CAP, D], [N, H, CAP], [N, Hkv] (split-KV)
+    scale, cap,
+    stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_tb, stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Program (b, kv head, split): attention of the group's queries over one context range."""
     b = tl.program_id(0)
@@ -130,48 +141,21 @@ def _decode_split_kernel(
         m = m_new
 
     filled = total > 0.0  # an empty range (short context, or none at all) contributes nothing
-    result = tl.where(filled[:, None], acc / tl.where(filled, total, 1.0)[:, None], 0.0)
+    result = tl.where(filled[:, None], acc / tl.where(filled, total, 1.0)[:, None], 0.0)  # [G, D]
     out_mask = g_mask[:, None] & d_mask[None, :]
-    if DIRECT:  # one split: the result is final
-        tl.store(
-            out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-            result.to(out_ptr.dtype.element_ty), mask=out_mask,
-        )  # fmt: skip
+    out_rows = out_ptr + b * stride_ob + heads * stride_oh  # [G] pointers
+    if NUM_SPLITS == 1:  # the result is final: no partials, no merge, one launch in all
+        tl.store(out_rows[:, None] + d[None, :], result.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        tl.store(
-            out_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :],
-            result, mask=out_mask,
-        )  # fmt: skip
-        lse = tl.where(filled, m + tl.log(tl.where(filled, total, 1.0)), float("-inf"))
-        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
-
-
-@triton.jit
-def _merge_splits_kernel(
-    part_ptr, lse_ptr, out_ptr,
-    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """Program (b, head): weight each split's partial output by its share of the softmax mass."""
-    b = tl.program_id(0)
-    head = tl.program_id(1)
-    s = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, BLOCK_D)
-    s_mask = s < NUM_SPLITS
-    lse = tl.load(lse_ptr + b * stride_lb + head * stride_lh + s, mask=s_mask, other=float("-inf"))  # [S]
-    top = tl.max(lse, axis=0)
-    any_mass = top > float("-inf")  # false only for an empty context: every split is -inf
-    weights = tl.exp(lse - tl.where(any_mass, top, 0.0))  # [S] 0 for empty or masked splits
-    parts = tl.load(
-        part_ptr + b * stride_pb + head * stride_ph + s[:, None] * stride_ps + d[None, :],
-        mask=s_mask[:, None] & (d[None, :] < HEAD_DIM),
-        other=0.0,
-    )  # [S, D]
-    norm = tl.where(any_mass, tl.sum(weights, axis=0), 1.0)
-    result = tl.sum(parts * weights[:, None], axis=0) / norm  # [D]
-    tl.store(
-        out_ptr + b * stride_ob + head * stride_oh + d, result.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM
-    )
+        rows = (b.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * cap  # [G] (b, head) rows, times CAP
+        tl.store(part_ptr + (rows[:, None] + split) * HEAD_DIM + d[None, :], result, mask=out_mask)
+        lse = tl.where(filled, m + tl.log(tl.where(filled, total, 1.0)), float("-inf"))  # [G]
+        tl.store(lse_ptr + rows + split, lse, mask=g_mask)
+        if FUSED:
+            merge_if_last(
+                part_ptr, lse_ptr, tickets_ptr + b * tl.num_programs(1) + kv_head, rows, out_rows, d, g_mask,
+                out_mask, HEAD_DIM, NUM_SPLITS, BLOCK_G, BLOCK_D,
+            )  # fmt: skip
 
 
 def _tile(size: int) -> int:
@@ -187,7 +171,7 @@ def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor, *,
     scale: float, block_tables: torch.Tensor | None = None, block_size: int = 0,
     starts: torch.Tensor | None = None, num_splits: int | None = None, out: torch.Tensor | None = None,
-    launch: tuple[int, int, int] = LAUNCH,
+    launch: tuple[int, int, int] = LAUNCH, merge: str = MERGE, workspace: DecodeWorkspace | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """q `[B, H, D]` over each sequence's first `context_lens[b]` arena positions -> `[B, H, D]`.
 
@@ -195,6 +179,12 @@ def decode_attention(
     `[B, max_blocks]` with `block_size` (paged) or `starts` `[B]` (contiguous). An empty
     context yields zeros. Pass `num_splits` explicitly when capturing a CUDA graph (the
     default depends on the context lengths, read on the host).
+
+    With more than one split, `merge` picks who merges the partials: a second kernel
+    (`"kernel"`) or the last split program of each (sequence, KV head) to finish (`"fused"`, one
+    launch; `kernels/split_merge.py`). The partials (and the fused merge's tickets) live in
+    `workspace`, allocated once by the caller; without one, the call allocates its own, and the
+    fused merge's zeroed tickets then cost a memset launch of their own.
     """
     batch, heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
@@ -203,42 +193,39 @@ def decode_attention(
         raise ValueError("decode_attention needs block_tables (paged) or starts (contiguous)")
     if paged and (block_size < 1 or block_size & (block_size - 1)):
         raise ValueError(f"block_size must be a power of two, got {block_size}")
+    if merge not in MERGES:
+        raise ValueError(f"merge must be one of {', '.join(MERGES)}, got {merge!r}")
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
         return out
     if num_splits is None:
         num_splits = choose_num_splits(batch, kv_heads, int(context_lens.max()), q.device)
-    direct = num_splits == 1
-    if direct:
-        part, lse = out, out  # unused
-        part_strides = (out.stride(0), out.stride(1), 0)
-        lse_strides = (0, 0)
+    fused = merge == "fused" and num_splits > 1
+    if num_splits > 1:
+        if workspace is None:
+            workspace = DecodeWorkspace.allocate(
+                batch, heads, kv_heads, head_dim, num_splits, q.device, tickets=fused
+            )
+        workspace.check(batch, heads, kv_heads, head_dim, num_splits, q.device, fused=fused)
+        part, lse, tickets, cap = workspace.part, workspace.lse, workspace.tickets, workspace.max_splits
     else:
-        part = torch.empty((batch, heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
-        lse = torch.empty((batch, heads, num_splits), dtype=torch.float32, device=q.device)
-        part_strides = part.stride()[:3]
-        lse_strides = lse.stride()[:2]
+        part = lse = tickets = out  # placeholders: one split writes the output itself
+        cap = 1
     table = block_tables if paged else context_lens  # a placeholder pointer where unused
     grid = (batch, kv_heads, num_splits)
     _decode_split_kernel[grid](
-        q, k_cache, v_cache, context_lens, table, starts if starts is not None else context_lens, part, lse,
-        scale,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        table.stride(0),
-        *part_strides, *lse_strides,
+        q, k_cache, v_cache, context_lens, table, starts if starts is not None else context_lens,
+        out, part, lse, tickets,
+        scale, cap,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        table.stride(0), out.stride(0), out.stride(1),
         GROUP=heads // kv_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
         PAGED=paged, BLOCK_SIZE=block_size if paged else 1,
         BLOCK_G=_tile(heads // kv_heads), BLOCK_D=_tile(head_dim), BLOCK_N=launch[0],
-        DIRECT=direct, DOT_PRECISION=dot_precision(q.dtype), num_warps=launch[1], num_stages=launch[2],
+        FUSED=fused, DOT_PRECISION=dot_precision(q.dtype), num_warps=launch[1], num_stages=launch[2],
+        **({"maxnreg": FUSED_MAXNREG} if fused else {}),
     )  # fmt: skip
-    if not direct:
-        _merge_splits_kernel[(batch, heads)](
-            part, lse, out,
-            *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(head_dim),
-            num_warps=4,
-        )  # fmt: skip
+    if num_splits > 1 and not fused:
+        launch_merge_kernel(part, lse, out, num_splits)
     return out

@@ -12,28 +12,30 @@ arena slot no sequence owns with NaN, and compares with a stated bound:
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 triton = pytest.importorskip("triton")
 
+from kernels import decode_attention as decode_module  # noqa: E402
 from kernels.decode_attention import decode_attention  # noqa: E402
 from kernels.extend_attention import extend_attention  # noqa: E402
 from kernels.kv_store import store_kv  # noqa: E402
 from kernels.reference import decode_attention_ref, extend_attention_ref, store_kv_ref  # noqa: E402
+from kernels.splits import DecodeWorkspace  # noqa: E402
 
 ALL_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-5}
+INTERPRETED = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors need Triton's interpreter"
+)
 DEVICES = [
-    pytest.param(
-        torch.device("cpu"),
-        id="cpu",
-        marks=pytest.mark.skipif(
-            os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors need Triton's interpreter"
-        ),
-    ),
+    pytest.param(torch.device("cpu"), id="cpu", marks=INTERPRETED),
     pytest.param(
         torch.device("cuda"),
         id="cuda",
@@ -113,10 +115,29 @@ CASES = [  # (context lengths, block size; 0 = contiguous, GQA ratio, head dim)
 ]
 
 
+def poisoned_workspace(batch, heads, kv_heads, head_dim, max_splits, device) -> DecodeWorkspace:
+    """A workspace with NaN partials (a read of a slot no split wrote shows) and zeroed tickets."""
+    workspace = DecodeWorkspace.allocate(batch, heads, kv_heads, head_dim, max_splits, device)
+    workspace.part.fill_(float("nan"))
+    workspace.lse.fill_(float("nan"))
+    return workspace
+
+
+# (splits, merge, own workspace): one split (nothing to merge), the merge kernel with per-call
+# scratch (the callers' default) and in a workspace with room for more splits than it uses, and
+# the fused merge in the workspace and with per-call scratch
+DECODE_RUNS = [(1, "kernel", True), (3, "kernel", False), (3, "kernel", True), (3, "fused", True),
+               (4, "fused", True), (2, "fused", False)]  # fmt: skip
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize(("lens", "block_size", "group", "head_dim"), CASES)
 def test_decode_attention_matches_reference(device, dtype, lens, block_size, group, head_dim):
+    """Every split count and merge against the reference; the fused merge leaves its tickets at 0.
+
+    Contexts of 1 and uneven fills leave some splits empty, which a merge must weigh as nothing.
+    """
     skip_interpreted_bf16(dtype, device)
     gen = torch.Generator().manual_seed(len(lens) * 1000 + block_size + group)
     kv_heads = 2
@@ -125,25 +146,130 @@ def test_decode_attention_matches_reference(device, dtype, lens, block_size, gro
     expected = decode_attention_ref(
         q, arena.k, arena.v, arena.lens, scale=head_dim**-0.5, **arena.addressing()
     )
-    for num_splits in (1, 3):  # direct, and split-KV with a merge (ranges of uneven fill)
+    workspace = poisoned_workspace(len(lens) + 1, kv_heads * group, kv_heads, head_dim, 4, device)
+    for num_splits, merge, shared in DECODE_RUNS:
         out = torch.full_like(q, float("nan"))
         decode_attention(
             q, arena.k, arena.v, arena.lens, scale=head_dim**-0.5, num_splits=num_splits, out=out,
+            merge=merge, workspace=workspace if shared else None, **arena.addressing(),
+        )  # fmt: skip
+        assert not out.isnan().any(), (num_splits, merge)
+        assert (out.float() - expected.float()).abs().max() <= TOLERANCE[dtype], (num_splits, merge)
+        assert not workspace.tickets.any(), (num_splits, merge)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_merge_reuses_one_workspace_across_batches_and_split_counts(device):
+    """One workspace, zeroed once, serves launches of any batch and split count, again and again.
+
+    On the GPU the splits of a sequence run concurrently, so which one merges varies from call
+    to call; contexts there are long enough that every one of 16 splits has work.
+    """
+    dtype = torch.float16
+    gen = torch.Generator().manual_seed(21)
+    kv_heads, group, head_dim = 2, 4, 32
+    long = device.type == "cuda"
+    lens = [1, 2000, 777, 1500, 64] if long else [1, 40, 17, 33, 8]
+    arena = Arena(lens, kv_heads, head_dim, dtype, device, block_size=16, gen=gen)
+    q = _rand((len(lens), kv_heads * group, head_dim), dtype, device, gen)
+    scale = head_dim**-0.5
+    workspace = poisoned_workspace(len(lens), kv_heads * group, kv_heads, head_dim, 16, device)
+    calls = [(5, 16), (3, 2), (5, 5), (2, 16), (5, 3)] * (20 if long else 1)  # (batch, splits)
+    for batch, num_splits in calls:
+        rows = slice(0, batch)
+        where = dict(block_tables=arena.tables[rows], block_size=16)
+        expected = decode_attention_ref(q[rows], arena.k, arena.v, arena.lens[rows], scale=scale, **where)
+        out = torch.full_like(q[rows], float("nan"))
+        decode_attention(
+            q[rows], arena.k, arena.v, arena.lens[rows], scale=scale, num_splits=num_splits, out=out,
+            merge="fused", workspace=workspace, **where,
+        )  # fmt: skip
+        assert (out.float() - expected.float()).abs().max() <= TOLERANCE[dtype], (batch, num_splits)
+        assert not workspace.tickets.any(), (batch, num_splits)
+
+
+@INTERPRETED
+def test_one_split_and_the_fused_merge_launch_no_merge_kernel(monkeypatch):
+    """A single split writes the output itself, and the fused merge needs no second launch."""
+    gen = torch.Generator().manual_seed(4)
+    arena = Arena([9, 30], 1, 16, torch.float32, torch.device("cpu"), block_size=4, gen=gen)
+    q = _rand((2, 2, 16), torch.float32, "cpu", gen)
+    expected = decode_attention_ref(q, arena.k, arena.v, arena.lens, scale=0.25, **arena.addressing())
+    merges = []
+    monkeypatch.setattr(decode_module, "launch_merge_kernel", lambda *args: merges.append(args))
+    for num_splits, merge in ((1, "kernel"), (1, "fused"), (3, "fused")):
+        out = decode_attention(
+            q, arena.k, arena.v, arena.lens, scale=0.25, num_splits=num_splits, merge=merge,
             **arena.addressing(),
         )  # fmt: skip
-        assert not out.isnan().any()
-        assert (out.float() - expected.float()).abs().max() <= TOLERANCE[dtype]
+        assert (out - expected).abs().max() <= TOLERANCE[torch.float32]
+    assert merges == []
+    decode_attention(q, arena.k, arena.v, arena.lens, scale=0.25, num_splits=3, **arena.addressing())
+    assert len(merges) == 1  # the default merges in a kernel of its own
 
 
+def test_decode_attention_rejects_a_workspace_too_small_and_an_unknown_merge():
+    gen = torch.Generator().manual_seed(2)
+    arena = Arena([5, 6, 7], 2, 16, torch.float32, torch.device("cpu"), block_size=4, gen=gen)
+    q = _rand((3, 4, 16), torch.float32, "cpu", gen)
+    kwargs = dict(scale=0.25, num_splits=2, **arena.addressing())
+    too_small = [
+        DecodeWorkspace.allocate(2, 4, 2, 16, 2, "cpu"),  # rows for 2 sequences, not 3
+        DecodeWorkspace.allocate(3, 4, 2, 16, 1, "cpu"),  # room for one split
+        DecodeWorkspace.allocate(3, 8, 4, 16, 2, "cpu"),  # another head layout
+        DecodeWorkspace.allocate(3, 4, 2, 16, 2, "cpu", tickets=False),  # no tickets, for the fused merge
+    ]
+    for workspace in too_small:
+        with pytest.raises(ValueError, match="decode workspace"):
+            decode_attention(q, arena.k, arena.v, arena.lens, merge="fused", workspace=workspace, **kwargs)
+    with pytest.raises(ValueError, match="merge must be one of"):
+        decode_attention(q, arena.k, arena.v, arena.lens, merge="atomic", **kwargs)
+
+
+@INTERPRETED
 def test_decode_attention_empty_context_gives_zeros():
     """A padding row (context 0) reads nothing and yields zeros, in both modes."""
     gen = torch.Generator().manual_seed(1)
     arena = Arena([0, 9], 1, 16, torch.float32, torch.device("cpu"), block_size=4, gen=gen)
     q = _rand((2, 2, 16), torch.float32, "cpu", gen)
-    out = decode_attention(q, arena.k, arena.v, arena.lens, scale=0.25, num_splits=2, **arena.addressing())
-    assert out[0].abs().max() == 0
     ref = decode_attention_ref(q, arena.k, arena.v, arena.lens, scale=0.25, **arena.addressing())
-    assert (out - ref).abs().max() <= TOLERANCE[torch.float32]
+    for merge in ("kernel", "fused"):
+        out = decode_attention(
+            q, arena.k, arena.v, arena.lens, scale=0.25, num_splits=2, merge=merge, **arena.addressing()
+        )
+        assert out[0].abs().max() == 0
+        assert (out - ref).abs().max() <= TOLERANCE[torch.float32]
+
+
+@INTERPRETED
+def test_merge_variants_benchmark_runs_all_but_the_cuda_timer(monkeypatch, capsys):
+    """benchmarks/merge_variants.py, whose timing needs a GPU: its options, and a tiny cell through
+    the interpreter with the host timer (every variant checked, the tickets left at zero)."""
+    from kernels.bandwidth import time_host
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "merge_variants.py"
+    spec = importlib.util.spec_from_file_location("merge_variants", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)
+    spec.loader.exec_module(bench)
+    tiny = ["--cells", "3x40", "--splits", "auto,3", "--kv-heads", "2", "--gqa", "2", "--head-dim", "16",
+            "--block-size", "4", "--dtype", "float16", "--repeats", "2", "--warmup", "0"]  # fmt: skip
+    args = bench.parse_args(tiny)
+    assert (args.cells, args.splits) == ([(3, 40)], ["auto", 3])
+    rows = bench.measure_cell(3, 40, args, torch.device("cpu"), 1e9, time_host)
+    assert [(r["splits"], r["merge"], r["heuristic"]) for r in rows] == [
+        (1, "none", True), (3, "kernel", False), (3, "fused", False)
+    ]  # fmt: skip
+    assert all(bench.row_ok(r, 5e-3) and r["samples"] == 2 for r in rows)
+    assert [r["fused_vs_kernel_max_diff"] is not None for r in rows] == [False, False, True]
+    assert not bench.row_ok(dict(rows[2], fused_vs_kernel_max_diff=float("nan")), 5e-3)
+    assert "B3 L40" in bench.format_table(rows) and bench.summarize(rows)[0]["heuristic_splits"] == 1
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--cells", "8y8"])
+    if not torch.cuda.is_available():
+        capsys.readouterr()
+        assert bench.main(tiny) == 1
+        assert capsys.readouterr().err.count("\n") == 1  # one line: needs a CUDA device
 
 
 @pytest.mark.parametrize("device", DEVICES)
