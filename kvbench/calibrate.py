@@ -4,13 +4,19 @@ A real run's steps.csv says, for every row (a prefill step or a decode segment o
 how long it took and what it did: steps, tokens fed, K/V positions attended, blocks swapped.
 The cost model is linear in exactly those counts,
 
-    duration = fixed_s * steps + per_token_s * tokens + per_kv_token_s * context + per_swap_block_s * swaps
+    duration = fixed_s * steps + per_token_s * tokens + per_kv_token_s * context
+               + per_swap_block_s * swaps + per_prefill_s * [row is a prefill]
 
 so its constants are a least-squares fit over the rows: non-negative (a negative cost would be
 an artefact of collinear rows), and weighted by 1 / duration so that a 2 ms decode step counts
 as much as a 200 ms prefill (the fit minimises relative error, which is what a simulated
-latency's error is judged by). With 4 unknowns the non-negative fit is exact by enumeration:
+latency's error is judged by). With 5 unknowns the non-negative fit is exact by enumeration:
 the best unconstrained fit over every subset of the terms, keeping the feasible one.
+
+The prefill term is there because a real runner replays decode steps as CUDA graphs but runs
+prefills eagerly: on the H200 an OPT-1.3B prefill pays milliseconds of kernel launches that a
+graphed decode step does not, and without the term the fit underestimated prefill rows by
+half (and every queueing delay with them).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
 
 TERMS = ("num_steps", "num_tokens", "context_tokens", "swapped_blocks")  # steps.csv columns
+PREFILL = "prefill"  # steps.csv `kind` of a prefill row: the fifth term counts them
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class Calibration:
 
 
 def read_rows(run: Path) -> tuple[str, np.ndarray, np.ndarray]:
-    """(model, counts `[R, 4]`, durations `[R]`) of a run folder's steps.csv."""
+    """(model, counts `[R, 5]`, durations `[R]`) of a run folder's steps.csv."""
     steps, summary = run / "steps.csv", run / "summary.json"
     if not steps.is_file() or not summary.is_file():
         raise KvbenchError(f"{run}: not a kvbench run folder (no steps.csv and summary.json)")
@@ -56,16 +63,19 @@ def read_rows(run: Path) -> tuple[str, np.ndarray, np.ndarray]:
     model = facts.get("model", "?")
     with open(steps, newline="") as f:
         reader = csv.DictReader(f)
-        missing = [name for name in (*TERMS, "duration_s") if name not in (reader.fieldnames or [])]
+        missing = [name for name in (*TERMS, "kind", "duration_s") if name not in (reader.fieldnames or [])]
         if missing:
             raise KvbenchError(f"{steps}: no column {missing[0]!r} (written by an older kvbench?)")
-        rows = [[float(row[name]) for name in (*TERMS, "duration_s")] for row in reader]
-    data = np.array(rows, dtype=np.float64).reshape(-1, len(TERMS) + 1)
+        rows = [
+            [float(row[name]) for name in TERMS] + [row["kind"] == PREFILL, float(row["duration_s"])]
+            for row in reader
+        ]
+    data = np.array(rows, dtype=np.float64).reshape(-1, len(TERMS) + 2)
     return model, data[:, :-1], data[:, -1]
 
 
 def fit(counts: np.ndarray, durations: np.ndarray) -> np.ndarray:
-    """Non-negative, relative-error least squares: constants `[4]` with counts @ c ~ durations."""
+    """Non-negative, relative-error least squares: constants `[T]` with counts `[R, T]` @ c ~ durations."""
     keep = durations > 0
     a = counts[keep] / durations[keep, None]  # [R, 4] each row scaled to relative error
     b = np.ones(int(keep.sum()))
@@ -98,12 +108,12 @@ def calibrate(runs: list[Path]) -> Calibration:
         names = ", ".join(sorted(models))
         raise KvbenchError(f"kvbench calibrate: the runs are of different models ({names})")
     c, d = np.concatenate(counts), np.concatenate(durations)
-    if len(d) < len(TERMS):
-        raise KvbenchError(f"kvbench calibrate: {len(d)} step rows are too few to fit {len(TERMS)} constants")
+    if len(d) < c.shape[1]:
+        raise KvbenchError(f"kvbench calibrate: {len(d)} step rows are too few to fit {c.shape[1]} constants")
     constants = fit(c, d)
     error = np.abs(c @ constants - d) / np.maximum(d, 1e-12)
     return Calibration(
-        CostModel(*map(float, constants)), models.pop(), tuple(str(r) for r in runs), len(d),
+        _cost(*map(float, constants)), models.pop(), tuple(str(r) for r in runs), len(d),
         float(np.median(error)), float(np.quantile(error, 0.9)),
     )  # fmt: skip
 
@@ -119,7 +129,12 @@ def load_cost_model(path: str, model: str) -> CostModel:
     try:
         return CostModel(
             float(data["fixed_s"]), float(data["per_token_s"]), float(data["per_kv_token_s"]),
-            float(data.get("per_swap_block_s", 0.0)),
+            float(data.get("per_swap_block_s", 0.0)), per_prefill_s=float(data.get("per_prefill_s", 0.0)),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError):
         raise KvbenchError(f"--cost-model {path}: not a kvbench calibrate file") from None
+
+
+def _cost(fixed: float, token: float, context: float, swap: float, prefill: float) -> CostModel:
+    """The fitted constants, in TERMS order then the prefill term, as a cost model."""
+    return CostModel(fixed, token, context, swap, per_prefill_s=prefill)

@@ -203,18 +203,29 @@ app.add_typer(cli_trace.app, name="trace")
 def calibrate(
     runs: Annotated[list[Path], typer.Argument(help="Run folders (steps.csv, summary.json) of one model.")],
     out: Annotated[Path, typer.Option(help="Where to write the fitted model (JSON).")] = Path("cost.json"),
+    held_out: Annotated[
+        list[Path] | None,
+        typer.Option(help="Real runs not fitted: each is simulated with the fit and compared (repeatable)."),
+    ] = None,
 ) -> None:
     """Least-squares fit of the cost model's constants to the runs' measured step rows."""
     from kvbench.calibrate import calibrate as fit
+    from kvbench.calibrate_check import check, format_checks, summarize
     from kvbench.results import write_json
 
     result = fit(runs)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, result.to_dict())
+    if held_out:
+        checks = check(out, held_out)
+        write_json(out, result.to_dict() | {"held_out": [c.to_dict() for c in checks],
+                                            "held_out_summary": summarize(checks)})  # fmt: skip
+        typer.echo(format_checks(checks))
     c = result.cost
     typer.echo(
         f"{result.model}: fixed {1e3 * c.fixed_s:.3f} ms/step, {1e6 * c.per_token_s:.3f} us/token fed, "
-        f"{1e9 * c.per_kv_token_s:.3f} ns/context token, {1e6 * c.per_swap_block_s:.1f} us/swapped block "
+        f"{1e9 * c.per_kv_token_s:.3f} ns/context token, {1e6 * c.per_swap_block_s:.1f} us/swapped block, "
+        f"{1e3 * c.per_prefill_s:.3f} ms more per prefill "
         f"({result.rows} rows; relative error median {100 * result.median_relative_error:.1f} %, "
         f"p90 {100 * result.p90_relative_error:.1f} %)\n  written: {out}"
     )

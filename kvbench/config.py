@@ -139,6 +139,7 @@ def prepare(
         per_token_s=_or(config.cost_per_token_s, base.per_token_s, "--cost-per-token-s"),
         per_kv_token_s=_or(config.cost_per_kv_token_s, base.per_kv_token_s, "--cost-per-kv-token-s"),
         per_swap_block_s=base.per_swap_block_s or roofline.per_swap_block_s,  # runs without swaps fit none
+        per_prefill_s=base.per_prefill_s,
     )
     if cost.fixed_s + cost.per_token_s + cost.per_kv_token_s <= 0:
         raise KvbenchError("--cost-fixed-s, --cost-per-token-s, --cost-per-kv-token-s: a step must take time")

@@ -39,6 +39,7 @@ class CostModel:
     per_token_s: float  # per token fed through the model (matmul FLOPs)
     per_kv_token_s: float  # per token of context attended (K/V reads)
     per_swap_block_s: float = 0.0  # per block copied between device and host (swap preemption)
+    per_prefill_s: float = 0.0  # more per prefill step (a real runner's eager launches; 0 in the roofline)
 
     @classmethod
     def roofline(
@@ -72,6 +73,7 @@ class CostModelRunner:
         context = batch.num_context  # K/V attended in step 0
         swaps = len(batch.swaps)
         first = c.fixed_s + c.per_token_s * tokens + c.per_kv_token_s * context + c.per_swap_block_s * swaps
+        first += c.per_prefill_s * batch.is_prefill
         if max_steps == 1:
             return StepResult(np.array([first]))
         # later steps are decodes: one token per sequence, context one longer each step

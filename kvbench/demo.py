@@ -18,13 +18,17 @@ waited for admission), the setting of the paper's Figure 2.
 
 from __future__ import annotations
 
+import json
+import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.config import RunConfig
 from kvbench.paper import FIG2_OCCUPANCY, FIG13_BATCHED, FIG13_RATE, PAPER_NAMES
 from kvbench.results import write_json
-from kvbench.simulate import RunResult, simulate, write_result
+from kvbench.simulate import simulate, write_result
+from kvbench.sweep_cell import config_differences
 from workloads.spec import WorkloadSpec
 
 DEMO_ENGINES = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged")
@@ -39,8 +43,8 @@ class DemoRow:
     occupancy: dict[str, float]  # percent, Figure 2 grouping
 
 
-def _row(result: RunResult) -> DemoRow:
-    s = result.summary
+def _row(s: dict) -> DemoRow:
+    """A run's row of the side-by-side table, from its summary (in memory or summary.json)."""
     occ = s["occupancy_saturated"] or s["occupancy"]
     other = occ["allocator_overhead"] + occ["external_frag"] + occ["free"]
     grouped = {
@@ -59,11 +63,19 @@ def _row(result: RunResult) -> DemoRow:
     )
 
 
-def run_engine(config: RunConfig, out: Path, real: bool) -> DemoRow:
+def run_engine(config: RunConfig, out: Path, real: bool, reuse: Sequence[Path] = ()) -> DemoRow:
     """One engine's run written to `out`, as a row of the side-by-side table.
 
     Shared by the demo and `kvbench reproduce` (Figures 2 and 13), so both read a run alike.
+    A finished run of exactly this config in a `reuse` folder (`out` itself included) is read,
+    not rerun: an interrupted `kvbench reproduce` resumes, and figures that share runs pay for
+    them once. The demo reuses nothing: it measures.
     """
+    for folder in reuse:
+        if (folder / "summary.json").is_file() and not config_differences(config, folder):
+            if folder != out:
+                shutil.copytree(folder, out, dirs_exist_ok=True)
+            return _row(json.loads((folder / "summary.json").read_text()))
     if real:
         from kvbench.real_run import run_real
 
@@ -71,7 +83,7 @@ def run_engine(config: RunConfig, out: Path, real: bool) -> DemoRow:
     else:
         result = simulate(config)
     write_result(result, out)
-    return _row(result)
+    return _row(result.summary)
 
 
 REAL = {"model": "opt-1.3b", "kv_cache_gib": 3.0, "rate": 64.0}  # see the module docstring

@@ -19,11 +19,13 @@ CATEGORIES = ("token_states", "reservation", "internal_frag", "other")
 CONTIGUOUS = ("orca-max", "orca-pow2", "orca-oracle")
 
 
-def run_engines(options: Options, trace: str, folder: Path) -> list[DemoRow]:
+def run_engines(options: Options, trace: str, folder: Path, shared: Path | None = None) -> list[DemoRow]:
+    """Every engine on `trace`; runs already finished in `folder` or `shared` with the same
+    settings are read instead (Figure 13's ShareGPT runs are Figure 2's)."""
     s = options.setting
     workload = WorkloadSpec(
         trace,
-        num_requests=options.requests(300, 2000),
+        num_requests=options.requests(300, 2000, real=200),
         seed=options.seed,
         rate=FIG13_RATE[trace] * s.rate_scale,
     )
@@ -31,9 +33,10 @@ def run_engines(options: Options, trace: str, folder: Path) -> list[DemoRow]:
     for engine in DEMO_ENGINES:
         config = RunConfig(
             engine=engine, model=s.model, workload=workload, kv_cache_gib=s.kv_cache_gib,
-            cost_model=None if s.real else s.cost_model, device="cuda" if s.real else "cpu",
+            cost_model=None if s.real else s.cost_model, device=s.device if s.real else "cpu",
         )  # fmt: skip
-        rows.append(run_engine(config, folder / engine, s.real))
+        reuse = [folder / engine] + ([shared / engine] if shared else [])
+        rows.append(run_engine(config, folder / engine, s.real, reuse))
     (folder / "demo.md").write_text(format_table(rows, trace) + "\n")
     return rows
 
@@ -73,7 +76,7 @@ def fig2_verdict(demo: list[DemoRow]) -> str:
 def fig13(options: Options, folder: Path) -> FigureResult:
     rows, verdicts, notes, plots = [], [], [], []
     for trace in FIG13_BATCHED:
-        demo = run_engines(options, trace, folder / trace)
+        demo = run_engines(options, trace, folder / trace, shared=folder.parent / "fig2")
         paper = FIG13_BATCHED[trace]
         rows += [
             Row("fig13", r.engine, trace, "mean_batched_requests", r.batched, paper.get(r.engine))

@@ -26,6 +26,7 @@ class Setting:
     real: bool = False
     cost_model: str | None = None
     paper_threshold: bool = True  # Fig. 12: 0.5 s/token as the paper; else 4 x unloaded latency
+    device: str = "cuda"  # real runs (a CPU run of a tiny model checks the real path in tests)
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,15 @@ class Options:
     num_requests: int | None = None  # overrides the figures' counts (tests)
     seed: int = 0
 
-    def requests(self, quick: int, full: int) -> int:
-        return self.num_requests or (quick if self.quick else full)
+    def pick(self, quick, full, real=None):
+        """This run's size of a grid: `real` for a quick run on a GPU, where every point is a
+        real run of tens of seconds and the calibrated simulation fills in between."""
+        if self.quick and self.setting.real and real is not None:
+            return real
+        return quick if self.quick else full
+
+    def requests(self, quick: int, full: int, real: int | None = None) -> int:
+        return self.num_requests or self.pick(quick, full, real)
 
 
 @dataclass(frozen=True)

@@ -2,16 +2,20 @@
 
 Each figure is one or more sweep folders (sweep.json, sweep.csv, sustained.csv, cells/) under
 the figure's folder, so `kvbench report` and `kvbench sweep --resume` work on them as on any
-sweep. Real runs (`Setting.real`) isolate every cell in its own process, as a GPU sweep should.
+sweep. Real runs (`Setting.real`) run in this process, one after the other (each cell builds its
+runner and frees it; a process per cell would pay CUDA's start-up each time); a quick real run
+uses the `real` grids below, a few points each, and the calibrated simulation fills in between.
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
+from kvbench.calibrate import calibrate
 from kvbench.config import RunConfig
 from kvbench.plots import PlotSkipped, plot_block_size, plot_latency_vs_rate
 from kvbench.plots_data import read_json, read_table
@@ -27,7 +31,7 @@ from kvbench.reproduce_paper import (
 from kvbench.reproduce_rows import FigureResult, Options, Row
 from kvbench.sweep import SweepPlan, SweepResult, run_sweep
 from kvbench.sweep_cell import CellRun
-from kvbench.sweep_grid import PAPER_ENGINES, Axes
+from kvbench.sweep_grid import PAPER_ENGINES, Axes, Baseline
 from kvbench.sweep_sustained import SustainedOptions
 from workloads.spec import WorkloadSpec
 
@@ -36,14 +40,17 @@ POWERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FIG12_RATES = {
     "sharegpt-paper": {
         "quick": (0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0),
+        "real": (0.5, 1.0, 2.0, 4.0),
         "full": (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0),
     },
     "alpaca-paper": {
         "quick": (4.0, 8.0, 16.0, 32.0, 64.0, 96.0, 128.0),
+        "real": (8.0, 32.0, 128.0),
         "full": (2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0),
     },
 }
-FIG12_REQUESTS = {"quick": 600, "full": 3000}  # a short trace never queues long enough to cross
+FIG12_REQUESTS = {"quick": 600, "full": 3000, "real": 120}  # a short trace never queues long enough
+REAL_BASELINE = Baseline(num_requests=5)  # each request alone: seconds each on a GPU
 FIG18B_RATE = {"sharegpt-paper": 1.5, "alpaca-paper": 20.0}  # near vLLM's sustained rate
 FIG19_RATE = 2.0  # ShareGPT, on a quarter of the budget: paged preempts
 FIG19_BUDGET_SHARE = 0.25
@@ -51,18 +58,17 @@ FIG19_BUDGET_SHARE = 0.25
 
 def _sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes, kv, preemption="recompute",
            threshold: float | None = FIG12_THRESHOLD_S, bisect: int = 0,
-           requests: tuple[int, int] = (200, 2000)) -> SweepResult:  # fmt: skip
+           requests: tuple[int, int, int] = (200, 2000, 100)) -> SweepResult:  # fmt: skip
     s = options.setting
     workload = WorkloadSpec(trace, num_requests=options.requests(*requests), seed=options.seed)
     base = RunConfig(
         engines[0], model=s.model, workload=workload, kv_cache_gib=kv, preemption=preemption,
-        cost_model=None if s.real else s.cost_model, device="cuda" if s.real else "cpu",
+        cost_model=None if s.real else s.cost_model, device=s.device if s.real else "cpu",
     )  # fmt: skip
     axes = Axes(tuple(engines), (trace,), tuple(r * s.rate_scale for r in rates), tuple(block_sizes), (kv,),
                 (options.seed,))  # fmt: skip
-    plan = SweepPlan(
-        axes, base, CellRun(real=s.real, isolate=s.real), SustainedOptions(threshold, 4.0, bisect)
-    )
+    sustained = SustainedOptions(threshold, 4.0, bisect, REAL_BASELINE if s.real else Baseline())
+    plan = SweepPlan(axes, base, CellRun(real=s.real), sustained)
     return run_sweep(plan, folder, overwrite=True)
 
 
@@ -80,11 +86,11 @@ def fig12(options: Options, folder: Path) -> FigureResult:
     verdicts, notes, plots = [], [], []
     threshold = FIG12_THRESHOLD_S if s.paper_threshold else None
     for trace, grids in FIG12_RATES.items():
-        rates = grids["quick" if options.quick else "full"]
+        rates = options.pick(grids["quick"], grids["full"], grids["real"])
         result = _sweep(options, folder / trace, engines=PAPER_ENGINES, trace=trace, rates=rates,
                         block_sizes=(16,), kv=s.kv_cache_gib, threshold=threshold,
-                        bisect=3 if options.quick else 5,
-                        requests=(FIG12_REQUESTS["quick"], FIG12_REQUESTS["full"]))  # fmt: skip
+                        bisect=options.pick(3, 5, real=0),
+                        requests=tuple(FIG12_REQUESTS[k] for k in ("quick", "full", "real")))  # fmt: skip
         paper = FIG12_SUSTAINED[trace]
         for r in result.rows:
             if r["role"] != "baseline" and r["status"] == "ok":
@@ -139,7 +145,7 @@ def fig18b(options: Options, folder: Path) -> FigureResult:
     s = options.setting
     rows: list[Row] = []
     verdicts, notes, plots = [], [], []
-    sizes = POWERS if not options.quick else (1, 4, 16, 32, 64, 128, 256)
+    sizes = options.pick((1, 4, 16, 32, 64, 128, 256), POWERS, real=(1, 4, 16, 64, 256))
     for trace, rate in FIG18B_RATE.items():
         result = _sweep(options, folder / trace, engines=("paged",), trace=trace, rates=(rate,),
                         block_sizes=sizes, kv=s.kv_cache_gib)  # fmt: skip
@@ -164,17 +170,22 @@ def fig18b(options: Options, folder: Path) -> FigureResult:
 
 
 def preemption_overhead_ms(cell: Path, preemption: str) -> float | None:
-    """Modelled time per preemption: swap in + out of its blocks, or recomputing its tokens.
+    """Time per preemption: swap in + out of its blocks, or recomputing its tokens.
 
-    Swap: blocks copied (steps.csv `swapped_blocks`) x the cost model's `per_swap_block_s`.
-    Recompute: prefill tokens beyond the requests' prompts (the tokens fed again) x
-    `per_token_s`. None when the cell never preempted.
+    Swap: blocks copied (steps.csv `swapped_blocks`) x `per_swap_block_s`. Recompute: prefill
+    tokens beyond the requests' prompts (the tokens fed again) x `per_token_s`. The constants
+    are the cost model's for a simulated cell; for a real cell they are fitted to the cell's
+    own measured step times (`kvbench calibrate` on that one run), so the overhead is the
+    measured cost of the copies or of the tokens fed again. None when the cell never preempted.
     """
     summary = read_json(cell / "summary.json")
     count = summary.get("num_preemptions") or 0
     if not count:
         return None
-    cost = read_json(cell / "config.json")["cost_model_constants"]
+    if summary.get("mode") == "real":
+        cost = asdict(calibrate([cell]).cost)
+    else:
+        cost = read_json(cell / "config.json")["cost_model_constants"]
     steps = read_table(cell / "steps.csv")
     if preemption == "swap":
         seconds = float(np.sum(steps["swapped_blocks"])) * cost["per_swap_block_s"]
@@ -188,7 +199,7 @@ def preemption_overhead_ms(cell: Path, preemption: str) -> float | None:
 def fig19(options: Options, folder: Path) -> FigureResult:
     s = options.setting
     trace, kv = "sharegpt-paper", s.kv_cache_gib * FIG19_BUDGET_SHARE
-    sizes = POWERS if not options.quick else (1, 4, 16, 64, 256)
+    sizes = options.pick((1, 4, 16, 64, 256), POWERS, real=(1, 16, 256))
     rows: list[Row] = []
     overheads: dict[str, dict[int, float | None]] = {}
     notes, plots = [], []
@@ -214,8 +225,8 @@ def fig19(options: Options, folder: Path) -> FigureResult:
     plots += _plot(_plot_overheads, overheads, folder / "overhead", notes)
     notes.append(
         f"{kv:g} GiB of KV ({FIG19_BUDGET_SHARE:g} of the setting's) at {FIG19_RATE * s.rate_scale:g} "
-        "req/s so that paged preempts; overheads are the cost model's time for the blocks swapped / "
-        "tokens recomputed"
+        "req/s so that paged preempts; overheads: the blocks swapped / tokens recomputed times the cost "
+        "model's constants (simulated) or constants fitted to the cell's own step times (real)"
     )
     return FigureResult("fig19", "Preemption: recompute vs swap, overhead per preemption vs block size",
                         tuple(rows), fig19_verdict(overheads), tuple(plots), tuple(notes))  # fmt: skip

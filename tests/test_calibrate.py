@@ -64,3 +64,35 @@ def test_calibration_errors_are_one_line(tmp_path):
     bad.write_text("{")
     with pytest.raises(KvbenchError, match="cannot read it"):
         load_cost_model(str(bad), "opt-13b")
+
+
+def test_the_fit_recovers_a_prefill_only_cost(tmp_path):
+    """Real runners prefill eagerly and replay decodes as graphs: a prefill step costs more."""
+    truth = {"model": "opt-13b", "fixed_s": 0.012, "per_token_s": 4e-5, "per_kv_token_s": 3e-7,
+             "per_prefill_s": 0.02}  # fmt: skip
+    model = tmp_path / "truth.json"
+    model.write_text(json.dumps(truth))
+    run = simulated(tmp_path, "prefill", 8.0, 3, cost_model=str(model))
+    fitted = calibrate([run]).cost
+    assert fitted.per_prefill_s == pytest.approx(0.02, rel=1e-6)
+    assert fitted.fixed_s == pytest.approx(0.012, rel=1e-6)
+    assert load_cost_model(str(model), "opt-13b").per_prefill_s == 0.02
+
+
+def test_held_out_real_runs_are_replayed_by_the_simulator(tmp_path):
+    """`--held-out`: a real run's config is rebuilt exactly, simulated with the fit, compared."""
+    from kvbench.calibrate_check import check, read_config, summarize
+    from kvbench.real_run import run_real
+
+    workload = WorkloadSpec("uniform:prompt=8..24,output=4..12", num_requests=6, rate=50.0, seed=2)
+    config = RunConfig(engine="paged", model="tiny-llama", workload=workload, kv_cache_gib=0.01, block_size=4)
+    write_result(run_real(config), tmp_path / "real")
+    assert read_config(tmp_path / "real") == config
+    model = tmp_path / "cost.json"
+    model.write_text(json.dumps({**calibrate([tmp_path / "real"]).to_dict()}))
+    checks = check(model, [tmp_path / "real"])
+    assert [c.metric for c in checks] == ["output_token_throughput", "normalized_latency_s"]
+    assert all(c.real > 0 and c.simulated > 0 for c in checks)
+    assert summarize(checks)["normalized_latency_s"]["runs"] == 1
+    with pytest.raises(KvbenchError, match="not a real run"):
+        check(model, [simulated(tmp_path, "sim", 4.0, 0)])
