@@ -10,8 +10,8 @@ Prints output tokens/s per engine and checks that every engine produced the same
         [--attention auto|triton|torch] [--no-cuda-graphs] [--step-by-step] [--collectors torch,nvml,roofline]
 
 The collectors' cost: `--overhead --collectors torch,nvml,roofline` runs each engine seven times:
-after one uncounted warm-up run, alternating without and with them three times, and prints the
-throughput ratio of the warm runs.
+one uncounted warm-up run, then without and with them, alternating, three times; it prints the
+throughput ratio of the warm runs. `--each` adds each collector alone to the rotation.
 
 Throughput is output tokens over the engine loop's wall time; building the runner (capturing
 its CUDA graphs) happens before and is reported beside it.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import defaultdict
 
 import numpy as np
 import torch
@@ -60,6 +61,7 @@ def main() -> None:
     parser.add_argument("--step-by-step", action="store_true", help="one engine call per step")
     parser.add_argument("--collectors", default="none", help="torch,nvml,roofline or none")
     parser.add_argument("--overhead", action="store_true", help="each engine without and with --collectors")
+    parser.add_argument("--each", action="store_true", help="--overhead: also each collector alone")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -84,10 +86,12 @@ def main() -> None:
     figures, tokens = {}, {}
     plan = [(engine, ()) for engine in args.engines.split(",")]
     if args.overhead:  # a warm-up run (compilation), then without and with the collectors, three times
+        # --each: every collector alone too, so a cost can be pinned on one of them
+        kinds = [collect] + ([(name,) for name in collect] if args.each else [])
         plan = [
             (engine, names)
             for engine, _ in plan
-            for names in [("warmup",)] + [n for _ in range(3) for n in ((), collect)]
+            for names in [("warmup",)] + [n for _ in range(3) for kind in kinds for n in ((), kind)]
         ]
     else:
         plan = [(engine, collect) for engine, _ in plan]
@@ -138,14 +142,16 @@ def main() -> None:
     if args.overhead:
         for engine in dict.fromkeys(args.engines.split(",")):
             runs = [figures[key] for key in figures if key.split("#")[0] == engine and "warmup" not in key]
-            bare = [run["output_tokens_per_s"] for run in runs if not run["collectors"]]
-            full = [run["output_tokens_per_s"] for run in runs if run["collectors"]]
-            if not full:
+            speed = defaultdict(list)  # collectors' class names -> output tokens/s of each run
+            for run in runs:
+                speed[",".join(run["collectors"])].append(run["output_tokens_per_s"])
+            bare = np.mean(speed.pop("", [np.nan]))
+            if not speed:
                 print(f"{engine}: no collector runs on {device.type}")
-                continue
-            drop = 1 - (sum(full) / len(full)) / (sum(bare) / len(bare))
-            print(f"{engine}: collectors cost {100 * drop:.2f} % of output tokens/s "
-                  f"({sum(bare) / len(bare):.0f} without, {sum(full) / len(full):.0f} with)")  # fmt: skip
+            for names, values in speed.items():
+                drop = 1 - np.mean(values) / bare
+                print(f"{engine}: {names} cost {100 * drop:.2f} % of output tokens/s "
+                      f"({bare:.0f} without, {np.mean(values):.0f} with)")  # fmt: skip
     first = next(iter(tokens.values()))
     same = all(t == first for t in tokens.values())
     print(f"greedy tokens identical across engines: {same}")
