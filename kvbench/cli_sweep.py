@@ -68,6 +68,17 @@ def _sweep(
         float, typer.Option(help="Unloaded baseline: requests/s, evenly spaced, so each runs alone.")
     ] = 0.001,
     baseline_requests: Annotated[int, typer.Option(help="Unloaded baseline: requests it runs.")] = 50,
+    executor: Annotated[
+        str, typer.Option(help="Where cells run: local (this machine) or ray (a Ray cluster).")
+    ] = "local",
+    parallel_gpus: Annotated[
+        int, typer.Option(help="local: run this many cells at once, each in its own process on its own GPU.")
+    ] = 1,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="ray: the cluster's HOST:PORT (default: `ray start`'s here, else a local one)."),
+    ] = None,
+    ray_retries: Annotated[int, typer.Option(help="ray: reruns of a cell whose worker or node died.")] = 3,
 ) -> None:
     """A grid of simulated (or real) runs, one folder per cell, resumable; sustained rates per engine."""
     from kvbench.config import RunConfig, prepare
@@ -108,7 +119,11 @@ def _sweep(
     if not real_mode and not continue_on_error:
         prepare(plan.config(grid_cells(axes)[0]))  # a mistyped setting fails now, not in the first cell
     start = time.perf_counter()
-    result = run_sweep(plan, out, resume=resume, overwrite=overwrite)
+    where = _executor(executor, parallel_gpus, ray_address, ray_retries, real.device if real_mode else None)
+    try:
+        result = run_sweep(plan, out, resume=resume, overwrite=overwrite, executor=where)
+    finally:
+        where.close()
     typer.echo(
         f"sweep: {len(result.rows)} cells ({result.ran} run, {result.resumed} resumed, "
         f"{result.failed} failed) in {time.perf_counter() - start:.1f} s: {out / 'sweep.csv'}"
@@ -120,6 +135,30 @@ def _sweep(
         typer.echo(f"  sustained {row['engine']} ({row['trace']}, bs {row['block_size']}): {rate}, {limit}")
     if result.sustained:
         typer.echo(f"  {out / 'sustained.csv'}")
+
+
+def _executor(name: str, parallel_gpus: int, ray_address: str | None, ray_retries: int, device: str | None):
+    """The executor the flags ask for; bad combinations stop here, before anything runs."""
+    from kvbench.sweep_executor import LocalExecutor
+
+    if name not in ("local", "ray"):
+        raise KvbenchError(f"--executor must be local or ray, got {name!r}")
+    if name == "local" and ray_address is not None:
+        raise KvbenchError("--ray-address needs --executor ray")
+    if name == "ray" and parallel_gpus != 1:
+        raise KvbenchError("--parallel-gpus is the local executor's: Ray gives each cell its own GPU itself")
+    if parallel_gpus < 1:
+        raise KvbenchError(f"--parallel-gpus must be an integer >= 1, got {parallel_gpus}")
+    if ray_retries < 0:
+        raise KvbenchError(f"--ray-retries must be an integer >= 0, got {ray_retries}")
+    pinned = device is not None and device.startswith("cuda:")
+    if pinned and (name == "ray" or parallel_gpus > 1):
+        raise KvbenchError(f"--device {device}: each cell gets one GPU of its own, give --device cuda")
+    if name == "local":
+        return LocalExecutor(parallel_gpus)
+    from kvbench.sweep_ray import RayExecutor
+
+    return RayExecutor(ray_address, ray_retries)
 
 
 def _check_counts(repeats, bisect, multiple, threshold, baseline_rate, baseline_requests) -> None:

@@ -6,11 +6,13 @@
     <out>/sweep.csv       one row per cell, rewritten atomically after every cell
     <out>/sustained.csv   per engine and setup: the sustained rate and how it was found
 
-The order: the unloaded baseline cells (when the latency threshold is not given), the grid,
-then bisection between each engine's last passing and first failing rate. A cell whose folder
-holds a summary.json is finished; `--resume` skips it (after checking it ran the same
-settings), so a sweep killed at any point loses at most the cell it was running. See
-docs/SWEEPS.md.
+The phases: the unloaded baseline cells (when the latency threshold is not given) and the
+grid, one batch, then bisection between each engine's last passing and first failing rate, one
+batch per round (`kvbench.sweep_rounds`). An executor (`kvbench.sweep_executor`: this machine,
+or `kvbench.sweep_ray`: a Ray cluster) runs each batch and hands cells back as they finish; this
+process alone writes sweep.csv. A cell whose folder holds a summary.json is finished;
+`--resume` skips it (after checking it ran the same settings), so a sweep killed at any point
+loses at most the cells it was running. See docs/SWEEPS.md.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
-from kvbench.sweep_cell import CellRun, config_differences, run_cell
+from kvbench.sweep_cell import CellRun, Outcome, config_differences
+from kvbench.sweep_executor import CellJob, Executor, LocalExecutor
 from kvbench.sweep_files import (
     CELL_COLUMNS,
     CI_METRICS,
@@ -45,7 +49,8 @@ from kvbench.sweep_grid import (
     grid_cells,
 )
 from kvbench.sweep_progress import Progress
-from kvbench.sweep_sustained import SustainedOptions, sustained_table
+from kvbench.sweep_rounds import sustained_in_rounds
+from kvbench.sweep_sustained import SustainedOptions
 
 OUR_FILES = ("cells", "sweep.csv", "sweep.json", "sustained.csv")
 
@@ -78,9 +83,11 @@ class SweepResult:
 class _Sweep:
     """One invocation's state: the rows so far, by cell id, in the order cells were planned."""
 
-    def __init__(self, plan: SweepPlan, out: Path, resume: bool, progress: Progress) -> None:
+    def __init__(self, plan: SweepPlan, out: Path, resume: bool, progress: Progress, executor: Executor):
         self.plan, self.out, self.resume, self.progress = plan, out, resume, progress
+        self.executor = executor
         self.rows: dict[str, dict] = {}
+        self.finished: set[str] = set()  # cells whose row is final in this invocation
         self.previous = read_table(out / "sweep.csv")  # wall times of resumed cells
         self.columns = [*CELL_COLUMNS, *metric_columns(plan.base)]
         if plan.axes.repeats > 1:
@@ -92,36 +99,60 @@ class _Sweep:
             self.rows.setdefault(cell.id, cell_row(cell, self.plan.config(cell), "pending", None, "", None))
 
     def run(self, cell: Cell) -> dict:
-        """Run `cell` (or find it finished); its row."""
-        config, folder = self.plan.config(cell), self.out / "cells" / cell.id
+        """`cell`'s row, running it first unless it is finished."""
+        self.run_batch([cell])
+        return self.rows[cell.id]
+
+    def run_batch(self, cells: list[Cell]) -> None:
+        """Run the cells not finished yet, all handed to the executor at once; record each as it ends."""
+        by_id, jobs = {cell.id: cell for cell in cells}, []
+        for cell in cells:
+            if cell.id in self.finished:
+                continue
+            config, folder = self.plan.config(cell), self.out / "cells" / cell.id
+            if self.resume and (folder / "summary.json").is_file():
+                self._found(cell, config, folder)
+            else:
+                jobs.append(CellJob(cell.id, config, folder, self.plan.run))
+        if not jobs:
+            return
+        # closed at once when a failed cell stops the sweep: the executor hands out nothing more
+        with closing(self.executor.run(jobs, lambda job: self.progress.begin(job.cell_id))) as outcomes:
+            for job, outcome in outcomes:
+                self._ran(by_id[job.cell_id], job.config, outcome)
+
+    def _found(self, cell: Cell, config: RunConfig, folder: Path) -> None:
+        """A cell a previous invocation finished (after checking it ran these settings)."""
+        differs = config_differences(config, folder)
+        if differs:
+            raise KvbenchError(
+                f"--resume: {folder} ran other settings ({', '.join(differs)}); "
+                "use another --out, or --overwrite"
+            )
         self.progress.begin(cell.id)
-        if self.resume and (folder / "summary.json").is_file():
-            differs = config_differences(config, folder)
-            if differs:
-                raise KvbenchError(
-                    f"--resume: {folder} ran other settings ({', '.join(differs)}); "
-                    "use another --out, or --overwrite"
-                )
-            summary = json.loads((folder / "summary.json").read_text())
-            wall = self.previous.get(cell.id, {}).get("wall_s") or None
-            row = cell_row(cell, config, "ok", summary, "", float(wall) if wall else None)
-            self.resumed += 1
-            self.progress.finish(True, None)
-        else:
-            outcome = run_cell(config, folder, self.plan.run)
-            status = "ok" if outcome.ok else "failed"
-            row = cell_row(cell, config, status, outcome.summary, outcome.error, round(outcome.wall_s, 3))
-            self.ran += 1
-            self.failed += not outcome.ok
-            self.progress.finish(outcome.ok, outcome.wall_s)
+        summary = json.loads((folder / "summary.json").read_text())
+        wall = self.previous.get(cell.id, {}).get("wall_s") or None
+        self.resumed += 1
+        self.progress.finish(True, None)
+        self._record(cell, cell_row(cell, config, "ok", summary, "", float(wall) if wall else None))
+
+    def _ran(self, cell: Cell, config: RunConfig, outcome: Outcome) -> None:
+        status = "ok" if outcome.ok else "failed"
+        self.ran += 1
+        self.failed += not outcome.ok
+        self.progress.finish(outcome.ok, outcome.wall_s)
+        wall = round(outcome.wall_s, 3)
+        self._record(cell, cell_row(cell, config, status, outcome.summary, outcome.error, wall))
+
+    def _record(self, cell: Cell, row: dict) -> None:
         self.rows[cell.id] = row
+        self.finished.add(cell.id)
         self.write()
         if row["status"] == "failed" and not self.plan.continue_on_error:
             raise KvbenchError(
                 f"cell {cell.id} failed: {row['error']} (--continue-on-error records failed cells and "
                 "goes on; --resume retries them)"
             )
-        return row
 
     def write(self) -> None:
         rows = list(self.rows.values())
@@ -137,23 +168,27 @@ def run_sweep(
     resume: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
+    executor: Executor | None = None,
 ) -> SweepResult:
-    """Run every cell of `plan` into `out`; write sweep.csv, sweep.json and sustained.csv."""
+    """Run every cell of `plan` into `out`; write sweep.csv, sweep.json and sustained.csv.
+
+    `executor`: where the cells run (default: in order, in this process); the caller closes it.
+    """
     out = Path(out)
+    executor = executor or LocalExecutor()
     _prepare_folder(out, resume, overwrite)
     grid = grid_cells(plan.axes)
     baselines = _baseline_cells(plan, grid) if plan.needs_baseline else []
     groups = {cell.group for cell in grid}
     bisect_cells = len(groups) * plan.sustained.bisect * plan.axes.repeats if plan.axes.swept_rates else 0
     progress = progress or Progress(len(baselines) + len(grid) + bisect_cells)
-    write_json_atomically(out / "sweep.json", _description(plan, len(baselines) + len(grid)))
-    state = _Sweep(plan, out, resume, progress)
+    write_json_atomically(out / "sweep.json", _description(plan, len(baselines) + len(grid), executor))
+    state = _Sweep(plan, out, resume, progress, executor)
     try:
         state.plan_cells(baselines + grid)
         state.write()
-        for cell in baselines + grid:
-            state.run(cell)
-        sustained = sustained_table(plan, state, grid) if plan.axes.swept_rates else []
+        state.run_batch(baselines + grid)
+        sustained = sustained_in_rounds(plan, state, grid) if plan.axes.swept_rates else []
     finally:
         progress.close()
     if sustained:
@@ -190,7 +225,7 @@ def _baseline_cells(plan: SweepPlan, grid: list[Cell]) -> list[Cell]:
     return [Cell(BASELINE, e, trace, None, bs, kv, seed) for e, trace, bs, kv, seed in groups]
 
 
-def _description(plan: SweepPlan, planned: int) -> dict:
+def _description(plan: SweepPlan, planned: int, executor: Executor) -> dict:
     from kvbench import __version__
 
     return {
@@ -204,5 +239,6 @@ def _description(plan: SweepPlan, planned: int) -> dict:
         "cell_run": asdict(plan.run),
         "sustained": asdict(plan.sustained),
         "continue_on_error": plan.continue_on_error,
+        "executor": executor.describe(),
         "cells_planned": planned,
     }

@@ -19,6 +19,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -48,11 +49,15 @@ class Outcome:
     wall_s: float
 
 
-def run_cell(config: RunConfig, out: Path, how: CellRun) -> Outcome:
-    """Run `config` into the folder `out`; a recordable failure comes back as `ok=False`."""
+def run_cell(config: RunConfig, out: Path, how: CellRun, env: Mapping[str, str] | None = None) -> Outcome:
+    """Run `config` into the folder `out`; a recordable failure comes back as `ok=False`.
+
+    `env`: the environment of an isolated cell's process (None: this one's), e.g. the one GPU
+    it may see.
+    """
     start = time.perf_counter()
     try:
-        summary = _isolated(config, out, how) if how.isolate else _in_process(config, out, how)
+        summary = _isolated(config, out, how, env) if how.isolate else _in_process(config, out, how)
     except KvbenchError as error:
         return Outcome(False, None, str(error), time.perf_counter() - start)
     except MemoryError:
@@ -112,10 +117,10 @@ def command(config: RunConfig, out: Path, how: CellRun) -> list[str]:
     return [*args, "--out", str(out)]
 
 
-def _isolated(config: RunConfig, out: Path, how: CellRun) -> dict:
+def _isolated(config: RunConfig, out: Path, how: CellRun, env: Mapping[str, str] | None) -> dict:
     argv = command(config, out, how)
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=how.timeout_s)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=how.timeout_s, env=env)
     except subprocess.TimeoutExpired:
         raise KvbenchError(f"the cell ran longer than {how.timeout_s:g} s and was stopped") from None
     if proc.returncode != 0:
