@@ -8,6 +8,11 @@
 | orca-oracle   | contiguous (buddy), exact true length   | iteration-level  |
 | paged         | blocks, block tables, ref counts        | iteration-level  |
 | paged-static  | blocks (ablation)                       | request-level    |
+| paged-prefix  | blocks + prefix cache (beyond paper)    | iteration-level  |
+
+`paged-prefix` is vLLM with automatic prefix caching: requests share computed prompt blocks
+by content (shared prefixes, Mooncake block hashes, earlier chat turns); `paged` is the
+paper's vLLM, which computes and stores every prompt itself, as the contiguous engines do.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from engines.contiguous import (
     ReservationPolicy,
 )
 from engines.paged import PagedAllocator
+from engines.paged_prefix import PrefixCachingAllocator
 from engines.scheduler import IterationScheduler, RequestScheduler, Scheduler, SchedulerConfig
 from kvbench.errors import KvbenchError
 
@@ -41,6 +47,7 @@ class EngineOptions:
     contiguous_fit: str = "buddy"  # contiguous engines: "buddy" (the paper's Orca) or "first-fit"
     watermark: float = 0.01  # paged engines: fraction of blocks kept free at admission
     host_blocks: int = 0  # paged engines: swap space in host memory, in blocks
+    hash_block_size: int | None = None  # prefix caching: tokens per `block_hashes` entry (the trace's)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
@@ -54,6 +61,12 @@ def _contiguous(policy: Callable[[EngineOptions], ReservationPolicy]):
 
 def _paged(options: EngineOptions) -> KVAllocator:
     return PagedAllocator(options.num_slots, options.block_size, options.watermark, options.host_blocks)
+
+
+def _paged_prefix(options: EngineOptions) -> KVAllocator:
+    return PrefixCachingAllocator(
+        options.num_slots, options.block_size, options.watermark, options.host_blocks, options.hash_block_size
+    )
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,12 @@ ENGINES: dict[str, EngineSpec] = {
             "paged", "vLLM: continuous batching, paged blocks, preemption", _paged, IterationScheduler
         ),
         EngineSpec("paged-static", "ablation: paged blocks with static batches", _paged, RequestScheduler),
+        EngineSpec(
+            "paged-prefix",
+            "vLLM with prefix caching: computed prompt blocks shared by content, LRU eviction",
+            _paged_prefix,
+            IterationScheduler,
+        ),
     )
 }
 

@@ -36,6 +36,8 @@ class BlockTable:
 
 Addressing = Extent | BlockTable
 
+SlotCopy = tuple[int, int, int]  # (first source slot, first target slot, slots): K/V to copy first
+
 
 class KVAllocator(Protocol):
     """Contract every allocator keeps.
@@ -57,9 +59,23 @@ class KVAllocator(Protocol):
         """Whether this request could run alone in an empty arena."""
         ...
 
-    def can_allocate(self, seq: Sequence) -> bool: ...
+    def can_allocate(self, seq: Sequence) -> bool:
+        """Room to admit `seq` (a group's leader: what the engine reserves for the whole group)."""
+        ...
+
+    def can_allocate_all(self, seqs: Seq[Sequence]) -> bool:
+        """Room to admit all of `seqs` together (a preempted beam group coming back)."""
+        ...
 
     def allocate(self, seq: Sequence) -> None: ...
+
+    def fork(self, parent: Sequence, child: Sequence) -> list[SlotCopy]:
+        """Make non-resident `child` resident holding `parent`'s K/V (parallel samples, beams).
+
+        Paged shares the blocks (copy-on-write later, no copies now); contiguous hands the
+        child an extent reserved at admission and returns the copy that fills it.
+        """
+        ...
 
     def can_append(self, seq: Sequence) -> bool: ...
 
@@ -105,6 +121,14 @@ class KVAllocator(Protocol):
 
     def footprint(self) -> Footprint:
         """Totals over resident sequences, external fragmentation left at 0."""
+        ...
+
+    def sharing_saved(self) -> int:
+        """Slots the resident sequences map beyond the distinct slots held (0 without sharing).
+
+        Without sharing every sequence would hold its own copy, so the slots held would be
+        `footprint().granted + sharing_saved()` (the paper's Fig. 15 denominator).
+        """
         ...
 
     def external_frag(self, head: Sequence | None) -> int:

@@ -33,6 +33,10 @@ class SlotArena(Protocol):
         """Whether a free extent for `num` slots exists right now."""
         ...
 
+    def can_fit_many(self, num: int, count: int) -> bool:
+        """Whether `count` extents of `num` slots could be granted together right now."""
+        ...
+
     def can_ever_fit(self, num: int) -> bool:
         """Whether an empty arena could grant `num` slots."""
         ...
@@ -97,6 +101,16 @@ class BuddyArena:
         count = self._count
         for order in range(_order_of(num), self._max_order + 1):
             if count[order]:
+                return True
+        return False
+
+    def can_fit_many(self, num: int, count: int) -> bool:
+        # a free block of order o splits into 2 ** (o - want) grants of order want
+        want = _order_of(num)
+        fits = 0
+        for order in range(want, self._max_order + 1):
+            fits += self._count[order] << (order - want)
+            if fits >= count:
                 return True
         return False
 
@@ -190,6 +204,10 @@ class FirstFitArena:
 
     def can_fit(self, num: int) -> bool:
         return any(length >= num for length in self._lengths.values())
+
+    def can_fit_many(self, num: int, count: int) -> bool:
+        # first fit carves equal extents from the front of a run: a run of L slots yields L // num
+        return sum(length // num for length in self._lengths.values()) >= count
 
     def can_ever_fit(self, num: int) -> bool:
         return num <= self.num_slots

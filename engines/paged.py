@@ -7,8 +7,10 @@ count (`fork`); writing into a shared block first copies it (copy-on-write).
 Free blocks sit in a FIFO queue: allocation takes from the front, and a freed sequence
 returns its blocks to the back, last block first. The order is irrelevant to occupancy
 (any free block serves any need, so paging has no external fragmentation), but fixing it
-makes block ids exact in tests, and it is the order a prefix cache wants later: a
-sequence's head blocks, the likeliest to be shared, are the last to be reused.
+makes block ids exact in tests, and it is the order a prefix cache wants: a sequence's
+head blocks, the likeliest to be shared, are the last to be reused. The prefix-caching
+subclass (`engines.paged_prefix`) keeps freed blocks that hold reusable K/V in an LRU beside
+this queue; everything here that counts free blocks counts those too (`num_free_blocks`).
 
 Arena layout (block_size 4, num_slots 18 -> 4 blocks, 2 tail slots nobody can use)::
 
@@ -55,21 +57,28 @@ class PagedAllocator:
         self._target = 0  # sum over sequences of min(final length, slots in their table)
         # growth_horizon's crossing list, reused by the grow() that follows for the same batch
         self._plan: tuple[Seq[Sequence] | None, list[tuple[int, int]]] = (None, [])
-        self._grown: list[tuple[int, list[int], int]] = []  # last grow's (step, table, target added)
+        # last grow's (step, table, target added, what `_give_back` needs to undo the take)
+        self._grown: list[tuple[int, list[int], int, int | None]] = []
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now."""
         return len(self._free)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def can_ever_hold(self, request: Request) -> bool:
-        return self.blocks_for(request.kv_len) <= self.num_blocks - self.watermark_blocks
+        # a beam group's k beams run together and, at worst, share nothing
+        return self.blocks_for(request.kv_len) * request.beam_width <= self.num_blocks - self.watermark_blocks
 
     def can_allocate(self, seq: Sequence) -> bool:
         need = self.blocks_for(seq.num_tokens)
-        return len(self._free) - need >= self.watermark_blocks
+        return self.num_free_blocks - need >= self.watermark_blocks
+
+    def can_allocate_all(self, seqs: Seq[Sequence]) -> bool:
+        need = sum([self.blocks_for(seq.num_tokens) for seq in seqs])
+        return self.num_free_blocks - need >= self.watermark_blocks
 
     def allocate(self, seq: Sequence) -> None:
         assert seq not in self._tables, f"seq {seq.seq_id} is already resident"
@@ -82,7 +91,7 @@ class PagedAllocator:
         need = -(-seq.num_tokens // self.block_size) - len(table)
         if self._num_shared:
             need += len(self._shared_written(seq, table))
-        return len(self._free) >= need
+        return self.num_free_blocks >= need
 
     def append(self, seq: Sequence) -> list[tuple[int, int]]:
         table = self._tables[seq]
@@ -98,7 +107,7 @@ class PagedAllocator:
             return None  # copy-on-write is decided sequence by sequence
         bs, tables = self.block_size, self._tables
         needy = [seq for seq in seqs if -(-seq.num_tokens // bs) > len(tables[seq])]
-        if sum([-(-seq.num_tokens // bs) - len(tables[seq]) for seq in needy]) > len(self._free):
+        if sum([-(-seq.num_tokens // bs) - len(tables[seq]) for seq in needy]) > self.num_free_blocks:
             return None
         for seq in needy:
             self.append(seq)
@@ -113,15 +122,15 @@ class PagedAllocator:
             copies.append((old, new))
         return copies
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
+    def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int, int]]:
         """Let `child` share every block of `parent` (parallel sampling, beam search)."""
         assert child not in self._tables, f"seq {child.seq_id} is already resident"
         table = self._tables[parent]
         for block in table:
-            self._refs[block] += 1
-            self._num_shared += self._refs[block] == 2
+            self._ref(block)
         self._tables[child] = list(table)
         self._target += self._target_of(child, len(table))
+        return []  # shared, not copied: the first write into a shared block copies it
 
     def free(self, seq: Sequence) -> None:
         table = self._tables.pop(seq)
@@ -147,7 +156,7 @@ class PagedAllocator:
     def can_swap_in(self, seq: Sequence) -> bool:
         """Room on the device for the swapped blocks and the next token, above the watermark."""
         need = max(len(self._swapped[seq]), self.blocks_for(seq.num_tokens))
-        return len(self._free) - need >= self.watermark_blocks
+        return self.num_free_blocks - need >= self.watermark_blocks
 
     def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
         """Bring the sequence back; `(host block, device block)` to copy before it runs."""
@@ -165,7 +174,7 @@ class PagedAllocator:
         self._plan = (seqs, firsts)
         # the n-th new block (0-based) is needed at step firsts[n % B] + (n // B) * bs,
         # so the first allocation that would fail is the one numbered len(free)
-        rounds, index = divmod(len(self._free), len(firsts))
+        rounds, index = divmod(self.num_free_blocks, len(firsts))
         return min(max_steps, firsts[index][0] + rounds * self.block_size)
 
     def grow(self, seqs: Seq[Sequence], num_steps: int) -> Growth | None:
@@ -186,9 +195,10 @@ class PagedAllocator:
                 seq = seqs[index]
                 table = self._tables[seq]
                 added = min(max(seq.request.kv_len - len(table) * self.block_size, 0), self.block_size)
-                table.append(self._take())
+                block, undo = self._take_undoable()
+                table.append(block)
                 self._target += added
-                self._grown.append((step, table, added))
+                self._grown.append((step, table, added, undo))
                 asked[step] += self.block_size
                 target[step] += added
         return Growth(asked=asked, target=target)
@@ -197,19 +207,22 @@ class PagedAllocator:
         # the last grow took its blocks from the front of the queue in step order; handing
         # the late ones back to the front in reverse order restores the queue exactly
         while self._grown and self._grown[-1][0] >= num_steps:
-            _, table, added = self._grown.pop()
-            block = table.pop()
-            self._refs[block] = 0
-            self._free.appendleft(block)
+            _, table, added, undo = self._grown.pop()
+            self._give_back(table.pop(), undo)
             self._target -= added
         self._grown = []  # the segment's allocations are final
 
     def footprint(self) -> Footprint:
         if self._num_shared:
-            return self._footprint_by_blocks()
+            return self._footprint_shared()
         tokens = sum(seq.num_computed for seq in self._tables)
-        used = (self.num_blocks - len(self._free)) * self.block_size
+        used = (self.num_blocks - self.num_free_blocks) * self.block_size
         return Footprint(tokens, self._target, used, used)
+
+    def sharing_saved(self) -> int:
+        if not self._num_shared:
+            return 0
+        return sum([refs - 1 for refs in self._refs if refs > 1]) * self.block_size
 
     def external_frag(self, head: Sequence | None) -> int:
         return self.num_slots - self.num_blocks * self.block_size  # the tail past the last block
@@ -219,7 +232,7 @@ class PagedAllocator:
 
     def check_integrity(self) -> None:
         refs = [0] * self.num_blocks
-        ahead = Counter(id(table) for _, table, _ in self._grown)  # a segment in flight grew these
+        ahead = Counter(id(grown[1]) for grown in self._grown)  # a segment in flight grew these
         for seq, table in self._tables.items():
             assert len(set(table)) == len(table), f"seq {seq.seq_id} maps a block twice"
             low, high = self.blocks_for(seq.num_computed), self.blocks_for(seq.num_tokens) + ahead[id(table)]
@@ -227,14 +240,48 @@ class PagedAllocator:
             for block in table:
                 refs[block] += 1
         assert refs == self._refs, "reference counts differ from the block tables"
-        assert len(set(self._free)) == len(self._free), "a block is free twice"
-        assert set(self._free) == {b for b, r in enumerate(refs) if r == 0}, "free set wrong"
-        assert self._num_shared == sum(r > 1 for r in refs), "shared-block count wrong"
+        self._check_unreferenced(refs)
         want = sum(self._target_of(seq, len(table)) for seq, table in self._tables.items())
         assert self._target == want, "target total out of date"
         held = [b for host in self._swapped.values() for b in host]
         assert sorted(held + list(self._host_free)) == list(range(self.num_host_blocks)), "host blocks lost"
         assert not set(self._swapped) & set(self._tables), "a sequence is both resident and swapped"
+
+    def _check_unreferenced(self, refs: list[int]) -> None:
+        """Free blocks are exactly the unreferenced ones; the shared count is up to date."""
+        assert len(set(self._free)) == len(self._free), "a block is free twice"
+        assert set(self._free) == {b for b, r in enumerate(refs) if r == 0}, "free set wrong"
+        assert self._num_shared == sum(r > 1 for r in refs), "shared-block count wrong"
+        if self._num_shared:
+            assert self._footprint_shared() == self._footprint_by_blocks(), "shared footprint wrong"
+
+    def _footprint_shared(self) -> Footprint:
+        """`_footprint_by_blocks` in O(sequences + blocks), not O(table entries).
+
+        Every block but a table's last is full, and wanted whole, in each table holding it. So
+        per-sequence sums count each extra reference to a block `block_size` too often, except
+        at blocks that are some sharer's last: those are corrected by what each such sharer
+        fills (wants) against the most any sharer does, which is what counts once.
+        """
+        bs, refs = self.block_size, self._refs
+        extra = self.sharing_saved()  # slots: extra references x block_size
+        tokens = sum([seq.num_computed for seq in self._tables]) - extra
+        target = self._target - extra
+        lasts: dict[int, list[tuple[int, int]]] = {}  # shared block -> (filled, wanted) where it is last
+        for seq, table in self._tables.items():
+            if table and refs[table[-1]] > 1:
+                start = (len(table) - 1) * bs
+                filled = min(max(seq.num_computed - start, 0), bs)
+                wanted = max(min(max(seq.request.kv_len - start, 0), bs), filled)
+                lasts.setdefault(table[-1], []).append((filled, wanted))
+        for block, entries in lasts.items():
+            full = refs[block] > len(entries)  # some sharer holds it whole
+            fills, wants = zip(*entries, strict=True)
+            # taken off above: bs per extra reference; truly counted twice: all but the most
+            tokens += (len(entries) - 1) * bs - (sum(fills) - (bs if full else max(fills)))
+            target += (len(entries) - 1) * bs - (sum(wants) - (bs if full else max(wants)))
+        used = (self.num_blocks - self.num_free_blocks) * bs
+        return Footprint(tokens, target, used, used)
 
     def _footprint_by_blocks(self) -> Footprint:
         """Footprint counting each physical block once (the reference for shared blocks)."""
@@ -279,6 +326,19 @@ class PagedAllocator:
         block = self._free.popleft()
         self._refs[block] = 1
         return block
+
+    def _take_undoable(self) -> tuple[int, int | None]:
+        """`_take`, with what `_give_back` needs to put the block back where it was."""
+        return self._take(), None
+
+    def _give_back(self, block: int, undo: int | None) -> None:
+        """Undo the latest `_take_undoable` (blocks are given back in reverse order)."""
+        self._refs[block] = 0
+        self._free.appendleft(block)
+
+    def _ref(self, block: int) -> None:
+        self._refs[block] += 1
+        self._num_shared += self._refs[block] == 2
 
     def _unref(self, block: int) -> None:
         self._refs[block] -= 1

@@ -11,6 +11,12 @@ the allocator cannot. They differ in *when* they admit and *when* memory comes b
 - `RequestScheduler` (FasterTransformer-style static batching): admits only when idle, up
   to B earliest arrivals; the batch runs until all of them finish, and their memory is
   freed together then.
+
+A request with several outputs (`engines.groups`) is admitted through its leader, counting
+all its outputs against `max_num_seqs`; after its prompt's prefill the other members join
+`running`. Parallel samples are then independent sequences. A beam group is one unit: its
+members are always scheduled, preempted (by recompute: their blocks are shared, so they
+cannot be swapped) and re-admitted together, and a step with beams is a single step.
 """
 
 from __future__ import annotations
@@ -18,35 +24,17 @@ from __future__ import annotations
 import math
 from bisect import insort
 from collections import deque
-from dataclasses import dataclass
 
-from engines.allocator import KVAllocator
+from engines.allocator import KVAllocator, SlotCopy
+from engines.batch import Batch, SchedulerConfig
+from engines.groups import Branches, admission_unit, branch, groups_in, seats_taken
+from engines.preemption import Preemption
 from kvbench.sequence import SeqStatus, Sequence
 
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    max_num_seqs: int | None = None  # cap on running sequences (B); None: engine default
-    max_num_batched_tokens: int | None = None  # cap on prompt tokens per prefill step
-    preemption: str = "recompute"  # or "swap": park a victim's blocks in host memory
+__all__ = ["Batch", "IterationScheduler", "RequestScheduler", "Scheduler", "SchedulerConfig"]
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """One step's work: the sequences whose uncomputed tokens go through the model."""
-
-    seqs: tuple[Sequence, ...]
-    is_prefill: bool
-    num_tokens: int  # tokens fed through the model: whole prompts, or one per sequence
-    num_context: int  # K/V tokens attended (each sequence's length after the step)
-    steps_to_finish: int = 1  # decode steps until the first sequence finishes
-    block_copies: tuple[tuple[int, int], ...] = ()  # (src, dst) copy-on-write before the step
-    # block copies between device and host, in the order they were scheduled (which matters:
-    # a block freed by one swap may be taken by the next): (to_host, source block, target block)
-    swaps: tuple[tuple[bool, int, int], ...] = ()
-
-
-class Scheduler:
+class Scheduler(Preemption):
     """Shared mechanics; subclasses set the admission and release policy."""
 
     #: cap on tokens prefilled in one step (inf: a static batch is prefilled whole)
@@ -62,6 +50,8 @@ class Scheduler:
         self.swapped: deque[Sequence] = deque()  # preempted by swapping, oldest first
         self.swap = preemption == "swap"
         self._swaps: list[tuple[bool, int, int]] = []  # copies the next batch must do first
+        self._copies: list[SlotCopy] = []  # forks' K/V copies the next batch must do first
+        self._block_slots = getattr(allocator, "block_size", 0)  # slots a block copy moves
         self._unsettled = False  # this step preempted or ended a swap-out period
 
     def add(self, seq: Sequence) -> None:
@@ -114,6 +104,14 @@ class Scheduler:
         head = self.waiting[0] if self.waiting else None
         return head is None or not self.admission_open() or not self.allocator.can_allocate(head)
 
+    def branch(self, batch: Batch, branches: Branches | None) -> None:
+        """Fork (and prune) the groups that ran in `batch`, after its sequences advanced."""
+        for group in groups_in(batch.seqs):
+            joined, copies = branch(group, self.allocator, branches)
+            for seq in joined:
+                self._run(seq)
+            self._copies += copies
+
     def update(self, finished: list[Sequence]) -> None:
         """After a step: drop the sequences that finished in it and release their memory."""
         if finished:
@@ -128,8 +126,11 @@ class Scheduler:
         running request it has not overtaken, and "newest admitted" is "latest arrived".
         """
         for queue in (list(self.waiting), self.running, list(self.swapped)):
-            keys = [_arrival(seq) for seq in queue]
+            keys = [seq.order for seq in queue]
             assert keys == sorted(keys), "a queue is out of arrival order"
+        for group in groups_in(self.running):  # forked beams are scheduled as one unit
+            if group.beam and group.forked:
+                assert all(beam.status is SeqStatus.RUNNING for beam in group.members)
         assert all(seq.status is SeqStatus.RUNNING for seq in self.running)
         assert all(seq.status in (SeqStatus.WAITING, SeqStatus.PREEMPTED) for seq in self.waiting)
         assert all(seq.status is SeqStatus.FINISHED for seq in self.held)
@@ -142,21 +143,29 @@ class Scheduler:
         if not self.admission_open():
             return None
         admitted: list[Sequence] = []
-        tokens = 0
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        tokens = context = 0
+        seats = len(self.running)  # running sequences once the admitted groups have forked
+        while self.waiting and seats < self.max_num_seqs:
             seq = self.waiting[0]
-            if tokens + seq.num_tokens > self.token_cap:
+            unit = admission_unit(seq)
+            need = sum([member.num_tokens for member in unit])
+            # (a preempted beam group may exceed the token cap: it then comes back alone)
+            if (admitted and tokens + need > self.token_cap) or seats + seats_taken(seq) > self.max_num_seqs:
                 break
-            if not self.allocator.can_allocate(seq):
+            alloc = self.allocator
+            if not (alloc.can_allocate_all(unit) if len(unit) > 1 else alloc.can_allocate(seq)):
                 break
-            self.waiting.popleft()
-            self.num_preempted -= seq.status is SeqStatus.PREEMPTED
-            self.allocator.allocate(seq)
-            seq.status = SeqStatus.RUNNING
-            self._run(seq)
-            admitted.append(seq)
-            tokens += seq.num_tokens
-        return self._batch(tuple(admitted), True, tokens, tokens) if admitted else None
+            for member in unit:
+                self.waiting.popleft()
+                self.num_preempted -= member.status is SeqStatus.PREEMPTED
+                self.allocator.allocate(member)
+                member.status = SeqStatus.RUNNING
+                self._run(member)
+                admitted.append(member)
+                tokens += member.num_tokens - member.num_computed  # a prefix cache hit is not fed again
+                context += member.num_tokens
+            seats += seats_taken(seq)
+        return self._batch(tuple(admitted), True, tokens, context) if admitted else None
 
     def _make_room(self) -> Batch | None:
         """Give every running sequence its next slot; the decode batch, None if none remain."""
@@ -168,22 +177,20 @@ class Scheduler:
             return None
         context = sum([seq.num_tokens for seq in running])
         shortest = min([seq.request.output_len - seq.num_generated for seq in running])
+        if any(seq.group is not None and seq.group.beam for seq in running):
+            shortest = 1  # beams are re-forked after every step
         return self._batch(tuple(running), False, len(running), context, shortest, tuple(copies))
 
     def _batch(self, seqs, is_prefill, num_tokens, num_context, steps=1, copies=()) -> Batch:
-        """A batch carrying the swaps scheduled since the last one (they run before it)."""
-        swaps = tuple(self._swaps)
+        """A batch carrying the swaps and fork copies scheduled since the last one (they run first)."""
+        swaps, slot_copies = tuple(self._swaps), tuple(self._copies)
         self._swaps.clear()
-        return Batch(seqs, is_prefill, num_tokens, num_context, steps, copies, swaps)
-
-    def _bring_back(self) -> None:
-        """Swap in from the head of `swapped` while memory and `max_num_seqs` allow."""
-        alloc = self.allocator
-        while self.swapped and len(self.running) < self.max_num_seqs and alloc.can_swap_in(self.swapped[0]):
-            seq = self.swapped.popleft()
-            self._swaps += [(False, host, device) for host, device in alloc.swap_in(seq)]
-            seq.status = SeqStatus.RUNNING
-            self._run(seq)
+        self._copies.clear()
+        copied = len(copies) * self._block_slots + sum([n for _, _, n in slot_copies])
+        groups = any(seq.group is not None for seq in seqs)
+        return Batch(
+            seqs, is_prefill, num_tokens, num_context, steps, copies, swaps, slot_copies, copied, groups
+        )
 
     def _run(self, seq: Sequence) -> None:
         """Add to `running` in arrival order, so "preempt the newest" means the latest arrival.
@@ -191,65 +198,14 @@ class Scheduler:
         Usually an append; a recomputed request re-admitted after newer swapped ones came back
         is older than they are.
         """
-        if not self.running or _arrival(self.running[-1]) < _arrival(seq):
+        if not self.running or self.running[-1].order < seq.order:
             self.running.append(seq)
         else:
-            insort(self.running, seq, key=_arrival)
-
-    def _place_with_preemption(self) -> list[tuple[int, int]]:
-        """Slots one by one in admission order, preempting the newest when out of room.
-
-        `running[:placed]` have their slot; victims are taken from the end of the list
-        (the newest admitted), possibly down to the sequence being placed itself.
-        """
-        alloc, running = self.allocator, self.running
-        copies: list[tuple[int, int]] = []
-        placed, end = 0, len(running)
-        while placed < end:
-            seq = running[placed]
-            while not alloc.can_append(seq):
-                end -= 1
-                self._preempt(running[end])
-                if end == placed:
-                    break
-            else:
-                if cow := alloc.append(seq):
-                    copies += cow
-                placed += 1
-        del running[placed:]
-        return copies
-
-    def _preempt(self, seq: Sequence) -> None:
-        """Swap the K/V out if asked and there is host room, else drop it to recompute later.
-
-        Either way the victim goes back near the head of its queue, in arrival order.
-        """
-        self._unsettled = True
-        if self.swap and self.allocator.can_swap_out(seq):
-            self._swaps += [(True, device, host) for device, host in self.allocator.swap_out(seq)]
-            seq.swap_out()
-            _requeue(self.swapped, seq)
-            return
-        self.allocator.free(seq)
-        seq.preempt()
-        self.num_preempted += 1
-        _requeue(self.waiting, seq)
+            insort(self.running, seq, key=_order)
 
 
-def _arrival(seq: Sequence) -> tuple[float, int]:
-    return seq.request.arrival_s, seq.seq_id
-
-
-def _requeue(queue: deque[Sequence], seq: Sequence) -> None:
-    """Put a preempted sequence back near the head of `queue`, in arrival order.
-
-    It is older than every request that never ran, so the scan stops within the few preempted
-    ones at the head (one swapped back and preempted again may be newer than some of those).
-    """
-    position = 0
-    while position < len(queue) and _arrival(queue[position]) < _arrival(seq):
-        position += 1
-    queue.insert(position, seq)
+def _order(seq: Sequence) -> tuple[float, int, int]:
+    return seq.order
 
 
 class IterationScheduler(Scheduler):

@@ -15,7 +15,9 @@ over a full prefill step plus the logits of a full batch::
               + max_num_seqs x vocab x 4 bytes (fp32 logits)
 
 For OPT-13B on an A100-40GB that gives 11.8 GiB (15,512 slots); the paper used 12 GB
-(15.7K slots), which `--kv-cache-gib 12` reproduces exactly.
+(15.7K slots), which `--kv-cache-gib 12` reproduces exactly. A model split across N GPUs
+(`--tensor-parallel N`) has N times the memory, and N activation reserves (every GPU holds a
+whole step's hidden states); the weights are all ranks' together.
 """
 
 from __future__ import annotations
@@ -92,8 +94,10 @@ def budget_emulating(
     max_num_seqs: int = 256,
     weight_bytes: int | None = None,
     activation_bytes: int | None = None,
+    gpus: int = 1,
 ) -> KVBudget:
-    """The budget a server on `gpu` would leave for KV; weights and activations as measured, if known."""
+    """The budget a server on `gpus` x `gpu` would leave for KV; weights and activations as measured,
+    if known (`activation_bytes`: one GPU's)."""
     if not 0 < utilization <= 1:
         raise KvbenchError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
     if activation_bytes is None:
@@ -101,10 +105,11 @@ def budget_emulating(
     else:
         reserve, measured = activation_bytes, "measured"
     weights = model.weight_bytes if weight_bytes is None else weight_bytes
-    budget = gpu.memory_bytes * utilization - weights - reserve
+    budget = gpus * gpu.memory_bytes * utilization - weights - gpus * reserve
     how = "measured" if weight_bytes is not None else "fp16"
+    times = f"{gpus} x " if gpus > 1 else ""
     source = (
-        f"--emulate-gpu {gpu.name}: {gpu.memory_bytes / GIB:.1f} GiB x {utilization} "
-        f"- weights {weights / GIB:.2f} GiB ({how}) - activations {reserve / GIB:.2f} GiB ({measured})"
+        f"--emulate-gpu {gpu.name}: {times}{gpu.memory_bytes / GIB:.1f} GiB x {utilization} "
+        f"- weights {weights / GIB:.2f} GiB ({how}) - activations {times}{reserve / GIB:.2f} GiB ({measured})"
     )
     return _budget(budget, model, source, f"--emulate-gpu {gpu.name}")

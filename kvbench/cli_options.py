@@ -90,6 +90,7 @@ class RealOptions:
     weights_seed: int = 0
     attention: str = "auto"
     cuda_graphs: bool = True
+    tensor_parallel: int = 1
     collectors: str = "torch,nvml,roofline"
     hf_batch_size: int = 32
     hf_block_size: int | None = None
@@ -109,6 +110,7 @@ _REAL_FLAGS = (
         "Replay decode steps as CUDA graphs (CUDA with the Triton kernels).",
         "--cuda-graphs/--no-cuda-graphs",
     ),
+    _Flag("tensor_parallel", int, "Split the model across this many GPUs of the host (budget: the model's)."),
     _Flag("collectors", str, "CUDA runs: torch (allocator), nvml (memory, power), roofline; or none."),
     _Flag("hf_batch_size", int, "hf-generate: requests per padded generate() batch."),
     _Flag("hf_block_size", int | None, "hf-cb: tokens per cache block (default: transformers', 256)."),

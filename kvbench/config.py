@@ -18,6 +18,7 @@ from kvbench.errors import KvbenchError
 from kvbench.external import check_options, is_external
 from kvbench.metrics import DEFAULT_PERCENTILES, Slo, check_metric_options
 from kvbench.models import ModelSpec, get_model
+from kvbench.parallel.sizes import check_tensor_parallel
 from kvbench.requests import Trace
 from workloads.spec import WorkloadSpec, build_trace
 
@@ -51,6 +52,7 @@ class RunConfig:
     weights_seed: int = 0  # real runs: seed of a preset's random weights
     attention: str = "auto"  # real runs: triton kernels, torch reference, or auto (triton on CUDA)
     cuda_graphs: bool = True  # real runs: replay decode steps as CUDA graphs (needs the kernels)
+    tensor_parallel: int = 1  # real runs: GPUs one model is split across; budgets stay the model's
     collectors: str = "torch,nvml,roofline"  # real runs on CUDA: what to measure beside the steps
     hf_batch_size: int = 32  # hf-generate: requests per padded generate() batch
     hf_block_size: int | None = None  # hf-cb: tokens per cache block; None: transformers' default
@@ -98,6 +100,9 @@ def prepare(
     _positive_int("--max-num-seqs", config.max_num_seqs)
     check_metric_options(config.percentiles, config.slo)
     _positive_int("--max-num-batched-tokens", config.max_num_batched_tokens)
+    check_tensor_parallel(model, config.tensor_parallel)
+    if config.tensor_parallel > 1 and spec is None:
+        raise KvbenchError(f"--tensor-parallel {config.tensor_parallel}: external engines run in one process")
     tokens = batched_tokens(config, model)
     if tokens < model.max_len:
         raise KvbenchError(
@@ -120,6 +125,7 @@ def prepare(
             max_num_seqs=config.max_num_seqs or 256,
             weight_bytes=weight_bytes,
             activation_bytes=activation_bytes,
+            gpus=config.tensor_parallel,
         )
     if bs > budget.num_slots:
         raise KvbenchError(f"--block-size {bs} exceeds the KV arena ({budget.num_slots} slots)")
@@ -139,12 +145,17 @@ def prepare(
         per_token_s=_or(config.cost_per_token_s, base.per_token_s, "--cost-per-token-s"),
         per_kv_token_s=_or(config.cost_per_kv_token_s, base.per_kv_token_s, "--cost-per-kv-token-s"),
         per_swap_block_s=base.per_swap_block_s or roofline.per_swap_block_s,  # runs without swaps fit none
+        per_copy_slot_s=base.per_copy_slot_s or roofline.per_copy_slot_s,  # nor do runs without sharing
         per_prefill_s=base.per_prefill_s,
     )
     if cost.fixed_s + cost.per_token_s + cost.per_kv_token_s <= 0:
         raise KvbenchError("--cost-fixed-s, --cost-per-token-s, --cost-per-kv-token-s: a step must take time")
     trace = build_trace(config.workload)
     check_trace(trace, model)
+    if spec is None and any(r.n > 1 or r.beam_width > 1 for r in trace.requests):
+        raise KvbenchError(
+            f"--engine {config.engine}: external engines run one output per request (no --n, --beam-width)"
+        )
     options = EngineOptions(
         num_slots=budget.num_slots,
         max_len=model.max_len,
@@ -152,6 +163,7 @@ def prepare(
         contiguous_fit=config.contiguous_fit,
         watermark=config.watermark,
         host_blocks=host_blocks if config.preemption == "swap" else 0,
+        hash_block_size=trace.hash_block_size,
         scheduler=SchedulerConfig(config.max_num_seqs, tokens, config.preemption),
     )
     if spec is not None:
@@ -176,11 +188,10 @@ def check_trace(trace: Trace, model: ModelSpec) -> None:
                 f"--trace {trace.name}: request {request.request_id} needs a prompt and an output "
                 f"of at least 1 token, got {request.prompt_len} and {request.output_len}"
             )
-        if request.n > 1 or request.beam_width > 1:
+        if request.n > 1 and request.beam_width > 1:
             raise KvbenchError(
                 f"--trace {trace.name}: request {request.request_id} asks for n={request.n} samples "
-                f"and beam width {request.beam_width}; engines do not share KV between samples "
-                "yet, so they cannot run it faithfully"
+                f"and beam width {request.beam_width}; give one of --n and --beam-width"
             )
         if request.total_len > model.max_len:
             raise KvbenchError(

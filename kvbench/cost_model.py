@@ -10,7 +10,9 @@ Default constants are a roofline of the model on the emulated GPU's datasheet nu
 
 Swap preemption adds `per_swap_block_s` per block copied: a fixed transfer latency (10 µs) plus
 the block's bytes over the host link (PCIe 4 x16, 25 GB/s), so small blocks swap slowly (the
-paper's Figure 19). The roofline terms divide by an efficiency (`bandwidth_efficiency` 0.8,
+paper's Figure 19). Copies inside the arena (paged copy-on-write, a contiguous engine copying a
+parent's K/V for a parallel sample or a beam) add `per_copy_slot_s` per slot: its bytes read
+and written once. The roofline terms divide by an efficiency (`bandwidth_efficiency` 0.8,
 `compute_efficiency` 0.6: what well-tuned kernels reach). For OPT-13B on an A100-40GB a
 decode step of 30 sequences at 400 tokens of context models at 32.7 ms (20.7 ms of it
 weights). `kvbench calibrate` (a later issue) replaces these constants by ones fitted to real
@@ -39,6 +41,7 @@ class CostModel:
     per_token_s: float  # per token fed through the model (matmul FLOPs)
     per_kv_token_s: float  # per token of context attended (K/V reads)
     per_swap_block_s: float = 0.0  # per block copied between device and host (swap preemption)
+    per_copy_slot_s: float = 0.0  # per token slot copied inside the arena (forks, copy-on-write)
     per_prefill_s: float = 0.0  # more per prefill step (a real runner's eager launches; 0 in the roofline)
 
     @classmethod
@@ -56,6 +59,7 @@ class CostModel:
             per_token_s=2 * model.num_params / (gpu.fp16_flops * compute_efficiency),
             per_kv_token_s=model.kv_bytes_per_token / bandwidth,
             per_swap_block_s=SWAP_LATENCY_S + block_size * model.kv_bytes_per_token / HOST_LINK_BANDWIDTH,
+            per_copy_slot_s=2 * model.kv_bytes_per_token / bandwidth,
         )
 
 
@@ -73,6 +77,7 @@ class CostModelRunner:
         context = batch.num_context  # K/V attended in step 0
         swaps = len(batch.swaps)
         first = c.fixed_s + c.per_token_s * tokens + c.per_kv_token_s * context + c.per_swap_block_s * swaps
+        first += c.per_copy_slot_s * batch.copied_slots
         first += c.per_prefill_s * batch.is_prefill
         if max_steps == 1:
             return StepResult(np.array([first]))
@@ -80,7 +85,7 @@ class CostModelRunner:
         n = len(batch.seqs)
         growth = c.per_kv_token_s * n * np.arange(max_steps)  # (k,)
         durations = c.fixed_s + c.per_token_s * n + c.per_kv_token_s * context + growth
-        durations[0] = first  # step 0 also pays the swaps scheduled with it
+        durations[0] = first  # step 0 also pays the swaps and copies scheduled with it
         if math.isfinite(until_s):
             ends = step_ends(start_s, durations)  # [k] absolute
             durations = durations[: int(np.searchsorted(ends, until_s)) + 1]

@@ -11,7 +11,8 @@ device buffers in place::
 and the same code runs eagerly or replays as a CUDA graph captured per batch-size bucket. A
 graph replays one launch instead of hundreds, which is most of a small model's step. Rows
 past the real batch (padding up to the bucket) are invalid: slot -1 (never stored), context 0
-(reads nothing), position held at 0.
+(reads nothing), position held at 0. A step whose caller needs the logits themselves (beam
+search ranks candidates by them) runs `forward` eagerly instead, one step at a time.
 """
 
 from __future__ import annotations
@@ -60,21 +61,31 @@ class DecodeLoop:
         self.model, self.arena = model, arena
         self.backend, self.temperature, self.seed = backend, temperature, seed
         self.block_size = block_size if paged else 0
-        self.device = dev = arena.k.device
-        rows = max(graph_buckets(max_batch)[-1], max_batch)
-        self.max_batch = max_batch
+        self.device = arena.k.device
+        self.max_batch, self.max_len, self.paged = max_batch, max_len, paged
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._buffers(max(graph_buckets(max_batch)[-1], max_batch))
+        self.capture_s = 0.0
+
+    def _buffers(self, rows: int) -> None:
+        dev, paged = self.device, self.paged
         self.input_ids = torch.zeros(rows, dtype=torch.int64, device=dev)  # [N] each row's input token
         self.positions = torch.zeros(rows, dtype=torch.int64, device=dev)  # [N] its position
         self.seq_ids = torch.zeros(rows, dtype=torch.int64, device=dev)  # [N] sampling keys
         self.valid = torch.zeros(rows, dtype=torch.int64, device=dev)  # [N] 1: a real row, 0: padding
         self.cu_seqlens = torch.arange(rows + 1, device=dev)  # [N + 1] one new token per row
-        width = -(-max_len // block_size) if paged else 0
+        width = -(-self.max_len // self.block_size) if paged else 0
         self.tables = torch.zeros((rows, width), dtype=torch.int32, device=dev) if paged else None  # [N, W]
         self.starts = None if paged else torch.zeros(rows, dtype=torch.int64, device=dev)  # [N]
-        kv_heads = arena.k.shape[2]
-        self._splits = {n: choose_num_splits(n, kv_heads, max_len, dev) for n in range(1, rows + 1)}
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.capture_s = 0.0
+        kv_heads = self.arena.k.shape[2]
+        self._splits = {n: choose_num_splits(n, kv_heads, self.max_len, dev) for n in range(1, rows + 1)}
+
+    def reserve(self, batch: int) -> None:
+        """Room for `batch` rows. A batch beyond the buffers (a group's outputs can outnumber the
+        requests a caller sized them for) regrows them, dropping the graphs (they hold the old ones)."""
+        if batch > len(self.input_ids):
+            self._graphs.clear()
+            self._buffers(batch)
 
     # ------------------------------------------------------------------ loading a batch
     def load(self, rows: int, tokens, positions, seq_ids, addressing: list[Extent | BlockTable]) -> None:
@@ -102,6 +113,15 @@ class DecodeLoop:
     def step(self, rows: int) -> None:
         """One decode step of the first `rows` rows, in place (capturable: no host sync)."""
         positions = self.positions[:rows]  # [n]
+        with torch.inference_mode():
+            logits = self.forward(rows)  # [n, V]
+            tokens = sample(logits, self.temperature, self.seed, self.seq_ids[:rows], positions)  # [n]
+            self.input_ids[:rows].copy_(tokens)
+            self.positions[:rows].add_(self.valid[:rows])
+
+    def forward(self, rows: int) -> torch.Tensor:
+        """Logits `[rows, V]` of the loaded rows' next tokens (their K/V stored); buffers unchanged."""
+        positions = self.positions[:rows]  # [n]
         valid = self.valid[:rows].bool()  # [n]
         context = torch.where(valid, positions + 1, 0).to(torch.int32)  # [n]
         if self.tables is not None:
@@ -119,10 +139,7 @@ class DecodeLoop:
             num_splits=self._splits[rows], backend=self.backend,
         )  # fmt: skip
         with torch.inference_mode():
-            logits = self.model(self.input_ids[:rows], positions, meta, self.arena)  # [n, V]
-            tokens = sample(logits, self.temperature, self.seed, self.seq_ids[:rows], positions)  # [n]
-            self.input_ids[:rows].copy_(tokens)
-            self.positions[:rows].add_(self.valid[:rows])
+            return self.model(self.input_ids[:rows], positions, meta, self.arena)  # [n, V]
 
     # ------------------------------------------------------------------ CUDA graphs
     def capture(self, buckets: list[int] | None = None) -> None:

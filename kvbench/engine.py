@@ -27,7 +27,7 @@ from kvbench.errors import KvbenchError
 from kvbench.occupancy import Footprint, Growth, categories, segment_integral
 from kvbench.requests import Trace
 from kvbench.runner import Runner, step_ends
-from kvbench.sequence import Sequence
+from kvbench.sequence import Sequence, group_width, sequence_for
 
 _ZERO = Footprint(0.0, 0.0, 0.0, 0.0, 0.0)
 
@@ -56,6 +56,8 @@ class StepRecord:
     allocator_overhead: int
     external_frag: int
     free: int
+    # slots the sequences' mappings count beyond the distinct slots held: what sharing saves
+    shared_saved: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class OccupancyTotals:
     footprint: Footprint
     seconds: float
     running_seconds: float  # integral of the number of running requests
+    saved: float = 0.0  # slot-seconds sharing saved (held without sharing = granted + saved)
 
 
 class _Integrator:
@@ -72,20 +75,25 @@ class _Integrator:
 
     def __init__(self) -> None:
         self.footprint = _ZERO
-        self.seconds = self.running_seconds = 0.0
+        self.seconds = self.running_seconds = self.saved = 0.0
 
-    def add(self, footprint: Footprint, seconds: float, running: int) -> None:
+    def add(self, footprint: Footprint, seconds: float, running: int, saved: int) -> None:
         self.footprint = self.footprint + footprint
         self.seconds += seconds
         self.running_seconds += running * seconds
+        self.saved += saved * seconds
 
     def totals(self) -> OccupancyTotals:
-        return OccupancyTotals(self.footprint, self.seconds, self.running_seconds)
+        return OccupancyTotals(self.footprint, self.seconds, self.running_seconds, self.saved)
 
 
 @dataclass(frozen=True)
 class EngineRun:
-    """What one engine did with one trace: sequences (final state), rows and integrals."""
+    """What one engine did with one trace: sequences (final state), rows and integrals.
+
+    `sequences` has one per request: a request with several outputs is its group's leader
+    (`seq.group.members` has them all).
+    """
 
     sequences: tuple[Sequence, ...]
     steps: tuple[StepRecord, ...]
@@ -109,11 +117,18 @@ class Engine:
         arrivals = [request.arrival_s for request in trace.requests]
         if any(later < earlier for earlier, later in pairwise(arrivals)):
             raise ValueError(f"trace {trace.name}: requests must be sorted by arrival time")
+        seats = self.scheduler.max_num_seqs
         for request in trace.requests:
+            if group_width(request) > seats:
+                raise KvbenchError(
+                    f"request {request.request_id} asks for {group_width(request)} outputs (n or beam "
+                    f"width), more than --max-num-seqs {seats} sequences can run at once"
+                )
             if not self.allocator.can_ever_hold(request):
+                outputs = f", {group_width(request)} outputs" if group_width(request) > 1 else ""
                 raise KvbenchError(
                     f"request {request.request_id} (prompt {request.prompt_len} + output "
-                    f"{request.output_len} tokens) cannot fit the KV arena of "
+                    f"{request.output_len} tokens{outputs}) cannot fit the KV arena of "
                     f"{self.allocator.num_slots} slots under this engine even alone (after its "
                     "reservation policy and --watermark); raise --kv-cache-gib or pick a larger --emulate-gpu"
                 )
@@ -157,13 +172,17 @@ class Engine:
                 for seq, ids in zip(batch.seqs, tokens, strict=True)
                 if seq.advance(k, end, log.clock, ids, ends)
             ]
+            if batch.has_groups:  # parallel samples fork after their prompt, beams after every step
+                sched.branch(batch, result.branches)
             fp = measure(alloc, sched.waiting[0] if sched.waiting else None)
             if sched.held:  # finished requests a static batch still holds: their K/V is dead weight
-                dead = sum(seq.num_computed for seq in sched.held)
+                # (shared slots count once in the footprint: bounded so that a shared dead prefix
+                # cannot make token states negative; exact without sharing)
+                dead = min(sum(seq.num_computed for seq in sched.held), fp.tokens)
                 fp = replace(fp, tokens=fp.tokens - dead, target=fp.target - dead)
-            log.record(
-                batch, durations, ends, fp, segment_integral(fp, durations, len(batch.seqs), growth), sched
-            )
+            integral = segment_integral(fp, durations, len(batch.seqs), growth)
+            # what is shared changes only between segments (forks, copy-on-write, admissions, frees)
+            log.record(batch, durations, ends, fp, integral, alloc.sharing_saved(), sched)
             # 5. release the finished (per the scheduler's policy)
             sched.update(finished)
         return log.result()
@@ -173,7 +192,7 @@ class _RunLog:
     """The loop's clock, arrival cursor, rows and integrals (mutable, local to one run)."""
 
     def __init__(self, trace: Trace, num_slots: int) -> None:
-        self.seqs = tuple(Sequence(request) for request in trace.requests)
+        self.seqs = tuple(sequence_for(request) for request in trace.requests)
         self.arrivals = [request.arrival_s for request in trace.requests]
         self.num_slots = num_slots
         self.clock = 0.0
@@ -195,14 +214,14 @@ class _RunLog:
 
     def record(
         self, batch: Batch, durations: np.ndarray, ends: np.ndarray, end: Footprint, integral: Footprint,
-        sched: Scheduler,
+        saved: int, sched: Scheduler,
     ) -> None:  # fmt: skip
         k, seconds = len(durations), float(ends[-1]) - self.clock
         running = len(sched.running)
         self.peak = max(self.peak, running)
-        self.busy.add(integral, seconds, running)
+        self.busy.add(integral, seconds, running, saved)
         if sched.waiting:
-            self.saturated.add(integral, seconds, running)
+            self.saturated.add(integral, seconds, running, saved)
         # requests that arrived by the last step's start wait too (a step-by-step run would
         # have queued them); they cannot change the batch, see `until`
         last_start = float(ends[-2]) if k > 1 else self.clock
@@ -214,7 +233,7 @@ class _RunLog:
                 k * batch.num_context + len(batch.seqs) * k * (k - 1) // 2, len(batch.swaps),
                 len(sched.waiting) + late,
                 running, sched.num_preempted, len(sched.swapped),
-                *map(int, categories(end, self.num_slots).values()),
+                *map(int, categories(end, self.num_slots).values()), saved,
             )
         )  # fmt: skip
         self.clock = float(ends[-1])

@@ -15,6 +15,12 @@ completed requests meeting *every* given SLO, per second of makespan.
 Occupancy and batched requests are time-weighted over the *busy* part of the run (time
 spent in steps; idle gaps between arrivals do not count), and again over its *saturated*
 part (steps during which some request waited), which is the paper's Figure 2 setting.
+
+A request with several outputs (parallel samples, beams) is one row: it finishes with its last
+output (E2EL, TPOT), its first token and inter-token gaps are its leader's (every output's
+first token comes from the same prefill), and each sample's tokens count as output tokens (a
+beam search returns one output). `sharing_saved_fraction` is the paper's Fig. 15 measure:
+slots saved by sharing over the slots the sequences would hold without it, time-weighted.
 """
 
 from __future__ import annotations
@@ -76,6 +82,8 @@ class RequestRecord:
     e2el_s: float
     normalized_latency_s: float  # E2EL / output_len
     max_itl_s: float  # longest gap between two consecutive tokens; NaN for one-token outputs
+    prefix_hit_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    num_outputs: int = 1  # outputs returned: n parallel samples, 1 for beam search
 
 
 def inter_token_latencies(token_times: np.ndarray) -> np.ndarray:
@@ -90,7 +98,13 @@ def request_record(seq: Sequence, max_itl: float | None = None) -> RequestRecord
     if max_itl is None:
         itl = inter_token_latencies(seq.token_times)
         max_itl = float(itl.max()) if len(itl) else math.nan
-    e2el = seq.finish_s - r.arrival_s
+    finish, preemptions, outputs = seq.finish_s, seq.num_preemptions, 1
+    if seq.group is not None:  # done with the last output; beams are preempted together
+        finish = max(member.finish_s for member in seq.group.members)
+        outputs = 1 if seq.group.beam else seq.group.width
+        if not seq.group.beam:
+            preemptions = sum(member.num_preemptions for member in seq.group.members)
+    e2el = finish - r.arrival_s
     ttft = seq.first_token_s - r.arrival_s
     tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else math.nan  # undefined
     return RequestRecord(
@@ -100,14 +114,16 @@ def request_record(seq: Sequence, max_itl: float | None = None) -> RequestRecord
         r.output_len,
         seq.admitted_s,
         seq.first_token_s,
-        seq.finish_s,
-        seq.num_preemptions,
+        finish,
+        preemptions,
         seq.admitted_s - r.arrival_s,
         ttft,
         tpot,
         e2el,
         e2el / r.output_len,
         max_itl,
+        seq.num_cached_tokens,
+        outputs,
     )
 
 
@@ -172,7 +188,7 @@ def summarize(
     """
     start = min((r.arrival_s for r in done), default=0.0)
     makespan = max((r.finish_s for r in done), default=0.0) - start
-    output_tokens = sum(r.output_len for r in done)
+    output_tokens = sum(r.output_len * r.num_outputs for r in done)
     prompt_tokens = sum(r.prompt_len for r in done)
     itls = ItlTable.of(run.sequences) if itls is None else itls
     busy, sat = run.busy, run.saturated
@@ -190,12 +206,37 @@ def summarize(
         "mean_batched_requests_saturated": sat.running_seconds / sat.seconds if sat.seconds else None,
         "peak_batched_requests": run.peak_running,
         **latency_summary(done, itls, makespan, percentiles, slo),
+        **prefix_cache_summary(done),
         "num_preemptions": sum(r.num_preemptions for r in done),
         "preempted_requests": sum(r.num_preemptions > 0 for r in done),
         "num_slots": run.num_slots,
         "occupancy": occupancy_fractions(busy, run.num_slots),
         "occupancy_saturated": occupancy_fractions(sat, run.num_slots),
+        "sharing_saved_fraction": sharing_saved_fraction(busy),
+        "sharing_saved_fraction_saturated": sharing_saved_fraction(sat),
     }
+
+
+def sharing_saved_fraction(totals: OccupancyTotals) -> float:
+    """Slots saved by sharing / slots held without sharing, time-weighted (the paper's Fig. 15).
+
+    Without sharing every sequence would hold its own copy of what it maps, so the slots held
+    would be the slots held now plus those saved. 0 without sharing (or without steps).
+    """
+    without = totals.footprint.granted + totals.saved
+    return totals.saved / without if without else 0.0
+
+
+def prefix_cache_summary(done: Seq[RequestRecord]) -> dict:
+    """Prompt tokens served from the prefix cache at first admission, and their share of all.
+
+    Only full blocks are cached, so the hit tokens are whole blocks; a re-admission after a
+    recompute preemption finding its own blocks is not counted (it is not reuse between
+    requests). 0 for engines without a prefix cache.
+    """
+    prompt = sum(r.prompt_len for r in done)
+    hits = sum(r.prefix_hit_tokens for r in done)
+    return {"prefix_hit_tokens": hits, "prefix_cache_hit_rate": hits / prompt if prompt else 0.0}
 
 
 def check_metric_options(percentiles: Seq[float], slo: Slo) -> None:

@@ -8,13 +8,18 @@ unless an arrival may cut it, when each step is checked against the arrival.
 Step times are wall time: a segment's steps sum exactly to the time from the start of input
 preparation to the sampled tokens being on the host, so host-side overhead counts. On CUDA
 the steps are split by events recorded between them; the first step carries the host work.
+
+Sequence groups (`engines.groups`): a step with beams runs one eager decode step and hands
+each beam's candidates back (`kvbench.sampling`), as does a prefill for its beams and for a
+parallel-sampling prompt (every sample's first token). K/V copies the allocator asked for
+(copy-on-write blocks, contiguous forks' slot ranges) are made before the step.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
-from itertools import groupby
 
 import numpy as np
 import torch
@@ -22,16 +27,18 @@ import torch
 from engines.allocator import BlockTable, Extent, KVAllocator
 from engines.scheduler import Batch
 from kvbench.decode_loop import DecodeLoop, block_table_array
+from kvbench.kv_copies import ArenaCopies
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata, resolve_backend
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.sampling import sample
 from kvbench.requests import Request
 from kvbench.runner import StepResult
+from kvbench.sampling import branches_of, wants_logits
 from kvbench.sequence import Sequence
 
 
-class ModelRunner:
+class ModelRunner(ArenaCopies):
     allocates_ahead = True  # a segment's slots must exist before its steps write them
 
     def __init__(
@@ -62,13 +69,16 @@ class ModelRunner:
         start = time.perf_counter()
         self._swap(batch)
         self._copy_blocks(batch.block_copies)
+        self._copy_slots(batch.slot_copies)
         if batch.is_prefill:
-            tokens = self._prefill(batch)
-            return StepResult(np.array([time.perf_counter() - start]), [[t] for t in tokens])
+            tokens, branches = self._prefill(batch)
+            return StepResult(np.array([time.perf_counter() - start]), [[t] for t in tokens], branches)
+        if batch.has_groups and wants_logits(batch.seqs):
+            return self._decode_with_logits(batch, start)
         return self._decode(batch, max_steps, start, until_s - start_s)
 
     # ------------------------------------------------------------------ prefill
-    def _prefill(self, batch: Batch) -> list[int]:
+    def _prefill(self, batch: Batch) -> tuple[list[int], dict | None]:
         ids, positions, slots, seqlens = [], [], [], []
         addressing = [self.allocator.addressing(seq) for seq in batch.seqs]
         for seq, where in zip(batch.seqs, addressing, strict=True):
@@ -91,20 +101,18 @@ class ModelRunner:
                 torch.from_numpy(np.concatenate(ids)).to(dev), pos, meta, self.arena
             )  # [B, V]
             last = pos[cu[1:] - 1]  # [B] position of each sampled token's input
-            seq_ids = torch.tensor([seq.seq_id for seq in batch.seqs], device=dev)
-            return sample(logits, self.temperature, self.seed, seq_ids, last).tolist()
+            keys = torch.tensor([seq.sample_key for seq in batch.seqs], device=dev)
+            tokens = sample(logits, self.temperature, self.seed, keys, last).tolist()
+            if not batch.has_groups:
+                return tokens, None
+            return tokens, branches_of(batch.seqs, logits, last, self.temperature, self.seed)
 
     # ------------------------------------------------------------------ decode segments
     def _decode(self, batch: Batch, max_steps: int, start: float, budget_s: float) -> StepResult:
         """Up to `max_steps` steps; stop after the first ending `budget_s` or more after `start`."""
         seqs = batch.seqs
         loop = self.decoder
-        rows = loop.rows_for(len(seqs))
-        last = [seq.num_tokens - 1 for seq in seqs]  # position of each row's input token
-        loop.load(
-            rows, [int(self._token_ids(seq, p, p + 1)[0]) for seq, p in zip(seqs, last, strict=True)], last,
-            [seq.seq_id for seq in seqs], [self.allocator.addressing(seq) for seq in seqs],
-        )  # fmt: skip
+        rows = self._load(seqs)
         out = torch.empty((max_steps, len(seqs)), dtype=torch.int64, device=self.device)  # [k, B]
         clock = _StepClock(self.device, start)
         cut = math.isfinite(budget_s)  # an arrival may end the segment: check each step's end
@@ -115,6 +123,31 @@ class ModelRunner:
                 break
         tokens = out[:k].T.tolist()  # [B][k]; waits for the last step
         return StepResult(clock.durations(), tokens)
+
+    def _decode_with_logits(self, batch: Batch, start: float) -> StepResult:
+        """One eager decode step whose logits also go to the groups (beam candidates)."""
+        seqs, loop = batch.seqs, self.decoder
+        rows = self._load(seqs, eager=True)
+        clock = _StepClock(self.device, start)
+        with torch.inference_mode():
+            logits = loop.forward(rows)  # [B, V]
+            positions = loop.positions[:rows]  # [B]
+            tokens = sample(logits, self.temperature, self.seed, loop.seq_ids[:rows], positions)  # [B]
+            branches = branches_of(seqs, logits, positions, self.temperature, self.seed)
+        clock.mark(wait=False)
+        return StepResult(clock.durations(), [[t] for t in tokens.tolist()], branches)
+
+    def _load(self, seqs: tuple[Sequence, ...], *, eager: bool = False) -> int:
+        """Put the batch's inputs into the decode buffers; the rows it runs with."""
+        loop = self.decoder
+        loop.reserve(len(seqs))
+        rows = len(seqs) if eager else loop.rows_for(len(seqs))
+        last = [seq.num_tokens - 1 for seq in seqs]  # position of each row's input token
+        loop.load(
+            rows, [int(self._token_ids(seq, p, p + 1)[0]) for seq, p in zip(seqs, last, strict=True)], last,
+            [seq.sample_key for seq in seqs], [self.allocator.addressing(seq) for seq in seqs],
+        )  # fmt: skip
+        return rows
 
     def prompt_ids(self, seq: Sequence) -> np.ndarray:
         """The trace's prompt ids, or seeded random ids when the trace has only lengths."""
@@ -133,48 +166,24 @@ class ModelRunner:
         outputs = np.asarray(seq.output_ids[max(lo - len(prompt), 0) : hi - len(prompt)], dtype=np.int64)
         return np.concatenate([prompt[lo:], outputs]) if lo < len(prompt) else outputs
 
-    def _swap(self, batch: Batch) -> None:
-        """Do the batch's device<->host block copies, in scheduled order, before the step."""
-        if not batch.swaps:
-            return
-        if self._host is None:
-            alloc = self.allocator
-            shape = (self.arena.k.shape[0], alloc.num_host_blocks * alloc.block_size, *self.arena.k.shape[2:])
-            pin = self.device.type == "cuda"
-            self._host = (
-                torch.empty(shape, dtype=self.arena.k.dtype, pin_memory=pin),  # [L, host slots, Hkv, D]
-                torch.empty(shape, dtype=self.arena.v.dtype, pin_memory=pin),
-            )
-        for to_host, run in groupby(batch.swaps, key=lambda swap: swap[0]):
-            source, target = self._block_slots(tuple((src, dst) for _, src, dst in run))
-            for host, arena in zip(self._host, (self.arena.k, self.arena.v), strict=True):
-                if to_host:
-                    host[:, target] = arena[:, source.to(self.device)].cpu()
-                else:
-                    arena[:, target.to(self.device)] = host[:, source].to(self.device)
-
-    def _block_slots(self, pairs: tuple[tuple[int, int], ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slot indices `[N * bs]` of the first and second blocks of each pair (on the CPU)."""
-        bs = self.allocator.block_size
-        blocks = torch.tensor(pairs)  # [N, 2]
-        offsets = torch.arange(bs)  # [bs]
-        return (blocks[:, :1] * bs + offsets).reshape(-1), (blocks[:, 1:] * bs + offsets).reshape(-1)
-
-    def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
-        """Copy-on-write: duplicate shared blocks (all layers) before the step writes into them."""
-        if not copies:
-            return
-        src, dst = (slots.to(self.device) for slots in self._block_slots(copies))  # [N * bs] each
-        self.arena.k[:, dst] = self.arena.k[:, src]
-        self.arena.v[:, dst] = self.arena.v[:, src]
-
 
 def prompt_token_ids(request: Request, vocab: int, seed: int) -> np.ndarray:
     """(prompt_len,) int64: the trace's prompt ids, or seeded random ids when it has only lengths
-    (the same for every engine, external ones included)."""
+    (the same for every engine, external ones included).
+
+    The first `prefix_len` random ids of a prefix group come from the group's own seed, so every
+    request of the group (every uncut turn of a conversation) starts with the same tokens: a
+    prefix cache hit then holds exactly the K/V the request would have computed.
+    """
     if request.prompt_ids is not None:
         return np.asarray(request.prompt_ids, dtype=np.int64)
-    return np.random.default_rng([seed, request.request_id]).integers(0, vocab, request.prompt_len)
+    ids = np.random.default_rng([seed, request.request_id]).integers(0, vocab, request.prompt_len)
+    if request.prefix_group is not None and request.prefix_len:
+        group = int.from_bytes(hashlib.blake2b(request.prefix_group.encode(), digest_size=16).digest())
+        # [seed, request id] and [seed, group, 1] never name the same seed sequence
+        shared = np.random.default_rng([seed, group, 1])
+        ids[: request.prefix_len] = shared.integers(0, vocab, request.prefix_len)
+    return ids
 
 
 def _slots(addressing: Extent | BlockTable, positions: np.ndarray) -> np.ndarray:

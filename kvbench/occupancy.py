@@ -17,6 +17,10 @@ How the categories split one sequence's slots (F = its final K/V length)::
 
 and the arena's free slots split into `external_frag` (free, but in extents too small for
 the request waiting at the head of the queue) and `free`.
+
+Shared slots (forked sequences, prefix cache hits) count once, in every total. A prefix
+cache's blocks that no sequence references any more still hold K/V, but any allocation may
+take them (evicting what they hold), so they are `free`.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ ENGINE_COLORS = {
     "orca-oracle": "#55A868",
     "paged": "#C44E52",
     "paged-static": "#DA8BC3",
+    "paged-prefix": "#E17C05",
 }
 _SPARE = ("#CCB974", "#64B5CD", "#937860", "#DD8452", "#8C613C", "#1B9E77", "#7570B3", "#E7298A")
 ENGINE_ORDER = tuple(ENGINE_COLORS)

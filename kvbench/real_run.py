@@ -2,13 +2,14 @@
 
 The model (a preset with seeded random weights, or a local checkpoint) and the KV arena are
 built once on the device; every engine's allocator carves that arena, and `ModelRunner` feeds
-each scheduled batch through the model. Results have the same files as a simulation.
+each scheduled batch through the model. Results have the same files as a simulation. With
+`--tensor-parallel N` the model and arena are split over N processes (`kvbench.parallel`);
+this process is rank 0 and the budget, slots and results stay the whole model's.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
@@ -17,10 +18,9 @@ from kvbench.collectors import CollectingRunner, build_collectors, parse_collect
 from kvbench.config import Prepared, RunConfig, batched_tokens, prepare, resolve_model
 from kvbench.errors import KvbenchError
 from kvbench.external import EXTERNAL
-from kvbench.model_runner import ModelRunner
-from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import BACKENDS, resolve_backend
-from kvbench.modeling.weights import load_checkpoint, random_model
+from kvbench.parallel.session import Session, open_session
+from kvbench.parallel.sizes import check_tensor_parallel
 from kvbench.simulate import RunResult, execute
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -49,8 +49,18 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def run_real(config: RunConfig, *, prepared: Prepared | None = None, coalesce: bool = True) -> RunResult:
-    """Run the config's trace through its engine with real forward passes on `config.device`."""
+def run_real(
+    config: RunConfig,
+    *,
+    prepared: Prepared | None = None,
+    coalesce: bool = True,
+    session: Session | None = None,
+) -> RunResult:
+    """Run the config's trace through its engine with real forward passes on `config.device`.
+
+    `session`: an open one holding `config.model` (several runs share one tensor-parallel
+    group); by default the model is built for this run alone.
+    """
     if config.engine in EXTERNAL:  # transformers' own loops (kvbench/external/)
         return EXTERNAL[config.engine].run(config, prepared)
     device = resolve_device(config.device)
@@ -59,13 +69,21 @@ def run_real(config: RunConfig, *, prepared: Prepared | None = None, coalesce: b
         raise KvbenchError(f"--attention {config.attention!r}: choose one of {', '.join(BACKENDS)}")
     collect = parse_collectors(config.collectors)
     spec = resolve_model(config.model)
-    if Path(config.model).is_dir():
-        model = load_checkpoint(Path(config.model), dtype, device)
-    else:
-        model = random_model(spec, dtype, device, config.weights_seed)
-    weight_bytes = sum(p.nbytes for p in model.parameters())  # tied parameters once
+    if session is None:
+        check_tensor_parallel(spec, config.tensor_parallel)
+        with open_session(
+            config.model, spec, tensor_parallel=config.tensor_parallel, dtype=dtype, device=device,
+            seed=config.weights_seed,
+        ) as opened:  # fmt: skip
+            return run_real(config, prepared=prepared, coalesce=coalesce, session=opened)
+    if session.size != config.tensor_parallel or session.model.spec != spec:  # a caller's bug
+        raise ValueError(
+            f"the session holds {session.model.spec.name} on {session.size} ranks, not this run's"
+        )
+    model = session.model
+    weight_bytes = session.weight_bytes  # every rank's, tied parameters once
     activation_bytes = None
-    if device.type == "cuda" and config.kv_cache_gib is None and prepared is None:
+    if device.type == "cuda" and session.size == 1 and config.kv_cache_gib is None and prepared is None:
         activation_bytes = measure_activation_bytes(
             model, device, tokens=batched_tokens(config, spec), max_seqs=config.max_num_seqs or 256,
             backend=resolve_backend(config.attention, device), temperature=config.temperature,
@@ -79,7 +97,7 @@ def run_real(config: RunConfig, *, prepared: Prepared | None = None, coalesce: b
     # activations as measured
     prepared = prepared or prepare(config, weight_bytes=weight_bytes, activation_bytes=activation_bytes)
     try:
-        arena = KVArena(spec, prepared.budget.num_slots, dtype, device)
+        arena = session.arena(prepared.budget.num_slots)
     except torch.OutOfMemoryError:
         raise KvbenchError(
             f"the KV arena of {prepared.budget.num_slots} slots does not fit on {device} "
@@ -92,14 +110,14 @@ def run_real(config: RunConfig, *, prepared: Prepared | None = None, coalesce: b
     runners = []
 
     def make_runner(scheduler):
-        runner = ModelRunner(
-            model, arena, scheduler.allocator, max_batch=max_batch, max_len=max_len,
+        runner = session.runner(
+            arena, scheduler.allocator, max_batch=max_batch, max_len=max_len,
             temperature=config.temperature, seed=config.weights_seed, attention=config.attention,
             cuda_graphs=config.cuda_graphs,
         )  # fmt: skip
-        collectors = build_collectors(
-            collect, device=device, weight_bytes=weight_bytes, kv_bytes_per_token=spec.kv_bytes_per_token,
-            read_bandwidth=bandwidth,
+        collectors = build_collectors(  # they see rank 0's GPU: its share of weights and K/V
+            collect, device=device, weight_bytes=weight_bytes // session.size,
+            kv_bytes_per_token=spec.kv_bytes_per_token // session.size, read_bandwidth=bandwidth,
         )  # fmt: skip
         runners.append(CollectingRunner(runner, collectors))
         return runners[-1]
@@ -116,8 +134,9 @@ def run_real(config: RunConfig, *, prepared: Prepared | None = None, coalesce: b
     result.summary.update(
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
-        arena_bytes=arena.nbytes,
+        arena_bytes=arena.nbytes * session.size,  # every rank's
         arena_slots=arena.num_slots,
+        tensor_parallel=session.size,
         weight_bytes=weight_bytes,
         activation_bytes=activation_bytes,
         attention=runner.backend,

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from engines.groups import Branches
 from engines.scheduler import Batch
 
 
@@ -20,6 +21,9 @@ from engines.scheduler import Batch
 class StepResult:
     durations: np.ndarray  # (k,) seconds, one per step run
     tokens: list[list[int]] | None = None  # per batch sequence, its k sampled ids (None: simulated)
+    # real runs: what each branching row offers its group (`engines.groups.Branches`): a beam's
+    # candidates, a parallel-sampling prompt's first token of every sample; None: simulated
+    branches: Branches | None = None
 
 
 def step_ends(start_s: float, durations: np.ndarray) -> np.ndarray:

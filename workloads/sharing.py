@@ -106,6 +106,12 @@ def multi_turn(
     or one count per conversation, summing to M. Rows are conversation-major (c0's turns, then
     c1's...) with ``conversation_id`` ``"c<i>"`` and 0-based ``turn``; every ``arrival_s`` is 0,
     for the caller to schedule (a turn can only arrive after the previous answer).
+
+    What a prefix cache may reuse is recorded as a prefix group per conversation: a turn whose
+    history was not cut starts with its conversation's token stream, so ``prefix_len`` is its
+    whole prompt (turn t shares the first ``prompt_{t-1}`` tokens with turn t-1's prompt). A cut
+    prompt is a window that slid past the stream's start: its tokens sit at other positions
+    than in any earlier turn (their K/V differs), so its ``prefix_len`` is 0.
     """
     query = _lengths("queries", queries)
     answer = _lengths("answers", answers)
@@ -127,12 +133,16 @@ def multi_turn(
     exchange = query + answer  # (M,) tokens a turn adds to the history
     before = np.cumsum(exchange) - exchange  # (M,) tokens of all earlier rows
     history = before - before[starts][conv]  # (M,) tokens of earlier turns of the same conversation
+    whole = history + query  # (M,) the prompt before truncation
+    names = [f"c{i}" for i in conv.tolist()]
     return Columns(
         arrival_s=np.zeros(total, dtype=np.float64),
-        prompt_len=np.minimum(limit, history + query),
+        prompt_len=np.minimum(limit, whole),
         output_len=answer.copy(),
         turn=np.arange(total, dtype=np.int64) - starts[conv],
-        conversation_id=[f"c{i}" for i in conv.tolist()],
+        conversation_id=names,
+        prefix_group=list(names),
+        prefix_len=np.where(whole <= limit, whole, 0),
         extra={"max_prompt_len": limit},
     )
 

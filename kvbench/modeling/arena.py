@@ -7,7 +7,9 @@ slot holds its K and V in every layer, so one slot costs `ModelSpec.kv_bytes_per
     v: [num_layers, num_slots, kv_heads, head_dim]
 
 Paged engines see the slots as blocks (`slot = block * block_size + offset`), contiguous
-engines as extents (`slot = start + position`); the memory is the same.
+engines as extents (`slot = start + position`); the memory is the same. Under tensor
+parallelism each rank's arena has the same slots and its own KV heads (`Hkv / N`), so a slot
+is still one token of the whole model.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from kvbench.models import ModelSpec
 
 
 class KVArena:
-    def __init__(self, spec: ModelSpec, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
-        shape = (spec.num_layers, num_slots, spec.num_kv_heads, spec.head_dim)
+    def __init__(
+        self, spec: ModelSpec, num_slots: int, dtype: torch.dtype, device: torch.device, *, tp_size: int = 1
+    ) -> None:
+        # tensor parallelism: each of `tp_size` ranks holds its heads' K/V of every slot
+        shape = (spec.num_layers, num_slots, spec.num_kv_heads // tp_size, spec.head_dim)
         self.num_slots = num_slots
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, S, Hkv, D]
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, S, Hkv, D]

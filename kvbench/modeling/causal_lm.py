@@ -40,9 +40,17 @@ class CausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, arena: KVArena
     ) -> torch.Tensor:
         """input_ids, positions `[T]` -> float32 logits `[B, vocab]` of each sequence's last token."""
-        h = self.embed(input_ids, positions)  # [T, hidden]
-        for index, layer in enumerate(self.decoder_layers()):
-            h = layer(h, positions, arena.k[index], arena.v[index], meta)
+        h = self.hidden_states(input_ids, positions, meta, arena)  # [T, hidden]
         last = meta.cu_seqlens[1:] - 1  # [B] index of each sequence's last new token
         h = self.final_norm()(h[last])  # [B, hidden]
         return self.lm_head(h).float()  # [B, vocab]
+
+    def hidden_states(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, arena: KVArena
+    ) -> torch.Tensor:
+        """`[T, hidden]` after the last layer, K/V stored: all a tensor-parallel worker computes
+        (rank 0 alone adds the head and samples)."""
+        h = self.embed(input_ids, positions)  # [T, hidden]
+        for index, layer in enumerate(self.decoder_layers()):
+            h = layer(h, positions, arena.k[index], arena.v[index], meta)
+        return h

@@ -3,7 +3,9 @@
 Parameter names mirror Hugging Face's `LlamaForCausalLM`, except that projections reading the same
 input are packed into one matrix product (`qkv_proj` holds `q_proj`, `k_proj`, `v_proj` stacked;
 `gate_up_proj` holds `gate_proj`, `up_proj`): one launch instead of three, which a small
-model's decode step notices. Checkpoints load through `CausalLM.packed`.
+model's decode step notices. Checkpoints load through `CausalLM.packed`. Under tensor
+parallelism (`tp`, see `kvbench/parallel/layers.py`) the packed projections keep this rank's
+heads (q and KV) and MLP columns, o_proj and down_proj sum across ranks.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from kvbench.modeling import ops
 from kvbench.modeling.attention import AttentionMetadata, attention
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.models import ModelSpec
+from kvbench.parallel.layers import SINGLE, ColumnParallelLinear, RowParallelLinear, TensorParallel
 
 
 class RMSNorm(nn.Module):
@@ -30,41 +33,41 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, spec: ModelSpec, **factory) -> None:
+    def __init__(self, spec: ModelSpec, tp: TensorParallel = SINGLE, **factory) -> None:
         super().__init__()
         self.spec = spec
-        kv = spec.num_kv_heads * spec.head_dim
-        self.sizes = (spec.num_heads * spec.head_dim, kv, kv)  # q, k, v rows of the packed weight
-        self.qkv_proj = nn.Linear(spec.hidden, sum(self.sizes), bias=False, **factory)
-        self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, spec.hidden, bias=False, **factory)
+        self.heads, self.kv_heads = spec.num_heads // tp.size, spec.num_kv_heads // tp.size  # this rank's
+        q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        self.qkv_proj = ColumnParallelLinear(spec.hidden, (q, kv, kv), tp, bias=False, **factory)
+        self.o_proj = RowParallelLinear(q, spec.hidden, tp, bias=False, **factory)
 
     def forward(self, x, positions, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         s, t = self.spec, x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)  # [T, H*D], [T, Hkv*D] x2 (strided views)
-        q = q.view(t, s.num_heads, s.head_dim)  # [T, H, D]
-        k = k.view(t, s.num_kv_heads, s.head_dim)  # [T, Hkv, D]
-        v = v.view(t, s.num_kv_heads, s.head_dim)  # [T, Hkv, D]
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.sections, dim=-1)  # [T, H*D], [T, Hkv*D] x2 (views)
+        q = q.view(t, self.heads, s.head_dim)  # [T, H, D] (H, Hkv: this rank's heads)
+        k = k.view(t, self.kv_heads, s.head_dim)  # [T, Hkv, D]
+        v = v.view(t, self.kv_heads, s.head_dim)  # [T, Hkv, D]
         q, k = ops.rotary(q, positions, s.rope_theta), ops.rotary(k, positions, s.rope_theta)
         o = attention(q, k, v, k_cache, v_cache, meta, s.head_dim**-0.5)  # [T, H, D]
         return self.o_proj(o.reshape(t, -1))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, spec: ModelSpec, **factory) -> None:
+    def __init__(self, spec: ModelSpec, tp: TensorParallel = SINGLE, **factory) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(spec.hidden, 2 * spec.ffn, bias=False, **factory)
-        self.down_proj = nn.Linear(spec.ffn, spec.hidden, bias=False, **factory)
+        self.gate_up_proj = ColumnParallelLinear(spec.hidden, (spec.ffn, spec.ffn), tp, bias=False, **factory)
+        self.down_proj = RowParallelLinear(spec.ffn, spec.hidden, tp, bias=False, **factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, ffn] each (strided views)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, ffn] each (strided views; ffn: this rank's)
         return self.down_proj(ops.silu_mul(gate, up))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, **factory) -> None:
+    def __init__(self, spec: ModelSpec, tp: TensorParallel = SINGLE, **factory) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(spec, **factory)
-        self.mlp = LlamaMLP(spec, **factory)
+        self.self_attn = LlamaAttention(spec, tp, **factory)
+        self.mlp = LlamaMLP(spec, tp, **factory)
         self.input_layernorm = RMSNorm(spec.hidden, spec.norm_eps, **factory)
         self.post_attention_layernorm = RMSNorm(spec.hidden, spec.norm_eps, **factory)
 
@@ -74,20 +77,20 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class _LlamaModel(nn.Module):
-    def __init__(self, spec: ModelSpec, **factory) -> None:
+    def __init__(self, spec: ModelSpec, tp: TensorParallel = SINGLE, **factory) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, **factory)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, **factory) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, tp, **factory) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden, spec.norm_eps, **factory)
 
 
 class LlamaForCausalLM(CausalLM):
     packed: ClassVar = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
-    def __init__(self, spec: ModelSpec, **factory) -> None:
+    def __init__(self, spec: ModelSpec, tp: TensorParallel = SINGLE, **factory) -> None:
         super().__init__()
         self.spec = spec
-        self.model = _LlamaModel(spec, **factory)
+        self.model = _LlamaModel(spec, tp, **factory)
         self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False, **factory)
 
     def embed(self, input_ids, positions) -> torch.Tensor:

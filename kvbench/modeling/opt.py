@@ -1,7 +1,9 @@
 """OPT (the paper's models): learned positions, pre-LayerNorm, ReLU MLP, MHA, biases everywhere.
 
 Parameter names mirror Hugging Face's `OPTForCausalLM` (`model.decoder.layers.0.fc1.weight`),
-so a checkpoint loads by name; the LM head is tied to the token embedding.
+so a checkpoint loads by name; the LM head is tied to the token embedding. Under tensor
+parallelism (`tp`, see `kvbench/parallel/layers.py`) q/k/v and fc1 keep this rank's heads and
+columns, out_proj and fc2 sum across ranks; embeddings, norms and the head are replicated.
 """
 
 from __future__ import annotations
@@ -13,37 +15,39 @@ from torch import nn
 from kvbench.modeling.attention import AttentionMetadata, attention
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.models import ModelSpec
+from kvbench.parallel.layers import SINGLE, ColumnParallelLinear, RowParallelLinear, TensorParallel
 
 POSITION_OFFSET = 2  # OPT's learned positions start at index 2 (a quirk of its training code)
 
 
 class OPTAttention(nn.Module):
-    def __init__(self, spec: ModelSpec, **factory) -> None:
+    def __init__(self, spec: ModelSpec, tp: TensorParallel = SINGLE, **factory) -> None:
         super().__init__()
         h = spec.hidden
         self.spec = spec
-        self.q_proj = nn.Linear(h, h, **factory)
-        self.k_proj = nn.Linear(h, h, **factory)
-        self.v_proj = nn.Linear(h, h, **factory)
-        self.out_proj = nn.Linear(h, h, **factory)
+        self.heads = spec.num_heads // tp.size  # this rank's heads (all of them in one process)
+        self.q_proj = ColumnParallelLinear(h, (h,), tp, **factory)
+        self.k_proj = ColumnParallelLinear(h, (h,), tp, **factory)
+        self.v_proj = ColumnParallelLinear(h, (h,), tp, **factory)
+        self.out_proj = RowParallelLinear(h, h, tp, **factory)
 
     def forward(self, x, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         s = self.spec
-        shape = (x.shape[0], s.num_heads, s.head_dim)
-        q = self.q_proj(x).view(shape)  # [T, H, D]
+        shape = (x.shape[0], self.heads, s.head_dim)
+        q = self.q_proj(x).view(shape)  # [T, H, D] (H: this rank's heads)
         k = self.k_proj(x).view(shape)  # [T, H, D]
         v = self.v_proj(x).view(shape)  # [T, H, D]
         o = attention(q, k, v, k_cache, v_cache, meta, s.head_dim**-0.5)  # [T, H, D]
-        return self.out_proj(o.reshape(x.shape))
+        return self.out_proj(o.reshape(x.shape[0], -1))  # [T, hidden]
 
 
 class OPTDecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, **factory) -> None:
+    def __init__(self, spec: ModelSpec, tp: TensorParallel = SINGLE, **factory) -> None:
         super().__init__()
-        self.self_attn = OPTAttention(spec, **factory)
+        self.self_attn = OPTAttention(spec, tp, **factory)
         self.self_attn_layer_norm = nn.LayerNorm(spec.hidden, eps=spec.norm_eps, **factory)
-        self.fc1 = nn.Linear(spec.hidden, spec.ffn, **factory)
-        self.fc2 = nn.Linear(spec.ffn, spec.hidden, **factory)
+        self.fc1 = ColumnParallelLinear(spec.hidden, (spec.ffn,), tp, **factory)
+        self.fc2 = RowParallelLinear(spec.ffn, spec.hidden, tp, **factory)
         self.final_layer_norm = nn.LayerNorm(spec.hidden, eps=spec.norm_eps, **factory)
 
     def forward(self, h, positions, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -52,25 +56,25 @@ class OPTDecoderLayer(nn.Module):
 
 
 class OPTDecoder(nn.Module):
-    def __init__(self, spec: ModelSpec, **factory) -> None:
+    def __init__(self, spec: ModelSpec, tp: TensorParallel = SINGLE, **factory) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, **factory)
         self.embed_positions = nn.Embedding(spec.max_len + POSITION_OFFSET, spec.hidden, **factory)
-        self.layers = nn.ModuleList(OPTDecoderLayer(spec, **factory) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(OPTDecoderLayer(spec, tp, **factory) for _ in range(spec.num_layers))
         self.final_layer_norm = nn.LayerNorm(spec.hidden, eps=spec.norm_eps, **factory)
 
 
 class _OPTModel(nn.Module):
-    def __init__(self, spec: ModelSpec, **factory) -> None:
+    def __init__(self, spec: ModelSpec, tp: TensorParallel = SINGLE, **factory) -> None:
         super().__init__()
-        self.decoder = OPTDecoder(spec, **factory)
+        self.decoder = OPTDecoder(spec, tp, **factory)
 
 
 class OPTForCausalLM(CausalLM):
-    def __init__(self, spec: ModelSpec, **factory) -> None:
+    def __init__(self, spec: ModelSpec, tp: TensorParallel = SINGLE, **factory) -> None:
         super().__init__()
         self.spec = spec
-        self.model = _OPTModel(spec, **factory)
+        self.model = _OPTModel(spec, tp, **factory)
         self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False, **factory)
         self.tie_weights()
 

@@ -18,29 +18,39 @@ from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.llama import LlamaForCausalLM
 from kvbench.modeling.opt import OPTForCausalLM
 from kvbench.models import ModelSpec
+from kvbench.parallel.layers import SINGLE, TensorParallel
 
 FAMILIES: dict[str, type[CausalLM]] = {"opt": OPTForCausalLM, "llama": LlamaForCausalLM}
 HF_MODEL_TYPES = {"opt": "opt", "llama": "llama", "mistral": "llama"}
 
 
-def _empty(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> CausalLM:
-    model = FAMILIES[spec.family](spec, device="meta", dtype=dtype).to_empty(device=device)
+def empty_model(
+    spec: ModelSpec, dtype: torch.dtype, device: torch.device, tp: TensorParallel = SINGLE
+) -> CausalLM:
+    """The model's modules on `device` with uninitialised weights (a rank's shard under `tp`)."""
+    model = FAMILIES[spec.family](spec, tp=tp, device="meta", dtype=dtype).to_empty(device=device)
     model.tie_weights()
     return model.eval()
+
+
+def init_parameter(name: str, param: torch.Tensor, generator: torch.Generator) -> None:
+    """A preset's weight `name`: biases 0, norm scales 1, else N(0, 0.02) drawn from `generator`
+    (parameters drawn in `named_parameters` order: tensor-parallel shards replay the same draws)."""
+    if name.endswith("bias"):
+        param.zero_()
+    elif "norm" in name:
+        param.fill_(1.0)
+    else:
+        param.normal_(0.0, 0.02, generator=generator)
 
 
 @torch.no_grad()
 def random_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device, seed: int = 0) -> CausalLM:
     """Seeded N(0, 0.02) weights (norm scales 1, biases 0), generated on `device`."""
-    model = _empty(spec, dtype, device)
+    model = empty_model(spec, dtype, device)
     generator = torch.Generator(device=device).manual_seed(seed)
     for name, param in model.named_parameters():
-        if name.endswith("bias"):
-            param.zero_()
-        elif "norm" in name:
-            param.fill_(1.0)
-        else:
-            param.normal_(0.0, 0.02, generator=generator)
+        init_parameter(name, param, generator)
     return model
 
 
@@ -93,7 +103,7 @@ def read_checkpoint_spec(path: Path) -> ModelSpec:
 def load_checkpoint(path: Path, dtype: torch.dtype, device: torch.device) -> CausalLM:
     """The checkpoint in `path`, cast to `dtype` on `device`; every parameter must be present."""
     spec = read_checkpoint_spec(path)
-    model = _empty(spec, dtype, device)
+    model = empty_model(spec, dtype, device)
     tensors = _read_tensors(path)
     for name, param in model.named_parameters():
         if name == "lm_head.weight" and name not in tensors and spec.family == "opt":

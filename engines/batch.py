@@ -1,0 +1,33 @@
+"""What a scheduler hands the runner each step, and the scheduler's configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engines.allocator import SlotCopy
+from kvbench.sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int | None = None  # cap on running sequences (B); None: engine default
+    max_num_batched_tokens: int | None = None  # cap on prompt tokens per prefill step
+    preemption: str = "recompute"  # or "swap": park a victim's blocks in host memory
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One step's work: the sequences whose uncomputed tokens go through the model."""
+
+    seqs: tuple[Sequence, ...]
+    is_prefill: bool
+    num_tokens: int  # tokens fed through the model: prompts (less cached prefixes), or one per sequence
+    num_context: int  # K/V tokens attended (each sequence's length after the step)
+    steps_to_finish: int = 1  # decode steps until the first sequence finishes
+    block_copies: tuple[tuple[int, int], ...] = ()  # (src, dst) copy-on-write before the step
+    # block copies between device and host, in the order they were scheduled (which matters:
+    # a block freed by one swap may be taken by the next): (to_host, source block, target block)
+    swaps: tuple[tuple[bool, int, int], ...] = ()
+    slot_copies: tuple[SlotCopy, ...] = ()  # contiguous forks: K/V ranges to copy before the step
+    copied_slots: int = 0  # slots the block and slot copies move
+    has_groups: bool = False  # some sequence belongs to a group: branch it after the step

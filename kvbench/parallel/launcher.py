@@ -1,0 +1,176 @@
+"""Starting a tensor-parallel group from inside kvbench (rank 0's handle: `session.ParallelSession`).
+
+`launch` makes this process rank 0 and spawns ranks 1..N-1 (`torch.multiprocessing`, spawn:
+a fresh interpreter each, as CUDA requires), one device each (`cuda:first + rank`, or all on
+the CPU). Rendezvous goes through a TCP store that rank 0 opens on a free port (the OS picks
+it, so two runs on one host never race for one). The group's backend is gloo on CPU, and on
+CUDA gloo for host tensors (command headers) with NCCL for device tensors (inputs,
+all-reduces). NVLink multicast (NVLS) is switched off for every rank before NCCL starts.
+
+Shutdown: on success rank 0 sends STOP and joins the workers; on an error it terminates
+them (they may be blocked inside a collective). A worker whose parent disappears exits by
+itself (`worker._exit_with_parent`), and every collective has the group's timeout, so no
+process outlives a crashed run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from kvbench.errors import KvbenchError
+from kvbench.models import ModelSpec
+from kvbench.parallel.layers import TensorParallel
+from kvbench.parallel.shard import build_shard
+from kvbench.parallel.sizes import check_tensor_parallel
+
+if TYPE_CHECKING:
+    from kvbench.parallel.session import ParallelSession
+
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+HOST = "127.0.0.1"  # one host: the store and gloo's sockets stay on loopback
+DEFAULT_TIMEOUT_S = 1800.0  # a collective waiting longer than this fails (torch's default for gloo)
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    """What rank `rank` needs to build its shard and join the group (pickled to the worker)."""
+
+    rank: int
+    size: int
+    port: int  # the TCP store's
+    parent_pid: int  # rank 0: the worker exits when it goes
+    spec: ModelSpec
+    dtype: str  # torch dtype name: "float16"
+    device: str  # this rank's: "cuda:3", "cpu"
+    seed: int  # of the preset's weights
+    checkpoint: str | None
+    timeout_s: float
+    threads: int  # CPU: torch threads of this rank (the ranks share the host's cores); 0: leave as is
+
+
+def rank_devices(device: torch.device, size: int) -> list[torch.device]:
+    """Rank r's device: the CPU for all, or `cuda:(first + r)` from the run's `--device`."""
+    if device.type == "cpu":
+        return [device] * size
+    first, count = device.index or 0, torch.cuda.device_count()
+    if first + size > count:
+        raise KvbenchError(
+            f"--tensor-parallel {size}: needs {size} CUDA devices from cuda:{first}, this machine has {count}"
+        )
+    return [torch.device("cuda", first + rank) for rank in range(size)]
+
+
+def connect(
+    store: dist.Store, rank: int, size: int, device: torch.device, timeout_s: float
+) -> TensorParallel:
+    """Join the group as `rank`: gloo on CPU; gloo (host tensors) + NCCL (device tensors) on CUDA."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "gloo" if device.type == "cpu" else "cpu:gloo,cuda:nccl"
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=size, timeout=timedelta(seconds=timeout_s)
+    )
+    return TensorParallel(rank, size)
+
+
+def agree(ok: bool, size: int) -> bool:
+    """Whether every rank is `ok` (a host all-reduce: also how rank 0 learns a worker is gone)."""
+    flags = torch.tensor([int(ok)])
+    dist.all_reduce(flags)
+    return int(flags) == size
+
+
+def launch(
+    spec: ModelSpec, *, size: int, device: torch.device, dtype: torch.dtype, seed: int = 0,
+    checkpoint: Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> ParallelSession:  # fmt: skip
+    """Spawn the workers, build every rank's shard, and return rank 0's session (a context manager)."""
+    from kvbench.parallel import worker  # the spawned processes' entry point
+    from kvbench.parallel.session import ParallelSession  # which imports this module
+
+    check_tensor_parallel(spec, size)
+    devices = rank_devices(device, size)
+    if dist.is_initialized():
+        raise KvbenchError(
+            f"--tensor-parallel {size}: torch.distributed is already initialised in this process"
+        )
+    saved_env = {name: os.environ.get(name) for name in NVLS_OFF}
+    os.environ.update(NVLS_OFF)  # inherited by the workers; NCCL reads them when it starts
+    saved_threads = torch.get_num_threads()
+    threads = max(1, saved_threads // size) if device.type == "cpu" else 0
+    store = dist.TCPStore(
+        HOST, 0, size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+    context = mp.get_context("spawn")
+    processes = []
+    session = None
+    try:
+        for rank in range(1, size):
+            args = WorkerArgs(
+                rank, size, store.port, os.getpid(), spec, str(dtype).removeprefix("torch."),
+                str(devices[rank]), seed, None if checkpoint is None else str(checkpoint), timeout_s, threads,
+            )  # fmt: skip
+            process = context.Process(target=worker.main, args=(args,), name=f"kvbench-tp{rank}", daemon=True)
+            process.start()
+            processes.append(process)
+        _await_workers(store, processes, timeout_s)
+        tp = connect(store, 0, size, devices[0], timeout_s)
+        session = ParallelSession(tp, devices[0], dtype, processes, saved_env, saved_threads)
+        if threads:
+            torch.set_num_threads(threads)  # until the session closes
+        shard = build_shard(spec, tp, dtype, devices[0], seed=seed, checkpoint=checkpoint)
+        session.start(shard)
+        return session
+    except BaseException:
+        if session is not None:
+            session.close(clean=False)
+        else:
+            stop_workers(processes, clean=False)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            restore_env(saved_env)
+        raise
+
+
+def _await_workers(store: dist.Store, processes: list, timeout_s: float) -> None:
+    """Wait until every worker has reached the store (before joining a group that would wait
+    the whole timeout for a worker that died starting)."""
+    keys = [f"kvbench/up/{rank}" for rank in range(1, len(processes) + 1)]
+    deadline = time.monotonic() + timeout_s
+    while not store.check(keys):
+        dead = [p for p in processes if p.exitcode is not None]
+        if dead:
+            raise RuntimeError(
+                f"tensor-parallel worker {dead[0].name} exited with code {dead[0].exitcode} starting"
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"tensor-parallel workers did not start within {timeout_s:g} s")
+        time.sleep(0.02)
+
+
+def stop_workers(processes: list, *, clean: bool) -> None:
+    """Join the workers (after STOP), else terminate them; kill what still lingers."""
+    for process in processes:
+        if not clean:
+            process.terminate()
+        process.join(timeout=30 if clean else 5)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=5)
+
+
+def restore_env(saved_env: dict[str, str | None]) -> None:
+    for name, value in saved_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
