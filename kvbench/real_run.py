@@ -106,7 +106,10 @@ def run_real(
 
     trace = prepared.trace.requests
     max_len = max(request.kv_len for request in trace) + 1
-    max_batch = min(len(trace), prepared.options.scheduler.max_num_seqs or len(trace))
+    # every parallel sample and every beam is a row of a decode batch: buffers (and CUDA graphs)
+    # sized by requests alone would regrow, dropping the graphs, the first time a group forks
+    rows = sum(max(request.n, request.beam_width) for request in trace)
+    max_batch = min(rows, prepared.options.scheduler.max_num_seqs or rows)
     runners = []
 
     def make_runner(scheduler):
