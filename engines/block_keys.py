@@ -23,15 +23,13 @@ What `content_j` is depends on what the trace knows about the prompt, best first
    parallel samples of one request, sharing its id, share its prompt).
 
 Python's `hash` of a tuple of ints is the same in every process (string hashes are salted,
-so a group name is first turned into an int with blake2b); keys are 64-bit, so among ten
+so a group name is first turned into an int, `group_number`); keys are 64-bit, so among ten
 million blocks the odds of any collision are about 3e-6.
 """
 
 from __future__ import annotations
 
-from hashlib import blake2b
-
-from kvbench.requests import Request
+from kvbench.requests import Request, group_number
 
 _ROOT = 0x6B7662656E6368  # the key "before" block 0
 _GROUP, _OWN = 1, 2  # tags keeping group and per-request content apart from token ids
@@ -52,7 +50,7 @@ def block_keys(request: Request, block_size: int, hash_block_size: int | None = 
         return _chain(spans, _own(request, count - known))
     if request.prefix_group is not None:
         shared = min(request.prefix_len, request.prompt_len) // block_size
-        group = (_GROUP, int.from_bytes(blake2b(request.prefix_group.encode(), digest_size=8).digest()))
+        group = (_GROUP, group_number(request.prefix_group))
         return _chain([group] * shared, _own(request, count - shared))
     return _chain((), _own(request, count))
 

@@ -17,7 +17,6 @@ parallel-sampling prompt (every sample's first token). K/V copies the allocator 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 
@@ -32,7 +31,7 @@ from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata, resolve_backend
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.sampling import sample
-from kvbench.requests import Request
+from kvbench.requests import Request, group_number
 from kvbench.runner import StepResult
 from kvbench.sampling import branches_of, wants_logits
 from kvbench.sequence import Sequence
@@ -179,9 +178,8 @@ def prompt_token_ids(request: Request, vocab: int, seed: int) -> np.ndarray:
         return np.asarray(request.prompt_ids, dtype=np.int64)
     ids = np.random.default_rng([seed, request.request_id]).integers(0, vocab, request.prompt_len)
     if request.prefix_group is not None and request.prefix_len:
-        group = int.from_bytes(hashlib.blake2b(request.prefix_group.encode(), digest_size=16).digest())
         # [seed, request id] and [seed, group, 1] never name the same seed sequence
-        shared = np.random.default_rng([seed, group, 1])
+        shared = np.random.default_rng([seed, group_number(request.prefix_group), 1])
         ids[: request.prefix_len] = shared.integers(0, vocab, request.prefix_len)
     return ids
 

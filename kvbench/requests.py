@@ -12,6 +12,7 @@ KV simply compute every request's whole prompt, as the paper's Orca does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from hashlib import blake2b
 from typing import NamedTuple
 
 
@@ -62,3 +63,10 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self.requests)
+
+
+def group_number(name: str) -> int:
+    """A prefix group's name as a 64-bit int, the same in every process (`hash` of a str is
+    salted per process): what the prefix cache's keys and the group's shared prompt ids derive
+    from, so both name the same content."""
+    return int.from_bytes(blake2b(name.encode(), digest_size=8).digest())

@@ -89,7 +89,7 @@ def test_held_out_real_runs_are_replayed_by_the_simulator(tmp_path):
     write_result(run_real(config), tmp_path / "real")
     assert read_config(tmp_path / "real") == config
     model = tmp_path / "cost.json"
-    model.write_text(json.dumps({**calibrate([tmp_path / "real"]).to_dict()}))
+    model.write_text(json.dumps(calibrate([tmp_path / "real"]).to_dict()))
     checks = check(model, [tmp_path / "real"])
     assert [c.metric for c in checks] == ["output_token_throughput", "normalized_latency_s"]
     assert all(c.real > 0 and c.simulated > 0 for c in checks)
