@@ -23,20 +23,10 @@ import time
 from pathlib import Path
 
 from kvbench.config import RunConfig
+from kvbench.reproduce_paper import FIG15_SAVED_PCT as PAPER
+from kvbench.reproduce_sharing import FIG15_SEQUENCE_RATE as SEQUENCE_RATES
 from kvbench.simulate import simulate
 from workloads.spec import WorkloadSpec
-
-# the paper's Fig. 15 (OPT-13B): % of KV blocks saved; ShareGPT only as a range in the text
-PAPER = {
-    ("alpaca-paper", "parallel"): {2: 6.09, 4: 8.53, 6: 9.79},
-    ("alpaca-paper", "beam"): {2: 37.56, 4: 53.13, 6: 55.16},
-    ("sharegpt-paper", "parallel"): {2: 16.2, 6: 30.5},
-    ("sharegpt-paper", "beam"): {2: 44.3, 6: 66.3},
-}
-# requests/s times outputs per request: the same sequence load for every width, high enough to
-# batch many groups, low enough that paged rarely preempts (a preempted sample or beam group is
-# recomputed without sharing, which would measure the preemption policy, not sharing)
-SEQUENCE_RATES = {"alpaca-paper": 10.0, "sharegpt-paper": 1.0}
 
 
 def rate_of(workload: str, width: int, args: argparse.Namespace) -> float:

@@ -64,9 +64,14 @@ def _row(s: dict) -> DemoRow:
 
 
 def run_engine(config: RunConfig, out: Path, real: bool, reuse: Sequence[Path] = ()) -> DemoRow:
-    """One engine's run written to `out`, as a row of the side-by-side table.
+    """One engine's run written to `out`, as a row of the side-by-side table (`run_summary`)."""
+    return _row(run_summary(config, out, real, reuse))
 
-    Shared by the demo and `kvbench reproduce` (Figures 2 and 13), so both read a run alike.
+
+def run_summary(config: RunConfig, out: Path, real: bool, reuse: Sequence[Path] = ()) -> dict:
+    """One run written to `out`; its summary.
+
+    Shared by the demo and `kvbench reproduce` (Figures 2, 13 and 15), so all read a run alike.
     A finished run of exactly this config in a `reuse` folder (`out` itself included) is read,
     not rerun: an interrupted `kvbench reproduce` resumes, and figures that share runs pay for
     them once. The demo reuses nothing: it measures.
@@ -75,7 +80,7 @@ def run_engine(config: RunConfig, out: Path, real: bool, reuse: Sequence[Path] =
         if (folder / "summary.json").is_file() and not config_differences(config, folder):
             if folder != out:
                 shutil.copytree(folder, out, dirs_exist_ok=True)
-            return _row(json.loads((folder / "summary.json").read_text()))
+            return json.loads((folder / "summary.json").read_text())
     if real:
         from kvbench.real_run import run_real
 
@@ -83,7 +88,7 @@ def run_engine(config: RunConfig, out: Path, real: bool, reuse: Sequence[Path] =
     else:
         result = simulate(config)
     write_result(result, out)
-    return _row(result.summary)
+    return result.summary
 
 
 REAL = {"model": "opt-1.3b", "kv_cache_gib": 3.0, "rate": 64.0}  # see the module docstring

@@ -20,6 +20,7 @@ from kvbench.paper import FIG13_RATE
 from kvbench.reproduce_claims import claims_table
 from kvbench.reproduce_engines import fig2, fig13
 from kvbench.reproduce_rows import FigureResult, Options, Setting, markdown, read_figure, write_figure
+from kvbench.reproduce_sharing import fig14, fig15, fig16, fig17
 from kvbench.reproduce_sweeps import fig12, fig18b, fig19
 
 
@@ -36,6 +37,10 @@ FIGURES = {
         FigureSpec("fig2", "KV memory breakdown per engine", fig2),
         FigureSpec("fig13", "mean batched requests, ShareGPT and Alpaca", fig13),
         FigureSpec("fig12", "normalized latency vs rate, sustained rates and their ratios", fig12),
+        FigureSpec("fig14", "parallel sampling and beam search: sustained rates (Alpaca)", fig14),
+        FigureSpec("fig15", "KV memory saved by parallel sampling and beam search", fig15),
+        FigureSpec("fig16", "shared few-shot prefix: sustained rates", fig16),
+        FigureSpec("fig17", "chatbot (history cut to 1024 tokens): sustained rates", fig17),
         FigureSpec("fig18b", "normalized latency vs block size (paged)", fig18b),
         FigureSpec("fig19", "preemption by recompute vs swap, overhead vs block size", fig19),
     )

@@ -10,7 +10,8 @@ uses the `real` grids below, a few points each, and the calibrated simulation fi
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ from kvbench.reproduce_paper import (
     RATIO_BASELINES,
 )
 from kvbench.reproduce_rows import FigureResult, Options, Row
-from kvbench.sweep import SweepPlan, SweepResult, run_sweep
+from kvbench.sweep import OtherSettings, SweepPlan, SweepResult, run_sweep
 from kvbench.sweep_cell import CellRun
 from kvbench.sweep_grid import PAPER_ENGINES, Axes, Baseline
 from kvbench.sweep_sustained import SustainedOptions
@@ -40,12 +41,12 @@ POWERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FIG12_RATES = {
     "sharegpt-paper": {
         "quick": (0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0),
-        "real": (0.5, 1.0, 2.0, 4.0),
+        "real": (0.125, 0.5, 1.0, 2.0, 4.0),
         "full": (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0),
     },
     "alpaca-paper": {
         "quick": (4.0, 8.0, 16.0, 32.0, 64.0, 96.0, 128.0),
-        "real": (8.0, 32.0, 128.0),
+        "real": (0.5, 2.0, 8.0),
         "full": (2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0),
     },
 }
@@ -56,23 +57,83 @@ FIG19_RATE = 2.0  # ShareGPT, on a quarter of the budget: paged preempts
 FIG19_BUDGET_SHARE = 0.25
 
 
-def _sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes, kv, preemption="recompute",
-           threshold: float | None = FIG12_THRESHOLD_S, bisect: int = 0,
-           requests: tuple[int, int, int] = (200, 2000, 100)) -> SweepResult:  # fmt: skip
+def sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes, kv, preemption="recompute",
+          threshold: float | None = FIG12_THRESHOLD_S, bisect: int = 0,
+          requests: tuple[int, int, int] = (200, 2000, 100), model: str | None = None,
+          workload: dict | None = None) -> SweepResult:  # fmt: skip
+    """One sweep folder of a figure: `engines` x `rates` (the paper's, times the setting's scale)
+    x `block_sizes` on `trace`; `workload` sets WorkloadSpec fields every cell keeps (n, beams,
+    a shared prefix, chat turns), `model` replaces the setting's."""
     s = options.setting
-    workload = WorkloadSpec(trace, num_requests=options.requests(*requests), seed=options.seed)
+    count = options.requests(*requests)
+    spec = WorkloadSpec(trace, num_requests=count, seed=options.seed, **(workload or {}))
     base = RunConfig(
-        engines[0], model=s.model, workload=workload, kv_cache_gib=kv, preemption=preemption,
+        engines[0], model=model or s.model, workload=spec, kv_cache_gib=kv, preemption=preemption,
         cost_model=None if s.real else s.cost_model, device=s.device if s.real else "cpu",
     )  # fmt: skip
     axes = Axes(tuple(engines), (trace,), tuple(r * s.rate_scale for r in rates), tuple(block_sizes), (kv,),
                 (options.seed,))  # fmt: skip
     sustained = SustainedOptions(threshold, 4.0, bisect, REAL_BASELINE if s.real else Baseline())
     plan = SweepPlan(axes, base, CellRun(real=s.real), sustained)
+    if (folder / "sweep.json").is_file():
+        try:  # an interrupted figure resumes: finished cells of these settings are kept
+            return run_sweep(plan, folder, resume=True)
+        except OtherSettings:  # another setting's sweep: replaced
+            pass
     return run_sweep(plan, folder, overwrite=True)
 
 
-def _plot(plot, data, out: Path, notes: list[str], prefix: str = "") -> list[str]:
+@dataclass(frozen=True)
+class Rates:
+    """What a rate sweep says of each engine.
+
+    `sustained`: the highest rate under the latency threshold (Figure 12's criterion; None when
+    no rate, or every rate, is under it). `capacity`: the most requests/s any cell completed,
+    which an overloaded cell reaches: the rate at which the paper's hour-long traces see latency
+    explode. A short trace at a rate past capacity builds only a short queue, so with short
+    outputs (Alpaca, translation) normalized latency may never cross the threshold inside the
+    grid while the capacity plateau is plain; the sharing figures compare capacities.
+    """
+
+    sustained: dict[str, float | None]
+    capacity: dict[str, float | None]
+
+
+def rate_rows(figure: str, label: str, result: SweepResult, engines: Sequence[str],
+              ratios: dict[str, float | None], paper_sustained: dict | None = None,
+              numerator: str = "paged") -> tuple[list[Row], Rates]:  # fmt: skip
+    """A rate sweep's rows: normalized latency at each rate, each engine's sustained rate and
+    capacity, and `numerator`'s over each engine named in `ratios` (the paper's ratio beside)."""
+    cells = [r for r in result.rows if r["role"] != "baseline" and r["status"] == "ok"]
+    rows = [
+        Row(figure, r["engine"], label, f"normalized_latency_s@{r['rate']:g}", r["normalized_latency_s"])
+        for r in cells
+    ]
+    sustained = {r["engine"]: r["sustained_rate"] for r in result.sustained}
+    completed = {e: [r["request_throughput"] for r in cells if r["engine"] == e] for e in engines}
+    capacity = {e: max(values, default=None) for e, values in completed.items()}
+    for e in engines:
+        paper = (paper_sustained or {}).get(e)
+        rows.append(Row(figure, e, label, "sustained_rate_req_s", sustained.get(e), paper))
+        rows.append(Row(figure, e, label, "capacity_req_s", capacity[e]))
+    for other, paper in ratios.items():
+        for metric, by in (("sustained_ratio", sustained), ("capacity_ratio", capacity)):
+            ours = ratio_or_none(by.get(numerator), by.get(other))
+            rows.append(Row(figure, f"{numerator}/{other}", label, metric, ours, paper))
+    return rows, Rates(sustained, capacity)
+
+
+def threshold_of(options: Options) -> float | None:
+    """The sustained criterion: the paper's 0.5 s/token in its setting, else 4x unloaded latency."""
+    return FIG12_THRESHOLD_S if options.setting.paper_threshold else None
+
+
+def threshold_note(options: Options) -> str:
+    limit = f"{FIG12_THRESHOLD_S} s/token" if threshold_of(options) else "4x the unloaded normalized latency"
+    return f"sustained: the highest rate (after bisection) with normalized latency under {limit}"
+
+
+def plot_into(plot, data, out: Path, notes: list[str], prefix: str = "") -> list[str]:
     try:
         return [prefix + p.name for p in plot(data, out)]
     except PlotSkipped as skipped:
@@ -84,42 +145,30 @@ def fig12(options: Options, folder: Path) -> FigureResult:
     s = options.setting
     rows: list[Row] = []
     verdicts, notes, plots = [], [], []
-    threshold = FIG12_THRESHOLD_S if s.paper_threshold else None
     for trace, grids in FIG12_RATES.items():
         rates = options.pick(grids["quick"], grids["full"], grids["real"])
-        result = _sweep(options, folder / trace, engines=PAPER_ENGINES, trace=trace, rates=rates,
-                        block_sizes=(16,), kv=s.kv_cache_gib, threshold=threshold,
-                        bisect=options.pick(3, 5, real=0),
-                        requests=tuple(FIG12_REQUESTS[k] for k in ("quick", "full", "real")))  # fmt: skip
+        result = sweep(options, folder / trace, engines=PAPER_ENGINES, trace=trace, rates=rates,
+                       block_sizes=(16,), kv=s.kv_cache_gib, threshold=threshold_of(options),
+                       bisect=options.pick(3, 5, real=0),
+                       requests=tuple(FIG12_REQUESTS[k] for k in ("quick", "full", "real")))  # fmt: skip
         paper = FIG12_SUSTAINED[trace]
-        for r in result.rows:
-            if r["role"] != "baseline" and r["status"] == "ok":
-                rows.append(Row("fig12", r["engine"], trace, f"normalized_latency_s@{r['rate']:g}",
-                                r["normalized_latency_s"]))  # fmt: skip
-        sustained = {r["engine"]: r["sustained_rate"] for r in result.sustained}
         comparable = s.rate_scale == 1.0 and not s.real  # the paper's absolute rates: its setting only
-        rows += [
-            Row("fig12", e, trace, "sustained_rate_req_s", sustained.get(e), paper[e] if comparable else None)
-            for e in PAPER_ENGINES
-        ]
-        for other in RATIO_BASELINES:
-            ours = _ratio(sustained.get("paged"), sustained.get(other))
-            rows.append(
-                Row("fig12", f"paged/{other}", trace, "sustained_ratio", ours, paper["paged"] / paper[other])
-            )
-        verdicts.append(f"{trace}: {_order_verdict(sustained, paper)}")
-        plots += _plot(
+        ratios = {other: paper["paged"] / paper[other] for other in RATIO_BASELINES}
+        absolute = paper if comparable else None
+        found, rates = rate_rows("fig12", trace, result, PAPER_ENGINES, ratios, absolute)
+        rows += found
+        verdicts.append(f"{trace}: {_order_verdict(rates.sustained, paper)}")
+        plots += plot_into(
             plot_latency_vs_rate, folder / trace, folder / trace / "latency_vs_rate", notes, f"{trace}/"
         )
-    limit = f"{FIG12_THRESHOLD_S} s/token" if threshold else "4x the unloaded normalized latency"
-    notes.append(f"sustained: the highest rate (after bisection) with normalized latency under {limit}")
+    notes.append(threshold_note(options))
     ok = all("matches" in v for v in verdicts)
     verdict = ("order of engines matches the paper: " if ok else "differs: ") + "; ".join(verdicts)
     return FigureResult("fig12", "Sustained request rate (normalized latency vs rate)", tuple(rows), verdict,
                         tuple(plots), tuple(notes))  # fmt: skip
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
+def ratio_or_none(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
@@ -147,7 +196,7 @@ def fig18b(options: Options, folder: Path) -> FigureResult:
     verdicts, notes, plots = [], [], []
     sizes = options.pick((1, 4, 16, 32, 64, 128, 256), POWERS, real=(1, 4, 16, 64, 256))
     for trace, rate in FIG18B_RATE.items():
-        result = _sweep(options, folder / trace, engines=("paged",), trace=trace, rates=(rate,),
+        result = sweep(options, folder / trace, engines=("paged",), trace=trace, rates=(rate,),
                         block_sizes=sizes, kv=s.kv_cache_gib)  # fmt: skip
         latency = {r["block_size"]: r["normalized_latency_s"] for r in result.rows if r["status"] == "ok"}
         rows += [
@@ -162,7 +211,7 @@ def fig18b(options: Options, folder: Path) -> FigureResult:
             f"{trace} @ {rate * s.rate_scale:g} req/s: best {best} (within 5 %: {near[0]}-{near[-1]}), "
             f"paper {low}-{high}: {'matches' if inside else 'differs'}"
         )
-        plots += _plot(plot_block_size, folder / trace, folder / trace / "block_size", notes, f"{trace}/")
+        plots += plot_into(plot_block_size, folder / trace, folder / trace / "block_size", notes, f"{trace}/")
     ok = all(v.endswith("matches") for v in verdicts)
     verdict = ("best block size in the paper's range: " if ok else "differs: ") + "; ".join(verdicts)
     return FigureResult("fig18b", "End-to-end normalized latency vs block size (paged)", tuple(rows), verdict,
@@ -204,7 +253,7 @@ def fig19(options: Options, folder: Path) -> FigureResult:
     overheads: dict[str, dict[int, float | None]] = {}
     notes, plots = [], []
     for how in ("recompute", "swap"):
-        result = _sweep(options, folder / how, engines=("paged",), trace=trace, rates=(FIG19_RATE,),
+        result = sweep(options, folder / how, engines=("paged",), trace=trace, rates=(FIG19_RATE,),
                         block_sizes=sizes, kv=kv, preemption=how)  # fmt: skip
         overheads[how] = {}
         for r in result.rows:
@@ -221,8 +270,8 @@ def fig19(options: Options, folder: Path) -> FigureResult:
                     "fig19", f"paged-{how}", trace, f"normalized_latency_s@bs{bs}", r["normalized_latency_s"]
                 ),
             ]
-        plots += _plot(plot_block_size, folder / how, folder / how / "block_size", notes, f"{how}/")
-    plots += _plot(_plot_overheads, overheads, folder / "overhead", notes)
+        plots += plot_into(plot_block_size, folder / how, folder / how / "block_size", notes, f"{how}/")
+    plots += plot_into(_plot_overheads, overheads, folder / "overhead", notes)
     notes.append(
         f"{kv:g} GiB of KV ({FIG19_BUDGET_SHARE:g} of the setting's) at {FIG19_RATE * s.rate_scale:g} "
         "req/s so that paged preempts; overheads: the blocks swapped / tokens recomputed times the cost "

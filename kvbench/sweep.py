@@ -125,7 +125,7 @@ class _Sweep:
         """A cell a previous invocation finished (after checking it ran these settings)."""
         differs = config_differences(config, folder)
         if differs:
-            raise KvbenchError(
+            raise OtherSettings(
                 f"--resume: {folder} ran other settings ({', '.join(differs)}); "
                 "use another --out, or --overwrite"
             )
@@ -159,6 +159,10 @@ class _Sweep:
         if self.plan.axes.repeats > 1:
             add_confidence_intervals(rows)
         write_table(self.out / "sweep.csv", rows, self.columns)
+
+
+class OtherSettings(KvbenchError):
+    """A resumed folder's cell ran other settings than the plan's."""
 
 
 def run_sweep(

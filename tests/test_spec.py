@@ -106,6 +106,23 @@ def test_chat_turns_are_turn_major_with_history():
     assert times == sorted(times)
 
 
+def test_max_total_len_counts_a_turn_with_its_history():
+    """Each turn alone is 150 tokens; with the history, turns 1 and 2 reach 300 and 370."""
+    spec = WorkloadSpec(
+        "fixed:prompt=100,output=50",
+        num_requests=6,
+        chat_turns=3,
+        max_history=320,
+        max_total_len=300,
+        rate=1.0,
+    )
+    trace = build_trace(spec)
+    assert [(r.conversation_id, r.turn, r.total_len) for r in trace.requests] == [
+        ("c0", 0, 150), ("c1", 0, 150), ("c0", 1, 300), ("c1", 1, 300),
+    ]  # fmt: skip
+    assert trace.meta["dropped_requests"] == 2
+
+
 def test_sharing_options_are_recorded():
     trace = build_trace(
         WorkloadSpec("fixed:prompt=20,output=5", num_requests=4, prefix="fewshot-5", n=3, rate=1.0)

@@ -16,9 +16,9 @@
 Then, in this order: conversations (`chat_turns`: the lengths become each turn's new query
 and answer, the prompt is the history plus the query cut to `max_history` tokens, and turns
 are ordered turn-major so a conversation's next turn comes after the other conversations'
-current one), a shared prefix, parallel samples or beams, and arrival times (`arrivals`): a
-file with timestamps replays them (scaled and windowed) unless another process is asked for;
-anything else needs a `--rate`.
+current one), the `max_total_len` filter (after the history is added), a shared prefix,
+parallel samples or beams, and arrival times (`arrivals`): a file with timestamps replays
+them (scaled and windowed) unless another process is asked for; anything else needs a `--rate`.
 """
 
 from __future__ import annotations
@@ -68,13 +68,13 @@ def build_trace(spec: WorkloadSpec) -> Trace:
     _check(spec)
     length_rng, arrival_rng, share_rng = np.random.default_rng(spec.seed).spawn(3)
     cols, timestamps, hash_block = _lengths(spec, length_rng)
-    if spec.max_total_len is not None:
-        cols = _drop_longer(cols, spec.max_total_len)
     if spec.chat_turns:
         cols = sharing.multi_turn(cols.prompt_len, cols.output_len, spec.chat_turns, spec.max_history)
         # turn-major order: every conversation's first turn, then every second turn, ... so a
         # turn arrives well after the one before it (an open-loop trace cannot wait for the answer)
         cols = cols.take(np.argsort(cols.turn, kind="stable"))
+    if spec.max_total_len is not None:  # after the chat's history: a turn's prompt holds it
+        cols = _drop_longer(cols, spec.max_total_len)
     if spec.prefix:
         cols = sharing.with_shared_prefix(cols, _prefix_tokens(spec.prefix), spec.prefix_groups, share_rng)
     if spec.n > 1:
