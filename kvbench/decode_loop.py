@@ -11,8 +11,9 @@ device buffers in place::
 and the same code runs eagerly or replays as a CUDA graph captured per batch-size bucket. A
 graph replays one launch instead of hundreds, which is most of a small model's step. Rows
 past the real batch (padding up to the bucket) are invalid: slot -1 (never stored), context 0
-(reads nothing), position held at 0. A step whose caller needs the logits themselves (beam
-search ranks candidates by them) runs `forward` eagerly instead, one step at a time.
+(reads nothing), position held at 0. A step also hands back its logits: a graph's stay in its
+memory pool, valid until another graph replays, so a caller that needs them (beam search ranks
+candidates by them) reads them right after its step, one step at a time, graphed all the same.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class DecodeLoop:
         self.device = arena.k.device
         self.max_batch, self.max_len, self.paged = max_batch, max_len, paged
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._graph_logits: dict[int, torch.Tensor] = {}  # [rows, V] each, in the graphs' pool
         self._buffers(max(graph_buckets(max_batch)[-1], max_batch))
         self.capture_s = 0.0
 
@@ -85,6 +87,7 @@ class DecodeLoop:
         requests a caller sized them for) regrows them, dropping the graphs (they hold the old ones)."""
         if batch > len(self.input_ids):
             self._graphs.clear()
+            self._graph_logits.clear()
             self._buffers(batch)
 
     # ------------------------------------------------------------------ loading a batch
@@ -110,14 +113,16 @@ class DecodeLoop:
             put(self.starts, [where.start for where in addressing])
 
     # ------------------------------------------------------------------ one step
-    def step(self, rows: int) -> None:
-        """One decode step of the first `rows` rows, in place (capturable: no host sync)."""
+    def step(self, rows: int) -> torch.Tensor:
+        """One decode step of the first `rows` rows, in place (capturable: no host sync); its
+        logits `[rows, V]`, sampled at the positions the step started from."""
         positions = self.positions[:rows]  # [n]
         with torch.inference_mode():
             logits = self.forward(rows)  # [n, V]
             tokens = sample(logits, self.temperature, self.seed, self.seq_ids[:rows], positions)  # [n]
             self.input_ids[:rows].copy_(tokens)
             self.positions[:rows].add_(self.valid[:rows])
+        return logits
 
     def forward(self, rows: int) -> torch.Tensor:
         """Logits `[rows, V]` of the loaded rows' next tokens (their K/V stored); buffers unchanged."""
@@ -162,7 +167,7 @@ class DecodeLoop:
         for rows in buckets:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.step(rows)
+                self._graph_logits[rows] = self.step(rows)
             pool = graph.pool()
             self._graphs[rows] = graph
         self._graphs = dict(sorted(self._graphs.items()))  # ascending: `rows_for` takes the first fit
@@ -173,9 +178,11 @@ class DecodeLoop:
         """Rows a batch runs with: its graph's bucket, else exactly its size (eagerly)."""
         return next((n for n in self._graphs if n >= batch), batch)  # buckets captured in ascending order
 
-    def run_step(self, rows: int) -> None:
+    def run_step(self, rows: int) -> torch.Tensor:
+        """`step`, replayed from its graph where one was captured; the step's logits `[rows, V]`
+        (a graph's until the next replay of any graph)."""
         graph = self._graphs.get(rows)
         if graph is None:
-            self.step(rows)
-        else:
-            graph.replay()
+            return self.step(rows)
+        graph.replay()
+        return self._graph_logits[rows]

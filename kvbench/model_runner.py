@@ -9,10 +9,11 @@ Step times are wall time: a segment's steps sum exactly to the time from the sta
 preparation to the sampled tokens being on the host, so host-side overhead counts. On CUDA
 the steps are split by events recorded between them; the first step carries the host work.
 
-Sequence groups (`engines.groups`): a step with beams runs one eager decode step and hands
-each beam's candidates back (`kvbench.sampling`), as does a prefill for its beams and for a
-parallel-sampling prompt (every sample's first token). K/V copies the allocator asked for
-(copy-on-write blocks, contiguous forks' slot ranges) are made before the step.
+Sequence groups (`engines.groups`): a step with beams runs one decode step (graphed, as any)
+and hands each beam's candidates, ranked from that step's logits, back (`kvbench.sampling`), as
+does a prefill for its beams and for a parallel-sampling prompt (every sample's first token).
+K/V copies the allocator asked for (copy-on-write blocks, contiguous forks' slot ranges) are
+made before the step.
 """
 
 from __future__ import annotations
@@ -124,23 +125,24 @@ class ModelRunner(ArenaCopies):
         return StepResult(clock.durations(), tokens)
 
     def _decode_with_logits(self, batch: Batch, start: float) -> StepResult:
-        """One eager decode step whose logits also go to the groups (beam candidates)."""
+        """One decode step whose logits also go to the groups (beam candidates)."""
         seqs, loop = batch.seqs, self.decoder
-        rows = self._load(seqs, eager=True)
+        n = len(seqs)
+        rows = self._load(seqs)
         clock = _StepClock(self.device, start)
         with torch.inference_mode():
-            logits = loop.forward(rows)  # [B, V]
-            positions = loop.positions[:rows]  # [B]
-            tokens = sample(logits, self.temperature, self.seed, loop.seq_ids[:rows], positions)  # [B]
+            positions = loop.positions[:n].clone()  # [n] the step moves them on
+            logits = loop.run_step(rows)[:n]  # [n, V]
             branches = branches_of(seqs, logits, positions, self.temperature, self.seed)
+            tokens = loop.input_ids[:n].tolist()  # sampled in the step, from the same logits
         clock.mark(wait=False)
-        return StepResult(clock.durations(), [[t] for t in tokens.tolist()], branches)
+        return StepResult(clock.durations(), [[t] for t in tokens], branches)
 
-    def _load(self, seqs: tuple[Sequence, ...], *, eager: bool = False) -> int:
+    def _load(self, seqs: tuple[Sequence, ...]) -> int:
         """Put the batch's inputs into the decode buffers; the rows it runs with."""
         loop = self.decoder
         loop.reserve(len(seqs))
-        rows = len(seqs) if eager else loop.rows_for(len(seqs))
+        rows = loop.rows_for(len(seqs))
         last = [seq.num_tokens - 1 for seq in seqs]  # position of each row's input token
         loop.load(
             rows, [int(self._token_ids(seq, p, p + 1)[0]) for seq, p in zip(seqs, last, strict=True)], last,

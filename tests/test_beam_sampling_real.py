@@ -35,14 +35,16 @@ def trace_of(lengths, *, n: int = 1, beam: int = 1, spacing: float = 0.02, vocab
     )
 
 
-def decode(engine: str, model, spec, trace: Trace, *, num_slots: int = 600, temperature=0.0, seed=5):
-    arena = KVArena(spec, num_slots, torch.float32, CPU)
+def decode(engine: str, model, spec, trace: Trace, *, num_slots: int = 600, temperature=0.0, seed=5,
+           device=CPU, max_batch: int = 2, cuda_graphs: bool = False, attention: str = "torch"):  # fmt: skip
+    """max_batch 2 (the default): the groups' outputs outgrow the decode buffers, which regrow."""
+    arena = KVArena(spec, num_slots, torch.float32, device)
     arena.fill(float("nan"))  # a read of anything not copied or computed would show
     sched = ENGINES[engine].build(EngineOptions(num_slots=num_slots, max_len=64, block_size=4))
     runner = ModelRunner(
-        model, arena, sched.allocator, max_batch=2, max_len=64, temperature=temperature, seed=seed,
-        attention="torch", cuda_graphs=False,
-    )  # fmt: skip  # max_batch 2: the groups' outputs outgrow the decode buffers
+        model, arena, sched.allocator, max_batch=max_batch, max_len=64, temperature=temperature, seed=seed,
+        attention=attention, cuda_graphs=cuda_graphs,
+    )  # fmt: skip
     return Engine(sched, runner).run(trace)
 
 
@@ -116,3 +118,35 @@ def test_parallel_samples_are_the_same_in_every_engine_and_each_is_its_seed_alon
     for s in range(3):  # sample s draws what the request alone draws with seed 5 + s
         alone = decode("paged", model, spec, trace_of(lengths), temperature=0.8, seed=5 + s)
         assert [request[s][0] for request in samples] == [tuple(seq.output_ids) for seq in alone.sequences]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("engine", ["paged", "orca-oracle"])
+def test_group_steps_replayed_from_graphs_equal_eager_steps(engine):
+    """Beam candidates come from the logits a graph replay leaves in its pool: the same tokens
+    as eager steps and the same scores to fp32 rounding (a graph pads its rows to its bucket, so
+    the split-KV kernel may split differently), for beams and parallel samples."""
+    cuda = torch.device("cuda")
+    spec = get_model("tiny-opt")
+    model = random_model(spec, torch.float32, cuda, seed=3)
+    for trace, temperature in ((trace_of([(5, 9), (7, 6), (3, 12)], beam=3), 0.0),
+                               (trace_of([(5, 9), (7, 6)], n=3), 1.0)):  # fmt: skip
+        runs = [
+            decode(
+                engine,
+                model,
+                spec,
+                trace,
+                temperature=temperature,
+                device=cuda,
+                max_batch=16,
+                cuda_graphs=graphs,
+                attention="auto",
+            )
+            for graphs in (False, True)
+        ]
+        eager, graphed = (outputs(run) for run in runs)
+        assert [[tokens for tokens, _ in r] for r in eager] == [[tokens for tokens, _ in r] for r in graphed]
+        scores = [[float("nan") if s is None else s for r in run for _, s in r] for run in (eager, graphed)]
+        assert scores[1] == pytest.approx(scores[0], rel=1e-5, abs=1e-5, nan_ok=True)

@@ -294,6 +294,7 @@ def test_extend_attention_matches_reference(device, dtype, block_size):
     assert (out.float() - expected.float()).abs().max() <= TOLERANCE[dtype]
 
 
+@INTERPRETED
 def test_extend_attention_without_prefix_is_causal_self_attention():
     """With no stored prefix the reference is plain causal attention over the new tokens."""
     gen = torch.Generator().manual_seed(3)
