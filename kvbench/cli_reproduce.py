@@ -11,13 +11,16 @@ import typer
 from kvbench import cli_options as opt
 from kvbench.errors import KvbenchError
 
-SHORT_HELP = "Run the paper's figures (2, 12, 13, 18b, 19) and its claims, every number beside the paper's."
+SHORT_HELP = "Run the paper's figures (2, 12-19) and its claims, every number beside the paper's."
 
 
 def reproduce(
     figures: Annotated[
         list[str] | None,
-        typer.Argument(help="Figures: fig2, fig13, fig12, fig18b, fig19, claims (default: all)."),
+        typer.Argument(
+            help="Figures: fig2, fig13, fig12, fig14, fig15, fig16, fig17, fig18b, fig19, claims "
+            "(default: all)."
+        ),
     ] = None,
     out: Annotated[Path, typer.Option(help="Folder: <figure>/, claims.md, reproduce.md.")] = Path(
         "runs/reproduce"
