@@ -23,25 +23,23 @@ def kvbench(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture(scope="module")
-def quick(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("reproduce") / "out"
-    proc = kvbench(
-        "reproduce", *FIGURES, "--quick", "--mode", "simulate", "--num-requests", "300", "--out", str(out)
-    )
+def quick_simulated(out: Path, figures: tuple[str, ...], requests: int) -> Path:
+    """`kvbench reproduce FIGURES --quick --mode simulate` into `out`, as a user runs it."""
+    args = ("--quick", "--mode", "simulate", "--num-requests", str(requests), "--out", str(out))
+    proc = kvbench("reproduce", *figures, *args)
     assert proc.returncode == 0, proc.stderr
     assert "reproduce.md" in proc.stdout
     return out
 
 
 @pytest.fixture(scope="module")
+def quick(tmp_path_factory) -> Path:
+    return quick_simulated(tmp_path_factory.mktemp("reproduce") / "out", FIGURES, 300)
+
+
+@pytest.fixture(scope="module")
 def sharing(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("reproduce") / "sharing"
-    proc = kvbench(
-        "reproduce", *SHARING, "--quick", "--mode", "simulate", "--num-requests", "100", "--out", str(out)
-    )
-    assert proc.returncode == 0, proc.stderr
-    return out
+    return quick_simulated(tmp_path_factory.mktemp("reproduce") / "sharing", SHARING, 100)
 
 
 def _rows(out: Path, figure: str) -> list[dict]:
@@ -179,17 +177,5 @@ def test_a_figure_run_again_resumes_its_finished_cells(sharing):
     cells = sorted((sharing / "fig17" / "chat" / "cells").glob("*/summary.json"))
     stamps = [f.stat().st_mtime_ns for f in cells]
     before = _rows(sharing, "fig17")
-    args = (
-        "reproduce",
-        "fig17",
-        "--quick",
-        "--mode",
-        "simulate",
-        "--num-requests",
-        "100",
-        "--out",
-        str(sharing),
-    )
-    proc = kvbench(*args)
-    assert proc.returncode == 0, proc.stderr
+    quick_simulated(sharing, ("fig17",), 100)
     assert [f.stat().st_mtime_ns for f in cells] == stamps and _rows(sharing, "fig17") == before

@@ -87,6 +87,16 @@ def test_prefix_group_reuse_and_sharing_counts():
     assert trace_stats(to_trace(chat, "chat", "test")).conversations == 3
 
 
+def test_a_chat_turn_reuses_only_what_earlier_turns_held():
+    """Prompts 10, 10+5+20 = 35, 35+5+30 = 70: turn 1 finds turn 0's 10 tokens, turn 2 turn 1's
+    35 (answers and new queries were never computed as a prompt before)."""
+    chat = multi_turn([10, 20, 30], [5, 5, 5], 3)
+    chat.arrival_s = np.arange(3.0)
+    trace = to_trace(chat, "chat", "test")
+    assert [r.prompt_len for r in trace.requests] == [10, 35, 70]
+    assert trace_stats(trace).reuse.token_fraction == pytest.approx((10 + 35) / (10 + 35 + 70))
+
+
 def test_format_stats_is_readable():
     text = format_stats(trace_stats(trace_of([0.0, 0.5, 2.0], [100, 2000, 30], [5, 6, 7])))
     assert "requests         3" in text and "peak in 1 s      2 requests" in text

@@ -12,7 +12,8 @@ Definitions (chosen so the shared traces reproduce /work/shared/traces/SOURCES.m
   when present: the fraction of hash blocks whose hash appeared earlier in the trace, and the
   token-weighted fraction, where a reused block counts its size (block_size, or the remainder
   for a partial last block) over all prompt tokens. Else from ``prefix_group`` / ``prefix_len``:
-  the prefix tokens of every request after the first of its group, over all prompt tokens.
+  the prefix tokens each request finds held by an earlier request of its group (all of a shared
+  few-shot prefix; a chat turn, the previous turns' prompts), over all prompt tokens.
 Everything is vectorised except one pass per field over the requests (1M requests: ~1 s).
 """
 
@@ -170,14 +171,19 @@ def _hash_reuse(hashes: list, prompt: np.ndarray, block_size: int | None) -> Pre
 
 
 def _group_reuse(groups: list, prefix_len: np.ndarray, prompt: np.ndarray) -> PrefixReuse:
-    """Reuse bound from prefix groups: every request after a group's first reuses its prefix."""
-    seen: set[str] = set()
-    later = np.zeros(len(groups), dtype=bool)  # (N,) not the first request of its group
+    """Reuse bound from prefix groups: a request reuses as much of its prefix as an earlier
+    request of its group held. A few-shot group's requests share one prefix, so every request
+    after the first reuses all of it; a conversation's turn t shares its whole prompt as prefix
+    but only the previous turns' prompts were computed before it (their answers and its new
+    query were not), so it reuses the longest prefix an earlier turn had."""
+    longest: dict[str, int] = {}  # group -> the longest prefix held by a request so far
+    reused = np.zeros(len(groups), dtype=np.int64)  # (N,) prefix tokens found in the cache
     for row, group in enumerate(groups):
         if group is not None:
-            later[row] = group in seen
-            seen.add(group)
-    return PrefixReuse(source="prefix_group", token_fraction=float(prefix_len[later].sum() / prompt.sum()))
+            held = longest.get(group, 0)
+            reused[row] = min(int(prefix_len[row]), held)
+            longest[group] = max(held, int(prefix_len[row]))
+    return PrefixReuse(source="prefix_group", token_fraction=float(reused.sum() / prompt.sum()))
 
 
 def _num(value: float) -> str:
