@@ -11,9 +11,11 @@ device buffers in place::
 and the same code runs eagerly or replays as a CUDA graph captured per batch-size bucket. A
 graph replays one launch instead of hundreds, which is most of a small model's step. Rows
 past the real batch (padding up to the bucket) are invalid: slot -1 (never stored), context 0
-(reads nothing), position held at 0. A step also hands back its logits: a graph's stay in its
-memory pool, valid until another graph replays, so a caller that needs them (beam search ranks
-candidates by them) reads them right after its step, one step at a time, graphed all the same.
+(reads nothing), position held at 0. A step also hands back its logits. With `keep_logits` (a
+run with beams: beam search ranks candidates by them) each graph keeps its step's logits in its
+memory pool, valid until another graph replays, so a beam step replays its graph too and its
+caller reads them at once; without it (the pool then holds one bucket's logits at a time, not
+every bucket's) a step that needs its logits runs eagerly.
 """
 
 from __future__ import annotations
@@ -57,13 +59,14 @@ class DecodeLoop:
 
     def __init__(
         self, model: CausalLM, arena: KVArena, *, max_batch: int, max_len: int, block_size: int,
-        paged: bool, backend: str, temperature: float, seed: int,
+        paged: bool, backend: str, temperature: float, seed: int, keep_logits: bool = False,
     ) -> None:  # fmt: skip
         self.model, self.arena = model, arena
         self.backend, self.temperature, self.seed = backend, temperature, seed
         self.block_size = block_size if paged else 0
         self.device = arena.k.device
         self.max_batch, self.max_len, self.paged = max_batch, max_len, paged
+        self.keep_logits = keep_logits
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._graph_logits: dict[int, torch.Tensor] = {}  # [rows, V] each, in the graphs' pool
         self._buffers(max(graph_buckets(max_batch)[-1], max_batch))
@@ -167,7 +170,10 @@ class DecodeLoop:
         for rows in buckets:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._graph_logits[rows] = self.step(rows)
+                logits = self.step(rows)
+            if self.keep_logits:
+                self._graph_logits[rows] = logits
+            del logits  # else its memory returns to the pool for the next capture
             pool = graph.pool()
             self._graphs[rows] = graph
         self._graphs = dict(sorted(self._graphs.items()))  # ascending: `rows_for` takes the first fit
@@ -178,11 +184,12 @@ class DecodeLoop:
         """Rows a batch runs with: its graph's bucket, else exactly its size (eagerly)."""
         return next((n for n in self._graphs if n >= batch), batch)  # buckets captured in ascending order
 
-    def run_step(self, rows: int) -> torch.Tensor:
-        """`step`, replayed from its graph where one was captured; the step's logits `[rows, V]`
-        (a graph's until the next replay of any graph)."""
+    def run_step(self, rows: int, *, logits: bool = False) -> torch.Tensor | None:
+        """`step`, replayed from its graph where one was captured. With `logits`, the step's
+        logits `[rows, V]` (a graph's, valid until the next replay of any graph; eagerly where the
+        graph kept none); else None after a replay."""
         graph = self._graphs.get(rows)
-        if graph is None:
+        if graph is None or (logits and rows not in self._graph_logits):
             return self.step(rows)
         graph.replay()
-        return self._graph_logits[rows]
+        return self._graph_logits.get(rows)

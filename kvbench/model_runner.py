@@ -9,9 +9,10 @@ Step times are wall time: a segment's steps sum exactly to the time from the sta
 preparation to the sampled tokens being on the host, so host-side overhead counts. On CUDA
 the steps are split by events recorded between them; the first step carries the host work.
 
-Sequence groups (`engines.groups`): a step with beams runs one decode step (graphed, as any)
-and hands each beam's candidates, ranked from that step's logits, back (`kvbench.sampling`), as
-does a prefill for its beams and for a parallel-sampling prompt (every sample's first token).
+Sequence groups (`engines.groups`): a step with beams runs one decode step (graphed where the
+runner was built with `keep_logits`, else eager) and hands each beam's candidates, ranked from
+that step's logits, back (`kvbench.sampling`), as does a prefill for its beams and for a
+parallel-sampling prompt (every sample's first token).
 K/V copies the allocator asked for (copy-on-write blocks, contiguous forks' slot ranges) are
 made before the step.
 """
@@ -44,6 +45,7 @@ class ModelRunner(ArenaCopies):
     def __init__(
         self, model: CausalLM, arena: KVArena, allocator: KVAllocator, *, max_batch: int, max_len: int,
         temperature: float = 0.0, seed: int = 0, attention: str = "auto", cuda_graphs: bool = True,
+        keep_logits: bool = False,
     ) -> None:  # fmt: skip
         self.model = model
         self.arena = arena
@@ -56,7 +58,7 @@ class ModelRunner(ArenaCopies):
         self.decoder = DecodeLoop(
             model, arena, max_batch=max_batch, max_len=max_len,
             block_size=allocator.block_size if paged else 0, paged=paged,
-            backend=self.backend, temperature=temperature, seed=seed,
+            backend=self.backend, temperature=temperature, seed=seed, keep_logits=keep_logits,
         )  # fmt: skip
         # graphs need kernels that read context lengths on the device (the reference syncs)
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda" and self.backend == "triton"
@@ -132,7 +134,7 @@ class ModelRunner(ArenaCopies):
         clock = _StepClock(self.device, start)
         with torch.inference_mode():
             positions = loop.positions[:n].clone()  # [n] the step moves them on
-            logits = loop.run_step(rows)[:n]  # [n, V]
+            logits = loop.run_step(rows, logits=True)[:n]  # [n, V]
             branches = branches_of(seqs, logits, positions, self.temperature, self.seed)
             tokens = loop.input_ids[:n].tolist()  # sampled in the step, from the same logits
         clock.mark(wait=False)

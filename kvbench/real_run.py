@@ -110,13 +110,15 @@ def run_real(
     # sized by requests alone would regrow, dropping the graphs, the first time a group forks
     rows = sum(max(request.n, request.beam_width) for request in trace)
     max_batch = min(rows, prepared.options.scheduler.max_num_seqs or rows)
+    # beam steps rank candidates by their logits: graphs keep theirs (one [rows, V] per bucket)
+    beams = any(request.beam_width > 1 for request in trace)
     runners = []
 
     def make_runner(scheduler):
         runner = session.runner(
             arena, scheduler.allocator, max_batch=max_batch, max_len=max_len,
             temperature=config.temperature, seed=config.weights_seed, attention=config.attention,
-            cuda_graphs=config.cuda_graphs,
+            cuda_graphs=config.cuda_graphs, keep_logits=beams,
         )  # fmt: skip
         collectors = build_collectors(  # they see rank 0's GPU: its share of weights and K/V
             collect, device=device, weight_bytes=weight_bytes // session.size,

@@ -101,9 +101,15 @@ def fig15(options: Options, folder: Path) -> FigureResult:
         + ", ".join(f"{t} {r * s.rate_scale:g}" for t, r in FIG15_SEQUENCE_RATE.items())
         + " requests/s x width, so paged rarely preempts",
     ]
+    preempted = [
+        f"{r.workload} {r.metric.split('@')[1]}" for r in rows if r.metric.startswith("preempt") and r.kvbench
+    ]
+    if preempted:  # a preempted group is recomputed without sharing: its saving stops growing
+        notes.append(f"preempted (sharing lost while recomputed): {', '.join(preempted)}")
     plots = plot_into(_plot_savings, saved, folder / "saved", notes)
+    verdict = fig15_verdict(saved) + (f"; preempted: {', '.join(preempted)}" if preempted else "")
     return FigureResult("fig15", "KV memory saved by sharing: parallel sampling and beam search", tuple(rows),
-                        fig15_verdict(saved), tuple(plots), tuple(notes))  # fmt: skip
+                        verdict, tuple(plots), tuple(notes))  # fmt: skip
 
 
 def fig15_verdict(saved: dict[tuple[str, str], dict[int, float]]) -> str:
@@ -168,6 +174,7 @@ def fig14(options: Options, folder: Path) -> FigureResult:
                            requests=REQUESTS, workload=_width_spec(letter, width))  # fmt: skip
             found, by = rate_rows("fig14", label, result, engines, {"orca-oracle": paper})
             rows += found
+            notes += by.note(label)
             capacity = by.capacity
             ratios[f"{letter}={width}"] = ratio_or_none(capacity.get("paged"), capacity.get("orca-oracle"))
             plots += plot_into(plot_latency_vs_rate, folder / name, folder / name / "latency_vs_rate", notes,
@@ -190,16 +197,18 @@ def _growth_verdict(ratios: dict[str, float | None], key: str, paper: float) -> 
     by_letter: dict[str, list[float]] = {}
     for k, v in ratios.items():
         by_letter.setdefault(k.split("=")[0], []).append(v)
+    compared = any(len(vs) > 1 for vs in by_letter.values())  # one width alone shows no growth
     grows = all(a <= b for vs in by_letter.values() for a, b in itertools.pairwise(vs))
     if min(values) > 1 and grows:
-        return "matches the paper's shape (above 1, growing): " + text
+        shape = "above 1, growing with the width" if compared else "above 1; one width per kind"
+        return f"matches the paper's shape ({shape}): " + text
     return "differs: " + text
 
 
 def fig16(options: Options, folder: Path) -> FigureResult:
     s = options.setting
     # the paper's model where the setting is the paper's; the same KV bytes per token as OPT-13B
-    model = "llama-13b" if s.model == "opt-13b" and s.cost_model is None else s.model
+    model = "llama-13b" if s.model == "opt-13b" and s.cost_model is None and not s.real else s.model
     engines = options.pick(("orca-oracle", "paged", "paged-prefix"), ("orca-max", "orca-oracle", "paged",
                            "paged-prefix"), real=("orca-oracle", "paged-prefix"))  # fmt: skip
     rates = options.pick(*(FIG16_RATES[k] for k in ("quick", "full", "real")))
@@ -215,6 +224,7 @@ def fig16(options: Options, folder: Path) -> FigureResult:
         baseline = {"orca-oracle": paper}
         found, by = rate_rows("fig16", label, result, engines, baseline, numerator="paged-prefix")
         rows += found
+        notes += by.note(label)
         ratios[prefix] = ratio_or_none(by.capacity.get("paged-prefix"), by.capacity.get("orca-oracle"))
         plots += plot_into(plot_latency_vs_rate, folder / prefix, folder / prefix / "latency_vs_rate", notes,
                            f"{prefix}/")  # fmt: skip
@@ -248,9 +258,10 @@ def fig17(options: Options, folder: Path) -> FigureResult:
                    requests=REQUESTS, workload=CHAT)  # fmt: skip
     baselines = {e: FIG17_RATIO for e in engines if e.startswith("orca")}
     rows, by = rate_rows("fig17", label, result, engines, baselines)
+    unsaturated = by.note(label)
     reuse = ratio_or_none(by.capacity.get("paged-prefix"), by.capacity.get("paged"))
     rows.append(Row("fig17", "paged-prefix/paged", label, "capacity_ratio", reuse))
-    notes = [threshold_note(options)]
+    notes = [threshold_note(options), *unsaturated]
     chat = folder / "chat"
     plots = plot_into(plot_latency_vs_rate, chat, chat / "latency_vs_rate", notes, "chat/")
     notes += [

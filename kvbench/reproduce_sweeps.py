@@ -88,15 +88,27 @@ class Rates:
     """What a rate sweep says of each engine.
 
     `sustained`: the highest rate under the latency threshold (Figure 12's criterion; None when
-    no rate, or every rate, is under it). `capacity`: the most requests/s any cell completed,
-    which an overloaded cell reaches: the rate at which the paper's hour-long traces see latency
-    explode. A short trace at a rate past capacity builds only a short queue, so with short
-    outputs (Alpaca, translation) normalized latency may never cross the threshold inside the
-    grid while the capacity plateau is plain; the sharing figures compare capacities.
+    no rate is under it, the highest rate swept when every one is: then a lower bound).
+    `capacity`: the most requests/s any cell completed, which an overloaded cell reaches: the
+    rate at which the paper's hour-long traces see latency explode, so capacity ratios stand
+    beside the paper's sustained-rate ratios. A short trace past capacity builds only a short
+    queue, so with short outputs (Alpaca, translation) normalized latency may never cross the
+    threshold inside the grid while the capacity plateau is plain; the sharing figures compare
+    capacities. `unsaturated`: engines that kept up with the highest rate swept (completed at
+    least 90 % of it): their capacity is only a lower bound.
     """
 
     sustained: dict[str, float | None]
     capacity: dict[str, float | None]
+    unsaturated: tuple[str, ...] = ()
+
+    def note(self, label: str) -> list[str]:
+        """A figure note naming the engines whose capacity is only a lower bound, if any."""
+        if not self.unsaturated:
+            return []
+        return [
+            f"{label}: {', '.join(self.unsaturated)} kept up with the highest rate: capacity a lower bound"
+        ]
 
 
 def rate_rows(figure: str, label: str, result: SweepResult, engines: Sequence[str],
@@ -112,6 +124,8 @@ def rate_rows(figure: str, label: str, result: SweepResult, engines: Sequence[st
     sustained = {r["engine"]: r["sustained_rate"] for r in result.sustained}
     completed = {e: [r["request_throughput"] for r in cells if r["engine"] == e] for e in engines}
     capacity = {e: max(values, default=None) for e, values in completed.items()}
+    top = {e: max((r["rate"] for r in cells if r["engine"] == e), default=None) for e in engines}
+    unsaturated = tuple(e for e in engines if capacity[e] and top[e] and capacity[e] >= 0.9 * top[e])
     for e in engines:
         paper = (paper_sustained or {}).get(e)
         rows.append(Row(figure, e, label, "sustained_rate_req_s", sustained.get(e), paper))
@@ -120,7 +134,7 @@ def rate_rows(figure: str, label: str, result: SweepResult, engines: Sequence[st
         for metric, by in (("sustained_ratio", sustained), ("capacity_ratio", capacity)):
             ours = ratio_or_none(by.get(numerator), by.get(other))
             rows.append(Row(figure, f"{numerator}/{other}", label, metric, ours, paper))
-    return rows, Rates(sustained, capacity)
+    return rows, Rates(sustained, capacity, unsaturated)
 
 
 def threshold_of(options: Options) -> float | None:
@@ -129,6 +143,7 @@ def threshold_of(options: Options) -> float | None:
 
 
 def threshold_note(options: Options) -> str:
+    """The note every rate figure carries: which criterion its sustained rates used."""
     limit = f"{FIG12_THRESHOLD_S} s/token" if threshold_of(options) else "4x the unloaded normalized latency"
     return f"sustained: the highest rate (after bisection) with normalized latency under {limit}"
 
@@ -157,6 +172,7 @@ def fig12(options: Options, folder: Path) -> FigureResult:
         absolute = paper if comparable else None
         found, rates = rate_rows("fig12", trace, result, PAPER_ENGINES, ratios, absolute)
         rows += found
+        notes += rates.note(trace)
         verdicts.append(f"{trace}: {_order_verdict(rates.sustained, paper)}")
         plots += plot_into(
             plot_latency_vs_rate, folder / trace, folder / trace / "latency_vs_rate", notes, f"{trace}/"
@@ -197,7 +213,7 @@ def fig18b(options: Options, folder: Path) -> FigureResult:
     sizes = options.pick((1, 4, 16, 32, 64, 128, 256), POWERS, real=(1, 4, 16, 64, 256))
     for trace, rate in FIG18B_RATE.items():
         result = sweep(options, folder / trace, engines=("paged",), trace=trace, rates=(rate,),
-                        block_sizes=sizes, kv=s.kv_cache_gib)  # fmt: skip
+                       block_sizes=sizes, kv=s.kv_cache_gib)  # fmt: skip
         latency = {r["block_size"]: r["normalized_latency_s"] for r in result.rows if r["status"] == "ok"}
         rows += [
             Row("fig18b", "paged", trace, f"normalized_latency_s@bs{bs}", v) for bs, v in latency.items()
@@ -254,7 +270,7 @@ def fig19(options: Options, folder: Path) -> FigureResult:
     notes, plots = [], []
     for how in ("recompute", "swap"):
         result = sweep(options, folder / how, engines=("paged",), trace=trace, rates=(FIG19_RATE,),
-                        block_sizes=sizes, kv=kv, preemption=how)  # fmt: skip
+                       block_sizes=sizes, kv=kv, preemption=how)  # fmt: skip
         overheads[how] = {}
         for r in result.rows:
             if r["status"] != "ok":

@@ -1,13 +1,18 @@
-"""Helpers shared by the trace-file tests."""
+"""Helpers shared by the tests."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from kvbench.errors import KvbenchError
 from workloads.tracefile import read_trace
+
+# Triton kernels on CPU tensors run only in Triton's interpreter (conftest sets it where no GPU is)
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRETED = pytest.mark.skipif(not INTERPRETING, reason="CPU tensors need Triton's interpreter")
 
 
 def error_of(path: Path) -> str:

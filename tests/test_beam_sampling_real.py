@@ -36,14 +36,15 @@ def trace_of(lengths, *, n: int = 1, beam: int = 1, spacing: float = 0.02, vocab
 
 
 def decode(engine: str, model, spec, trace: Trace, *, num_slots: int = 600, temperature=0.0, seed=5,
-           device=CPU, max_batch: int = 2, cuda_graphs: bool = False, attention: str = "torch"):  # fmt: skip
+           device=CPU, max_batch: int = 2, cuda_graphs: bool = False, attention: str = "torch",
+           keep_logits: bool = False):  # fmt: skip
     """max_batch 2 (the default): the groups' outputs outgrow the decode buffers, which regrow."""
     arena = KVArena(spec, num_slots, torch.float32, device)
     arena.fill(float("nan"))  # a read of anything not copied or computed would show
     sched = ENGINES[engine].build(EngineOptions(num_slots=num_slots, max_len=64, block_size=4))
     runner = ModelRunner(
         model, arena, sched.allocator, max_batch=max_batch, max_len=64, temperature=temperature, seed=seed,
-        attention=attention, cuda_graphs=cuda_graphs,
+        attention=attention, cuda_graphs=cuda_graphs, keep_logits=keep_logits,
     )  # fmt: skip
     return Engine(sched, runner).run(trace)
 
@@ -124,9 +125,10 @@ def test_parallel_samples_are_the_same_in_every_engine_and_each_is_its_seed_alon
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("engine", ["paged", "orca-oracle"])
 def test_group_steps_replayed_from_graphs_equal_eager_steps(engine):
-    """Beam candidates come from the logits a graph replay leaves in its pool: the same tokens
-    as eager steps and the same scores to fp32 rounding (a graph pads its rows to its bucket, so
-    the split-KV kernel may split differently), for beams and parallel samples."""
+    """Beam candidates come from the logits a graph replay leaves in its pool (`keep_logits`):
+    the same tokens as eager steps and the same scores to fp32 rounding (a graph pads its rows to
+    its bucket, so the split-KV kernel may split differently), for beams and parallel samples."""
+    pytest.importorskip("triton")  # graphs need the Triton kernels: without them both runs are eager
     cuda = torch.device("cuda")
     spec = get_model("tiny-opt")
     model = random_model(spec, torch.float32, cuda, seed=3)
@@ -143,6 +145,7 @@ def test_group_steps_replayed_from_graphs_equal_eager_steps(engine):
                 max_batch=16,
                 cuda_graphs=graphs,
                 attention="auto",
+                keep_logits=graphs,
             )
             for graphs in (False, True)
         ]

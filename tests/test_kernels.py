@@ -13,7 +13,6 @@ arena slot no sequence owns with NaN, and compares with a stated bound:
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
@@ -28,12 +27,10 @@ from kernels.extend_attention import extend_attention  # noqa: E402
 from kernels.kv_store import store_kv  # noqa: E402
 from kernels.reference import decode_attention_ref, extend_attention_ref, store_kv_ref  # noqa: E402
 from kernels.splits import DecodeWorkspace  # noqa: E402
+from tests.support import INTERPRETED  # noqa: E402
 
 ALL_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-5}
-INTERPRETED = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors need Triton's interpreter"
-)
 DEVICES = [
     pytest.param(torch.device("cpu"), id="cpu", marks=INTERPRETED),
     pytest.param(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -21,12 +20,10 @@ from kvbench.modeling.attention import AttentionMetadata, triton_available  # no
 from kvbench.modeling.weights import load_checkpoint, random_model, read_checkpoint_spec  # noqa: E402
 from kvbench.models import get_model  # noqa: E402
 from kvbench.requests import Request, Trace  # noqa: E402
+from tests.support import INTERPRETED, INTERPRETING  # noqa: E402
 
 CPU = torch.device("cpu")
 HAS_TRITON = triton_available()
-# Triton kernels on CPU tensors run only in Triton's interpreter (conftest sets it where no GPU is)
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
-INTERPRETED = pytest.mark.skipif(not INTERPRETING, reason="CPU tensors need Triton's interpreter")
 DEVICES = [
     pytest.param(CPU, id="cpu"),
     pytest.param(

@@ -175,6 +175,7 @@ def test_sharing_figures_decode_for_real(tmp_path, monkeypatch):
 
 def test_a_figure_run_again_resumes_its_finished_cells(sharing):
     cells = sorted((sharing / "fig17" / "chat" / "cells").glob("*/summary.json"))
+    assert cells
     stamps = [f.stat().st_mtime_ns for f in cells]
     before = _rows(sharing, "fig17")
     quick_simulated(sharing, ("fig17",), 100)

@@ -73,7 +73,9 @@ def build_trace(spec: WorkloadSpec) -> Trace:
         # turn-major order: every conversation's first turn, then every second turn, ... so a
         # turn arrives well after the one before it (an open-loop trace cannot wait for the answer)
         cols = cols.take(np.argsort(cols.turn, kind="stable"))
-    if spec.max_total_len is not None:  # after the chat's history: a turn's prompt holds it
+    # after the chat's history, which a turn's prompt holds (a dropped turn's exchange still
+    # counts as history for the turns after it: the conversation happened, the trace skips it)
+    if spec.max_total_len is not None:
         cols = _drop_longer(cols, spec.max_total_len)
     if spec.prefix:
         cols = sharing.with_shared_prefix(cols, _prefix_tokens(spec.prefix), spec.prefix_groups, share_rng)
