@@ -162,7 +162,7 @@ def fig14(options: Options, folder: Path) -> FigureResult:
     engines = options.pick(("orca-max", "orca-oracle", "paged"), full, real=("orca-oracle", "paged"))
     grid = options.pick(*(FIG14_SEQUENCE_RATES[k] for k in ("quick", "full", "real")))
     rows: list[Row] = []
-    ratios: dict[str, float | None] = {}
+    ratios: dict[str, dict[str, float | None]] = {}  # n / k -> width -> paged over orca-oracle
     notes, plots = [], []
     for letter in PATTERNS:
         for width in _widths(options, letter):
@@ -176,31 +176,33 @@ def fig14(options: Options, folder: Path) -> FigureResult:
             rows += found
             notes += by.note(label)
             capacity = by.capacity
-            ratios[f"{letter}={width}"] = ratio_or_none(capacity.get("paged"), capacity.get("orca-oracle"))
+            ours = ratio_or_none(capacity.get("paged"), capacity.get("orca-oracle"))
+            ratios.setdefault(letter, {})[f"{letter}={width}"] = ours
             plots += plot_into(plot_latency_vs_rate, folder / name, folder / name / "latency_vs_rate", notes,
                                f"{name}/")  # fmt: skip
     notes.append(threshold_note(options))
     notes.append("paper: paged over Orca (Oracle) grows from 1.3x (one sample, Figure 12) to 2.3x at k=6")
     return FigureResult("fig14", "Parallel sampling and beam search: normalized latency vs rate (Alpaca)",
-                        tuple(rows), _growth_verdict(ratios, "k=6", FIG14_BEAM6_RATIO), tuple(plots),
+                        tuple(rows), _growth_verdict(ratios, {"k=6": FIG14_BEAM6_RATIO}), tuple(plots),
                         tuple(notes))  # fmt: skip
 
 
-def _growth_verdict(ratios: dict[str, float | None], key: str, paper: float) -> str:
-    """paged over orca-oracle at each setting: above 1 everywhere and growing along the keys
-    (widths, prefix lengths), as the paper's; the paper's number at `key` beside ours."""
+def _growth_verdict(series: dict[str, dict[str, float | None]], paper: dict[str, float],
+                    numerator: str = "paged", along: str = "the width") -> str:  # fmt: skip
+    """`numerator` over orca-oracle, capacity, per setting of each series (n samples, k beams,
+    prefix lengths; in growing order): the paper's shape is above 1 everywhere and growing along
+    each series. The paper's numbers at the settings it gives stand beside ours."""
+    ratios = {k: v for points in series.values() for k, v in points.items()}
     text = ", ".join(f"{k} {v:.2f}x" if v else f"{k} -" for k, v in ratios.items())
-    text = f"paged/orca-oracle capacity: {text} (paper {paper:g}x at {key})"
+    papers = ", ".join(f"{v:g}x at {k}" for k, v in paper.items())
+    text = f"{numerator}/orca-oracle capacity: {text} (paper {papers})"
     values = list(ratios.values())
     if None in values:
         return f"differs: an engine completed no cell: {text}"
-    by_letter: dict[str, list[float]] = {}
-    for k, v in ratios.items():
-        by_letter.setdefault(k.split("=")[0], []).append(v)
-    compared = any(len(vs) > 1 for vs in by_letter.values())  # one width alone shows no growth
-    grows = all(a <= b for vs in by_letter.values() for a, b in itertools.pairwise(vs))
+    compared = any(len(points) > 1 for points in series.values())  # one setting alone shows no growth
+    grows = all(a <= b for points in series.values() for a, b in itertools.pairwise(points.values()))
     if min(values) > 1 and grows:
-        shape = "above 1, growing with the width" if compared else "above 1; one width per kind"
+        shape = f"above 1, growing with {along}" if compared else "above 1; one setting per kind"
         return f"matches the paper's shape ({shape}): " + text
     return "differs: " + text
 
@@ -213,7 +215,7 @@ def fig16(options: Options, folder: Path) -> FigureResult:
                            "paged-prefix"), real=("orca-oracle", "paged-prefix"))  # fmt: skip
     rates = options.pick(*(FIG16_RATES[k] for k in ("quick", "full", "real")))
     rows: list[Row] = []
-    ratios: dict[str, float | None] = {}
+    ratios: dict[str, float | None] = {}  # prefix -> paged-prefix over orca-oracle
     notes, plots = [], []
     for prefix, paper in FIG16_RATIO.items():
         label = f"translation {prefix}"
@@ -235,12 +237,7 @@ def fig16(options: Options, folder: Path) -> FigureResult:
         "paged-prefix caches the prefix's blocks (chained block hashes, LRU); paged without the cache is "
         "shown where the grid has it, to separate paging from prefix sharing",
     ]
-    text = ", ".join(f"{k} {v:.2f}x" if v else f"{k} -" for k, v in ratios.items())
-    papers = ", ".join(f"{k} {v:g}x" for k, v in FIG16_RATIO.items())
-    values = [ratios[k] for k in FIG16_RATIO]
-    ok = None not in values and min(values) > 1 and values[0] <= values[1]
-    head = "matches the paper's shape (above 1, growing with the prefix)" if ok else "differs"
-    verdict = f"{head}: paged-prefix/orca-oracle capacity {text} (paper {papers})"
+    verdict = _growth_verdict({"prefix": ratios}, FIG16_RATIO, "paged-prefix", along="the prefix")
     return FigureResult("fig16", "Shared prefix: normalized latency vs rate (translation, few-shot prefix)",
                         tuple(rows), verdict, tuple(plots), tuple(notes))  # fmt: skip
 
