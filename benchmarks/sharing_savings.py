@@ -30,7 +30,7 @@ from workloads.spec import WorkloadSpec
 
 
 def rate_of(workload: str, width: int, args: argparse.Namespace) -> float:
-    return args.rate or SEQUENCE_RATES[workload] / width
+    return args.rate or (args.sequence_rate or SEQUENCE_RATES[workload]) / width
 
 
 def run_cell(workload: str, pattern: str, width: int, args: argparse.Namespace) -> dict:
@@ -73,6 +73,12 @@ def main() -> None:
     parser.add_argument("--patterns", default="parallel,beam")
     parser.add_argument("--num-requests", type=int, default=400)
     parser.add_argument("--rate", type=float, default=None, help="req/s (default: per workload / width)")
+    parser.add_argument(
+        "--sequence-rate",
+        type=float,
+        default=None,
+        help="sequences/s, divided by the width into req/s (default: the figure's, per workload)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engine", default="paged")
     parser.add_argument("--model", default="opt-13b")
