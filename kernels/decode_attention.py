@@ -26,10 +26,8 @@ import triton
 import triton.language as tl
 
 from kernels.split_merge import launch_merge_kernel, merge_if_last
-from kernels.splits import DecodeWorkspace, choose_num_splits
+from kernels.splits import DecodeWorkspace, choose_launch, choose_num_splits
 
-# (context positions per loop iteration, warps, pipeline stages): tuned on an H200
-LAUNCH = (128, 4, 2)  # benchmarks/tune_decode.py; results/reference/kernel-tuning
 MERGES = ("kernel", "fused")  # who merges split-KV partials: a second launch, or the last split
 MERGE = "kernel"  # until benchmarks/merge_variants.py has timed both on the H200
 # ptxas (CUDA 12.8), finding an atomic in a kernel of known block size, aims at full occupancy:
@@ -171,14 +169,15 @@ def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor, *,
     scale: float, block_tables: torch.Tensor | None = None, block_size: int = 0,
     starts: torch.Tensor | None = None, num_splits: int | None = None, out: torch.Tensor | None = None,
-    launch: tuple[int, int, int] = LAUNCH, merge: str = MERGE, workspace: DecodeWorkspace | None = None,
+    launch: tuple[int, int, int] | None = None, merge: str = MERGE, workspace: DecodeWorkspace | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """q `[B, H, D]` over each sequence's first `context_lens[b]` arena positions -> `[B, H, D]`.
 
     Arena `k_cache`/`v_cache` `[S, Hkv, D]` (one layer); addressing by `block_tables`
     `[B, max_blocks]` with `block_size` (paged) or `starts` `[B]` (contiguous). An empty
     context yields zeros. Pass `num_splits` explicitly when capturing a CUDA graph (the
-    default depends on the context lengths, read on the host).
+    default depends on the context lengths, read on the host). `launch` (positions per tile,
+    warps, stages) defaults to `kernels.splits.choose_launch`'s for the grid.
 
     With more than one split, `merge` picks who merges the partials: a second kernel
     (`"kernel"`) or the last split program of each (sequence, KV head) to finish (`"fused"`, one
@@ -202,6 +201,7 @@ def decode_attention(
     if num_splits is None:
         num_splits = choose_num_splits(batch, kv_heads, int(context_lens.max()), q.device)
     fused = merge == "fused" and num_splits > 1
+    launch = launch or choose_launch(batch * kv_heads * num_splits, q.device)
     if num_splits > 1:
         if workspace is None:
             workspace = DecodeWorkspace.allocate(

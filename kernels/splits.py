@@ -10,9 +10,13 @@ from functools import cache
 
 import torch
 
-PROGRAMS_PER_SM = 8  # (batch, KV head, split) programs per SM that keep the loads flowing
-MIN_SPLIT_TOKENS = 512  # below this, a split's fixed cost (and the merge) outweighs its parallelism
+PROGRAMS_PER_SM = 4  # (batch, KV head, split) programs per SM a small grid is split up to
+MIN_SPLIT_TOKENS = 128  # two tiles of the small grid's launch: below, a split is mostly overhead
 MAX_SPLITS = 16
+# (context positions per loop iteration, warps, pipeline stages), by grid size; tuned on an H200
+# (benchmarks/tune_decode.py, results/reference/kernel-tuning/README.md)
+SMALL_GRID_LAUNCH = (64, 4, 2)  # up to PROGRAMS_PER_SM programs per SM
+LARGE_GRID_LAUNCH = (128, 4, 2)  # more programs than that: batch x KV heads fill the GPU alone
 
 
 @cache
@@ -21,19 +25,37 @@ def _sm_count(device: torch.device) -> int:
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
-    """A power of two of splits that gives every SM about 8 programs, none under 512 tokens.
+    """The largest power of two of splits that keeps the grid within 4 programs per SM, none
+    under 128 tokens.
 
-    Large batches need none (batch x KV heads programs fill the GPU already); a small batch
-    with long contexts is split until it does. Tuned on an H200 over the kernels issue's cells
-    (`benchmarks/tune_decode.py`). On CPU (the interpreter) a few splits keep the merge path
-    exercised.
+    Why 4 with 64-position tiles: on an H200 every cell of the kernels issue's 64K-token band
+    ((8, 8192) to (64, 1024)) read fastest at 512 programs of 64-position tiles (0.81-0.87 of
+    the read bandwidth), and cells of 256K tokens and more did as well or better than with the
+    earlier rule (8 programs per SM, rounded up): more splits only added merge work and
+    partial tiles. A batch whose batch x KV heads already exceeds the budget is not split.
+    On CPU (the interpreter) a few splits keep the merge path exercised.
     """
-    longest = max(1, -(-max_context // MIN_SPLIT_TOKENS))
     if device.type != "cuda":
-        return min(4, longest)
-    wanted = -(-PROGRAMS_PER_SM * _sm_count(device) // max(batch * kv_heads, 1))
-    splits = 1 << (min(wanted, longest, MAX_SPLITS).bit_length() - 1)  # round down to a power of two
-    return max(1, splits)
+        return min(4, max(1, max_context // MIN_SPLIT_TOKENS))
+    return split_count(batch * kv_heads, max_context, _sm_count(device))
+
+
+def split_count(rows: int, max_context: int, sms: int) -> int:
+    """`choose_num_splits` on a GPU of `sms` multiprocessors for `rows` (sequence, KV head) pairs."""
+    longest = max(1, max_context // MIN_SPLIT_TOKENS)
+    room = PROGRAMS_PER_SM * sms // max(rows, 1)
+    return 1 << (max(1, min(room, longest, MAX_SPLITS)).bit_length() - 1)  # round down to a power of two
+
+
+def choose_launch(programs: int, device: torch.device) -> tuple[int, int, int]:
+    """The decode launch for a grid of `programs` (batch x KV heads x splits).
+
+    A small grid (at most 4 programs per SM: splits were chosen to fill it) keeps more loads in
+    flight with twice the programs of half the tile; a large one reads faster with 128-position
+    tiles (0.94 against 0.92 at (256, 2048) on an H200). The CPU interpreter takes the small one.
+    """
+    large = device.type == "cuda" and programs > PROGRAMS_PER_SM * _sm_count(device)
+    return LARGE_GRID_LAUNCH if large else SMALL_GRID_LAUNCH
 
 
 @dataclass(frozen=True)

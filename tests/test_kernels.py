@@ -26,7 +26,14 @@ from kernels.decode_attention import decode_attention  # noqa: E402
 from kernels.extend_attention import extend_attention  # noqa: E402
 from kernels.kv_store import store_kv  # noqa: E402
 from kernels.reference import decode_attention_ref, extend_attention_ref, store_kv_ref  # noqa: E402
-from kernels.splits import DecodeWorkspace  # noqa: E402
+from kernels.splits import (  # noqa: E402
+    LARGE_GRID_LAUNCH,
+    SMALL_GRID_LAUNCH,
+    DecodeWorkspace,
+    choose_launch,
+    choose_num_splits,
+    split_count,
+)
 from tests.support import INTERPRETED  # noqa: E402
 
 ALL_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -120,11 +127,13 @@ def poisoned_workspace(batch, heads, kv_heads, head_dim, max_splits, device) -> 
     return workspace
 
 
-# (splits, merge, own workspace): one split (nothing to merge), the merge kernel with per-call
-# scratch (the callers' default) and in a workspace with room for more splits than it uses, and
-# the fused merge in the workspace and with per-call scratch
-DECODE_RUNS = [(1, "kernel", True), (3, "kernel", False), (3, "kernel", True), (3, "fused", True),
-               (4, "fused", True), (2, "fused", False)]  # fmt: skip
+# (splits, merge, own workspace, launch): one split (nothing to merge), the merge kernel with
+# per-call scratch (the callers' default) and in a workspace with room for more splits than it
+# uses, and the fused merge in the workspace and with per-call scratch; both launches (tiles of
+# 64 and 128 positions: block sizes below, inside and above a tile)
+SMALL, LARGE = SMALL_GRID_LAUNCH, LARGE_GRID_LAUNCH
+DECODE_RUNS = [(1, "kernel", True, SMALL), (3, "kernel", False, LARGE), (3, "kernel", True, SMALL),
+               (3, "fused", True, LARGE), (4, "fused", True, SMALL), (2, "fused", False, LARGE)]  # fmt: skip
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -144,15 +153,16 @@ def test_decode_attention_matches_reference(device, dtype, lens, block_size, gro
         q, arena.k, arena.v, arena.lens, scale=head_dim**-0.5, **arena.addressing()
     )
     workspace = poisoned_workspace(len(lens) + 1, kv_heads * group, kv_heads, head_dim, 4, device)
-    for num_splits, merge, shared in DECODE_RUNS:
+    for num_splits, merge, shared, launch in DECODE_RUNS:
         out = torch.full_like(q, float("nan"))
         decode_attention(
             q, arena.k, arena.v, arena.lens, scale=head_dim**-0.5, num_splits=num_splits, out=out,
-            merge=merge, workspace=workspace if shared else None, **arena.addressing(),
+            merge=merge, workspace=workspace if shared else None, launch=launch, **arena.addressing(),
         )  # fmt: skip
-        assert not out.isnan().any(), (num_splits, merge)
-        assert (out.float() - expected.float()).abs().max() <= TOLERANCE[dtype], (num_splits, merge)
-        assert not workspace.tickets.any(), (num_splits, merge)
+        run = (num_splits, merge, launch)
+        assert not out.isnan().any(), run
+        assert (out.float() - expected.float()).abs().max() <= TOLERANCE[dtype], run
+        assert not workspace.tickets.any(), run
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -221,6 +231,19 @@ def test_decode_attention_rejects_a_workspace_too_small_and_an_unknown_merge():
             decode_attention(q, arena.k, arena.v, arena.lens, merge="fused", workspace=workspace, **kwargs)
     with pytest.raises(ValueError, match="merge must be one of"):
         decode_attention(q, arena.k, arena.v, arena.lens, merge="atomic", **kwargs)
+
+
+def test_split_rule_fills_a_small_grid_to_four_programs_per_sm_and_leaves_a_large_one():
+    """The H200-tuned rule on 132 SMs (8 KV heads): the 64K band at 512 programs, none shorter
+    than 128 tokens, none beyond 16 splits, no split once batch x KV heads passes 528."""
+    band = {(8, 8192): 8, (16, 4096): 4, (32, 2048): 2, (64, 1024): 1}
+    others = {(8, 1024): 8, (1, 100): 1, (1, 300): 2, (1, 1 << 20): 16, (66, 4096): 1, (256, 2048): 1}
+    for (batch, context), splits in {**band, **others}.items():
+        assert split_count(batch * 8, context, 132) == splits, (batch, context)
+    assert {batch * 8 * n for (batch, _), n in band.items()} == {512}
+    cpu = torch.device("cpu")
+    assert choose_num_splits(2, 8, 1000, cpu) == 4 and choose_num_splits(2, 8, 200, cpu) == 1
+    assert choose_launch(512, cpu) == SMALL_GRID_LAUNCH
 
 
 @INTERPRETED
