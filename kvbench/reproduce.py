@@ -10,6 +10,7 @@ figures may be run one invocation at a time into one folder. See docs/REPRODUCTI
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,9 +94,10 @@ def run_reproduce(
     results = []
     for name in figures:
         echo(f"{name}: {FIGURES[name].what}...")
+        start = time.perf_counter()
         result = FIGURES[name].run(options, out / name)
         write_figure(result, out / name)
-        echo(f"  {result.verdict}")
+        echo(f"  {result.verdict} ({time.perf_counter() - start:.0f} s)")
         results.append(result)
     write_reports(out, options)
     return results
