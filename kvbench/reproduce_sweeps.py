@@ -34,7 +34,7 @@ from kvbench.sweep import OtherSettings, SweepPlan, SweepResult, run_sweep
 from kvbench.sweep_cell import CellRun
 from kvbench.sweep_grid import PAPER_ENGINES, Axes, Baseline
 from kvbench.sweep_sustained import SustainedOptions
-from workloads.spec import WorkloadSpec
+from workloads.spec import WorkloadSpec, build_trace
 
 POWERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # the paper's rates (req/s) around each engine's sustained rate; times Setting.rate_scale
@@ -241,7 +241,8 @@ def preemption_overhead_ms(cell: Path, preemption: str) -> float | None:
     tokens beyond the requests' prompts (the tokens fed again) x `per_token_s`. The constants
     are the cost model's for a simulated cell; for a real cell they are fitted to the cell's
     own measured step times (`kvbench calibrate` on that one run), so the overhead is the
-    measured cost of the copies or of the tokens fed again. None when the cell never preempted.
+    measured cost of the copies or of the tokens fed again. None when the cell never preempted,
+    or when the fit left its constant at zero (the cell's step times do not resolve it).
     """
     summary = read_json(cell / "summary.json")
     count = summary.get("num_preemptions") or 0
@@ -253,12 +254,23 @@ def preemption_overhead_ms(cell: Path, preemption: str) -> float | None:
         cost = read_json(cell / "config.json")["cost_model_constants"]
     steps = read_table(cell / "steps.csv")
     if preemption == "swap":
-        seconds = float(np.sum(steps["swapped_blocks"])) * cost["per_swap_block_s"]
+        units, constant = float(np.sum(steps["swapped_blocks"])), cost["per_swap_block_s"]
     else:
         prefill = float(np.sum(steps["num_tokens"][steps["kind"] == "prefill"]))
-        prompts = float(np.sum(read_table(cell / "requests.csv")["prompt_len"]))
-        seconds = max(prefill - prompts, 0.0) * cost["per_token_s"]
-    return 1e3 * seconds / count
+        units, constant = max(prefill - prompt_tokens(cell), 0.0), cost["per_token_s"]
+    if constant <= 0:
+        return None
+    return 1e3 * units * constant / count
+
+
+def prompt_tokens(cell: Path) -> float:
+    """The prompt tokens of a run's requests: requests.csv's, or, where that file was left out
+    (committed results keep summaries and steps), the run's trace rebuilt from its config."""
+    if (cell / "requests.csv").is_file():
+        return float(np.sum(read_table(cell / "requests.csv")["prompt_len"]))
+    from kvbench.calibrate_check import read_config
+
+    return float(sum(request.prompt_len for request in build_trace(read_config(cell).workload).requests))
 
 
 def fig19(options: Options, folder: Path) -> FigureResult:
@@ -301,16 +313,21 @@ def fig19_verdict(overheads: dict[str, dict[int, float | None]]) -> str:
     swap = {bs: v for bs, v in overheads.get("swap", {}).items() if v is not None}
     recompute = [v for v in overheads.get("recompute", {}).values() if v is not None]
     if len(swap) < 2 or not recompute:
-        return "differs: too few block sizes preempted to compare (raise the load or lower the budget)"
+        return "differs: too few block sizes with a measured overhead (raise the load or lower the budget)"
     small, large = swap[min(swap)], swap[max(swap)]
     spread = max(recompute) / min(recompute)
     text = (
-        f"swap {small:.0f} ms at block size {min(swap)} -> {large:.0f} ms at {max(swap)} (paper 137 -> 33); "
-        f"recompute {min(recompute):.0f}-{max(recompute):.0f} ms (paper ~36-39, flat)"
+        f"swap {_ms(small)} ms at block size {min(swap)} -> {_ms(large)} ms at {max(swap)} "
+        "(paper 137 -> 33); "
+        f"recompute {_ms(min(recompute))}-{_ms(max(recompute))} ms (paper ~36-39, flat)"
     )
     if small > large and spread < 1.5:
         return "shape matches the paper: " + text
     return "differs: " + text
+
+
+def _ms(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
 
 
 def _plot_overheads(overheads: dict[str, dict[int, float | None]], out: Path) -> list[Path]:

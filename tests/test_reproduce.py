@@ -83,6 +83,21 @@ def test_every_figure_writes_its_tables_and_plots(quick):
     assert "`kvbench kernels` measures it" in claims and "not measured in this folder" not in claims
 
 
+def test_recompute_overhead_survives_a_pruned_requests_file(quick, tmp_path):
+    """Committed results keep summaries and steps, not requests.csv: the prompts are then
+    rebuilt from the run's config, to the token, so Figure 19 rebuilds from them alike."""
+    import shutil
+
+    from kvbench.reproduce_sweeps import preemption_overhead_ms, prompt_tokens
+
+    cells = sorted((quick / "fig19" / "recompute" / "cells").iterdir())
+    measured = [(prompt_tokens(c), preemption_overhead_ms(c, "recompute")) for c in cells]
+    assert any(overhead for _, overhead in measured)
+    for cell, before in zip(cells, measured, strict=True):
+        pruned = shutil.copytree(cell, tmp_path / cell.name, ignore=shutil.ignore_patterns("requests.csv"))
+        assert (prompt_tokens(pruned), preemption_overhead_ms(pruned, "recompute")) == before
+
+
 def test_engines_relate_as_in_the_paper(quick):
     fig2 = _rows(quick, "fig2")
     assert _value(fig2, "paged", "sharegpt-paper", "token_states_%") > 90
