@@ -16,9 +16,6 @@ from kvbench.reproduce_rows import FigureResult, Options, Row
 from workloads.spec import WorkloadSpec
 
 CATEGORIES = ("token_states", "reservation", "internal_frag", "other")
-# requests per engine on a GPU (quick): ShareGPT's long outputs make each run tens of seconds,
-# Alpaca's short ones make more requests cheap (and its batch needs them to fill)
-REAL_REQUESTS = {"sharegpt-paper": 100, "alpaca-paper": 200}
 CONTIGUOUS = ("orca-max", "orca-pow2", "orca-oracle")
 
 
@@ -28,7 +25,7 @@ def run_engines(options: Options, trace: str, folder: Path, shared: Path | None 
     s = options.setting
     workload = WorkloadSpec(
         trace,
-        num_requests=options.requests(300, 2000, real=REAL_REQUESTS[trace]),
+        num_requests=options.requests(300, 2000, real=200),
         seed=options.seed,
         rate=FIG13_RATE[trace] * s.rate_scale,
     )

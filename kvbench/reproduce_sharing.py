@@ -57,7 +57,7 @@ FIG17_RATES = {
     "real": (0.5, 1.0, 2.0),
     "full": (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0),
 }
-REQUESTS = (300, 2000, 60)  # per rate-sweep cell: quick, full, quick on a GPU
+REQUESTS = (300, 2000, 100)  # per rate-sweep cell: quick, full, quick on a GPU
 
 
 def _widths(options: Options, letter: str) -> tuple[int, ...]:
@@ -77,7 +77,7 @@ def fig15(options: Options, folder: Path) -> FigureResult:
         for letter, pattern in PATTERNS.items():
             for width in WIDTHS:
                 workload = WorkloadSpec(
-                    trace, num_requests=options.requests(300, 1000, real=40), seed=options.seed,
+                    trace, num_requests=options.requests(300, 1000, real=60), seed=options.seed,
                     rate=sequence_rate * s.rate_scale / width, **_width_spec(letter, width),
                 )  # fmt: skip
                 config = RunConfig(

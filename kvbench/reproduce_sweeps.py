@@ -41,7 +41,7 @@ POWERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FIG12_RATES = {
     "sharegpt-paper": {
         "quick": (0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0),
-        "real": (0.5, 2.0, 4.0),
+        "real": (0.125, 0.5, 1.0, 2.0, 4.0),
         "full": (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0),
     },
     "alpaca-paper": {
@@ -50,8 +50,12 @@ FIG12_RATES = {
         "full": (2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0),
     },
 }
-FIG12_REQUESTS = {"quick": 600, "full": 3000, "real": 60}  # a short trace never queues long enough
-REAL_BASELINE = Baseline(num_requests=3)  # each request alone: seconds each on a GPU
+FIG12_REQUESTS = {"quick": 600, "full": 3000, "real": 120}  # a short trace never queues long enough
+# The real grids (here, in reproduce_engines and reproduce_sharing) are as small as the figures
+# stay true at: a run with about half their requests and rates (11 minutes on an H200, not 22)
+# lost paged's >90 % token-state share and shrank most capacity ratios, Figure 16's by a third
+# or more (results/reference/quick-real-short/README.md).
+REAL_BASELINE = Baseline(num_requests=5)  # each request alone: seconds each on a GPU
 FIG18B_RATE = {"sharegpt-paper": 1.5, "alpaca-paper": 20.0}  # near vLLM's sustained rate
 FIG19_RATE = 2.0  # ShareGPT, on a quarter of the budget: paged preempts
 FIG19_BUDGET_SHARE = 0.25
@@ -59,7 +63,7 @@ FIG19_BUDGET_SHARE = 0.25
 
 def sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes, kv, preemption="recompute",
           threshold: float | None = FIG12_THRESHOLD_S, bisect: int = 0,
-          requests: tuple[int, int, int] = (200, 2000, 60), model: str | None = None,
+          requests: tuple[int, int, int] = (200, 2000, 100), model: str | None = None,
           workload: dict | None = None) -> SweepResult:  # fmt: skip
     """One sweep folder of a figure: `engines` x `rates` (the paper's, times the setting's scale)
     x `block_sizes` on `trace`; `workload` sets WorkloadSpec fields every cell keeps (n, beams,
