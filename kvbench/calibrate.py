@@ -4,19 +4,26 @@ A real run's steps.csv says, for every row (a prefill step or a decode segment o
 how long it took and what it did: steps, tokens fed, K/V positions attended, blocks swapped.
 The cost model is linear in exactly those counts,
 
-    duration = fixed_s * steps + per_token_s * tokens + per_kv_token_s * context
+    duration = fixed_s * steps + per_token_s * decode tokens + per_kv_token_s * context
                + per_swap_block_s * swaps + per_prefill_s * [row is a prefill]
+               + per_prefill_token_s * prefill tokens
 
 so its constants are a least-squares fit over the rows: non-negative (a negative cost would be
 an artefact of collinear rows), and weighted by 1 / duration so that a 2 ms decode step counts
 as much as a 200 ms prefill (the fit minimises relative error, which is what a simulated
-latency's error is judged by). With 5 unknowns the non-negative fit is exact by enumeration:
+latency's error is judged by). With 6 unknowns the non-negative fit is exact by enumeration:
 the best unconstrained fit over every subset of the terms, keeping the feasible one.
 
 The prefill term is there because a real runner replays decode steps as CUDA graphs but runs
 prefills eagerly: on the H200 an OPT-1.3B prefill pays milliseconds of kernel launches that a
 graphed decode step does not, and without the term the fit underestimated prefill rows by
 half (and every queueing delay with them).
+
+Tokens are priced apart in prefill and decode rows for a like reason: one token cost fitted
+to both was a compromise (2.9 us on the H200's OPT-1.3B runs) between prompt tokens in large
+GEMMs (2.8 us) and decode rows (11.5 us, sampling and small GEMMs included), so runs with
+larger decode batches than the fitting runs' (Alpaca's) were simulated too fast: rows of the
+held-out Alpaca runs erred by 14.6 % (median) with one token cost, 5.6 % with two.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
 
 TERMS = ("num_steps", "num_tokens", "context_tokens", "swapped_blocks")  # steps.csv columns
-PREFILL = "prefill"  # steps.csv `kind` of a prefill row: the fifth term counts them
+PREFILL = "prefill"  # steps.csv `kind` of a prefill row: the fifth term counts them, the sixth
+# its tokens (taken out of the second term, which then counts decode rows alone)
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,7 @@ class Calibration:
 
 
 def read_rows(run: Path) -> tuple[str, np.ndarray, np.ndarray]:
-    """(model, counts `[R, 5]`, durations `[R]`) of a run folder's steps.csv."""
+    """(model, counts `[R, 6]`, durations `[R]`) of a run folder's steps.csv."""
     steps, summary = run / "steps.csv", run / "summary.json"
     if not steps.is_file() or not summary.is_file():
         raise KvbenchError(f"{run}: not a kvbench run folder (no steps.csv and summary.json)")
@@ -71,13 +79,16 @@ def read_rows(run: Path) -> tuple[str, np.ndarray, np.ndarray]:
             for row in reader
         ]
     data = np.array(rows, dtype=np.float64).reshape(-1, len(TERMS) + 2)
-    return model, data[:, :-1], data[:, -1]
+    counts, prefill = data[:, :-1], data[:, len(TERMS)]  # [R, 5], [R] 1 for a prefill row
+    tokens = counts[:, 1].copy()  # [R]
+    counts[:, 1] = tokens * (1 - prefill)  # decode rows' tokens
+    return model, np.column_stack([counts, tokens * prefill]), data[:, -1]
 
 
 def fit(counts: np.ndarray, durations: np.ndarray) -> np.ndarray:
     """Non-negative, relative-error least squares: constants `[T]` with counts `[R, T]` @ c ~ durations."""
     keep = durations > 0
-    a = counts[keep] / durations[keep, None]  # [R, 4] each row scaled to relative error
+    a = counts[keep] / durations[keep, None]  # [R, T] each row scaled to relative error
     b = np.ones(int(keep.sum()))
     best, best_loss = np.zeros(counts.shape[1]), float(len(b))  # all-zero fit: loss = R
     for size in range(1, counts.shape[1] + 1):
@@ -130,11 +141,15 @@ def load_cost_model(path: str, model: str) -> CostModel:
         return CostModel(
             float(data["fixed_s"]), float(data["per_token_s"]), float(data["per_kv_token_s"]),
             float(data.get("per_swap_block_s", 0.0)), per_prefill_s=float(data.get("per_prefill_s", 0.0)),
+            per_prefill_token_s=None if data.get("per_prefill_token_s") is None
+            else float(data["per_prefill_token_s"]),  # files fitted before it: one token cost
         )  # fmt: skip
     except (KeyError, TypeError, ValueError):
         raise KvbenchError(f"--cost-model {path}: not a kvbench calibrate file") from None
 
 
-def _cost(fixed: float, token: float, context: float, swap: float, prefill: float) -> CostModel:
-    """The fitted constants, in TERMS order then the prefill term, as a cost model."""
-    return CostModel(fixed, token, context, swap, per_prefill_s=prefill)
+def _cost(
+    fixed: float, token: float, context: float, swap: float, prefill: float, prefill_token: float
+) -> CostModel:
+    """The fitted constants, in TERMS order then the two prefill terms, as a cost model."""
+    return CostModel(fixed, token, context, swap, per_prefill_s=prefill, per_prefill_token_s=prefill_token)

@@ -223,7 +223,8 @@ def calibrate(
         typer.echo(format_checks(checks))
     c = result.cost
     typer.echo(
-        f"{result.model}: fixed {1e3 * c.fixed_s:.3f} ms/step, {1e6 * c.per_token_s:.3f} us/token fed, "
+        f"{result.model}: fixed {1e3 * c.fixed_s:.3f} ms/step, {1e6 * c.per_token_s:.3f} us/decode row, "
+        f"{1e6 * c.per_token(prefill=True):.3f} us/prefill token, "
         f"{1e9 * c.per_kv_token_s:.3f} ns/context token, {1e6 * c.per_swap_block_s:.1f} us/swapped block, "
         f"{1e3 * c.per_prefill_s:.3f} ms more per prefill "
         f"({result.rows} rows; relative error median {100 * result.median_relative_error:.1f} %, "

@@ -147,6 +147,8 @@ def prepare(
         per_swap_block_s=base.per_swap_block_s or roofline.per_swap_block_s,  # runs without swaps fit none
         per_copy_slot_s=base.per_copy_slot_s or roofline.per_copy_slot_s,  # nor do runs without sharing
         per_prefill_s=base.per_prefill_s,
+        # an explicit --cost-per-token-s is every token's cost, prefill tokens' too
+        per_prefill_token_s=None if config.cost_per_token_s is not None else base.per_prefill_token_s,
     )
     if cost.fixed_s + cost.per_token_s + cost.per_kv_token_s <= 0:
         raise KvbenchError("--cost-fixed-s, --cost-per-token-s, --cost-per-kv-token-s: a step must take time")

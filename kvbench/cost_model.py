@@ -43,6 +43,17 @@ class CostModel:
     per_swap_block_s: float = 0.0  # per block copied between device and host (swap preemption)
     per_copy_slot_s: float = 0.0  # per token slot copied inside the arena (forks, copy-on-write)
     per_prefill_s: float = 0.0  # more per prefill step (a real runner's eager launches; 0 in the roofline)
+    # per prompt token of a prefill step, where it differs from a decode row's `per_token_s`: a
+    # real runner's prefill tokens go through large, efficient GEMMs, while each decode row also
+    # pays its share of small GEMMs, sampling over the vocabulary and attention launches (on the
+    # H200, OPT-1.3B: about 3 us per prefill token, 12 per decode row); None: `per_token_s`
+    per_prefill_token_s: float | None = None
+
+    def per_token(self, prefill: bool) -> float:
+        """The cost of one token fed in a prefill step (`prefill`) or one decode row."""
+        if prefill and self.per_prefill_token_s is not None:
+            return self.per_prefill_token_s
+        return self.per_token_s
 
     @classmethod
     def roofline(
@@ -76,7 +87,8 @@ class CostModelRunner:
         tokens = batch.num_tokens
         context = batch.num_context  # K/V attended in step 0
         swaps = len(batch.swaps)
-        first = c.fixed_s + c.per_token_s * tokens + c.per_kv_token_s * context + c.per_swap_block_s * swaps
+        first = c.fixed_s + c.per_token(batch.is_prefill) * tokens + c.per_kv_token_s * context
+        first += c.per_swap_block_s * swaps
         first += c.per_copy_slot_s * batch.copied_slots
         first += c.per_prefill_s * batch.is_prefill
         if max_steps == 1:

@@ -242,7 +242,7 @@ def preemption_overhead_ms(cell: Path, preemption: str) -> float | None:
     """Time per preemption: swap in + out of its blocks, or recomputing its tokens.
 
     Swap: blocks copied (steps.csv `swapped_blocks`) x `per_swap_block_s`. Recompute: prefill
-    tokens beyond the requests' prompts (the tokens fed again) x `per_token_s`. The constants
+    tokens beyond the requests' prompts (the tokens fed again) x the prefill token cost. The constants
     are the cost model's for a simulated cell; for a real cell they are fitted to the cell's
     own measured step times (`kvbench calibrate` on that one run), so the overhead is the
     measured cost of the copies or of the tokens fed again. None when the cell never preempted,
@@ -261,7 +261,9 @@ def preemption_overhead_ms(cell: Path, preemption: str) -> float | None:
         units, constant = float(np.sum(steps["swapped_blocks"])), cost["per_swap_block_s"]
     else:
         prefill = float(np.sum(steps["num_tokens"][steps["kind"] == "prefill"]))
-        units, constant = max(prefill - prompt_tokens(cell), 0.0), cost["per_token_s"]
+        per_token = cost.get("per_prefill_token_s")  # recomputed tokens are prefilled
+        units = max(prefill - prompt_tokens(cell), 0.0)
+        constant = cost["per_token_s"] if per_token is None else per_token
     if constant <= 0:
         return None
     return 1e3 * units * constant / count

@@ -79,6 +79,28 @@ def test_the_fit_recovers_a_prefill_only_cost(tmp_path):
     assert load_cost_model(str(model), "opt-13b").per_prefill_s == 0.02
 
 
+def test_the_fit_prices_prefill_tokens_and_decode_rows_apart(tmp_path):
+    """A decode row costs a real runner more than a prompt token (sampling, small GEMMs): a
+    model with both, and an old file with one token cost, each come back as written."""
+    truth = {"model": "opt-13b", "fixed_s": 0.002, "per_token_s": 1.2e-5, "per_kv_token_s": 7e-8,
+             "per_prefill_s": 0.01, "per_prefill_token_s": 3e-6}  # fmt: skip
+    model = tmp_path / "truth.json"
+    model.write_text(json.dumps(truth))
+    workload = WorkloadSpec("alpaca-paper", num_requests=200, rate=40.0, seed=5)
+    run = tmp_path / "two-costs"
+    write_result(simulate(RunConfig(engine="paged", workload=workload, kv_cache_gib=2.0,
+                                    cost_model=str(model))), run)  # fmt: skip
+    fitted = calibrate([run]).cost
+    assert fitted.per_token_s == pytest.approx(1.2e-5, rel=1e-6)
+    assert fitted.per_prefill_token_s == pytest.approx(3e-6, rel=1e-6)
+    assert fitted.per_token(prefill=True) == pytest.approx(3e-6, rel=1e-6)
+    assert fitted.per_prefill_s == pytest.approx(0.01, rel=1e-6)
+    old = {key: value for key, value in truth.items() if key != "per_prefill_token_s"}
+    model.write_text(json.dumps(old))
+    loaded = load_cost_model(str(model), "opt-13b")
+    assert loaded.per_prefill_token_s is None and loaded.per_token(prefill=True) == 1.2e-5
+
+
 def test_held_out_real_runs_are_replayed_by_the_simulator(tmp_path):
     """`--held-out`: a real run's config is rebuilt exactly, simulated with the fit, compared."""
     from kvbench.calibrate_check import check, read_config, summarize
