@@ -29,6 +29,7 @@ held-out Alpaca runs erred by 14.6 % (median) with one token cost, 5.6 % with tw
 from __future__ import annotations
 
 import csv
+import hashlib
 import itertools
 import json
 from dataclasses import asdict, dataclass
@@ -127,6 +128,15 @@ def calibrate(runs: list[Path]) -> Calibration:
         _cost(*map(float, constants)), models.pop(), tuple(str(r) for r in runs), len(d),
         float(np.median(error)), float(np.quantile(error, 0.9)),
     )  # fmt: skip
+
+
+def cost_file_digest(path: str) -> str | None:
+    """SHA-256 of a cost-model file's bytes (None if unreadable): runs record it, so a resumed
+    sweep reruns cells whose file was refitted in place rather than keep their old constants."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def load_cost_model(path: str, model: str) -> CostModel:

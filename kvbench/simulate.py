@@ -62,6 +62,10 @@ def write_result(result: RunResult, out: Path) -> None:
     # the constants the run used (the roofline's, a calibrated file's, or the flags'), beside the
     # `cost_model` path that asked for them
     config = {**result.prepared.config.to_dict(), "cost_model_constants": asdict(result.prepared.cost)}
+    if result.prepared.config.cost_model is not None:
+        from kvbench.calibrate import cost_file_digest
+
+        config["cost_model_sha256"] = cost_file_digest(result.prepared.config.cost_model)
 
     def write(tmp: Path) -> None:
         write_json(tmp / "config.json", config)

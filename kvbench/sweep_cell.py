@@ -138,13 +138,20 @@ def _isolated(config: RunConfig, out: Path, how: CellRun, env: Mapping[str, str]
 
 
 def config_differences(config: RunConfig, folder: Path) -> list[str]:
-    """The settings in which `folder/config.json` differs from `config` (its cost model aside).
+    """The settings in which `folder/config.json` differs from `config`.
 
-    config.json's `cost_model` holds the resolved constants, not the setting of that name.
+    A calibrated cost model is named by its path; the run also recorded the file's digest, so
+    a file refitted in place since counts as a difference (`cost_model`) too.
     """
     wrote = json.loads((folder / "config.json").read_text())
     wanted = json.loads(json.dumps(config.to_dict()))
-    return sorted(key for key in wanted if key != "cost_model_constants" and wrote.get(key) != wanted[key])
+    differs = {key for key in wanted if key != "cost_model_constants" and wrote.get(key) != wanted[key]}
+    if config.cost_model is not None and "cost_model_sha256" in wrote:
+        from kvbench.calibrate import cost_file_digest
+
+        if cost_file_digest(config.cost_model) != wrote["cost_model_sha256"]:
+            differs.add("cost_model")
+    return sorted(differs)
 
 
 def _check_same_config(config: RunConfig, out: Path) -> None:

@@ -118,3 +118,19 @@ def test_held_out_real_runs_are_replayed_by_the_simulator(tmp_path):
     assert summarize(checks)["normalized_latency_s"]["runs"] == 1
     with pytest.raises(KvbenchError, match="not a real run"):
         check(model, [simulated(tmp_path, "sim", 4.0, 0)])
+
+
+def test_a_cost_file_refitted_in_place_is_a_changed_setting(tmp_path):
+    """Resuming reruns a run whose cost file changed under the same path: its constants would
+    otherwise be the old file's while its config named the new one."""
+    from kvbench.sweep_cell import config_differences
+
+    model = tmp_path / "cost.json"
+    fitted = {"model": "opt-13b", "fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}
+    model.write_text(json.dumps(fitted))
+    workload = WorkloadSpec("alpaca-paper", num_requests=20, rate=10.0, seed=1)
+    config = RunConfig(engine="paged", workload=workload, kv_cache_gib=2.0, cost_model=str(model))
+    write_result(simulate(config), tmp_path / "run")
+    assert config_differences(config, tmp_path / "run") == []
+    model.write_text(json.dumps(fitted | {"fixed_s": 0.02}))
+    assert config_differences(config, tmp_path / "run") == ["cost_model"]
