@@ -29,10 +29,10 @@ from kernels.splits import choose_num_splits
 
 CELLS = [(8, 1024), (8, 8192), (64, 1024), (64, 4096), (256, 1024), (256, 2048), (32, 16384)]
 LAUNCHES = list(itertools.product((32, 64, 128), (4, 8), (2, 3)))
-HEADS, KV_HEADS, DIM, BS = 32, 8, 128, 16
+HEADS, KV_HEADS, DIM = 32, 8, 128
 
 
-def inputs(batch: int, context: int, copies: int):
+def inputs(batch: int, context: int, copies: int, block_size: int):
     """`copies` independent (q, k, v, table, starts) sets, so the L2 cache holds none."""
     dev = torch.device("cuda")
     rng = np.random.default_rng(batch * 7 + context)
@@ -42,17 +42,18 @@ def inputs(batch: int, context: int, copies: int):
         k = torch.randn(slots, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
         v = torch.randn(slots, KV_HEADS, DIM, device=dev, dtype=torch.bfloat16)
         q = torch.randn(batch, HEADS, DIM, device=dev, dtype=torch.bfloat16)
-        table = torch.tensor(rng.permutation(slots // BS).reshape(batch, -1), dtype=torch.int32, device=dev)
+        pages = rng.permutation(slots // block_size).reshape(batch, -1)  # [B, L / bs] random page order
+        table = torch.tensor(pages, dtype=torch.int32, device=dev)
         starts = torch.arange(batch, device=dev) * context
         out.append((q, k, v, table, starts))
     return out
 
 
-def fraction(batch, context, sets, bandwidth, *, paged, launch, splits, repeats=20):
+def fraction(batch, context, sets, bandwidth, *, paged, launch, splits, repeats=20, block_size=16):
     lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
 
     def call(q, k, v, table, starts):
-        addressing = {"block_tables": table, "block_size": BS} if paged else {"starts": starts}
+        addressing = {"block_tables": table, "block_size": block_size} if paged else {"starts": starts}
         return lambda: decode_attention(
             q, k, v, lens, scale=DIM**-0.5, num_splits=splits, launch=launch, **addressing
         )
@@ -67,6 +68,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--launches", default=None, help="tile-warps-stages,... (default: a 12-point grid)")
     parser.add_argument("--splits", default="1,2,4,8,16,32", help="split counts of the second table")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     args.cells = [tuple(map(int, cell.split("x"))) for cell in args.cells.split(",")]
@@ -85,13 +87,13 @@ def main() -> None:
     cells = {}
     for batch, context in args.cells:
         copies = max(1, min(4, int(4 * 50e6 // (2 * batch * context * KV_HEADS * DIM * 2)) + 1))
-        sets = inputs(batch, context, copies)
+        sets = inputs(batch, context, copies, args.block_size)
         splits = choose_num_splits(batch, KV_HEADS, context, device)
         cells[batch, context] = (sets, splits)
         for launch in args.launches:
             paged, contiguous = (
                 fraction(batch, context, sets, bandwidth, paged=mode, launch=launch, splits=splits,
-                         repeats=args.repeats)
+                         repeats=args.repeats, block_size=args.block_size)
                 for mode in (True, False)
             )  # fmt: skip
             scores[launch].append(paged)
@@ -105,7 +107,7 @@ def main() -> None:
             for splits in args.splits:
                 shares = [
                     fraction(batch, context, sets, bandwidth, paged=True, launch=launch, splits=splits,
-                             repeats=args.repeats)
+                             repeats=args.repeats, block_size=args.block_size)
                     for _ in range(args.rounds)
                 ]  # fmt: skip
                 row.append(f"{splits}:" + "/".join(f"{share:.3f}" for share in shares))
