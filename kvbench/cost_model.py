@@ -2,6 +2,9 @@
 
     step time = fixed_s + per_token_s x tokens fed + per_kv_token_s x K/V tokens attended
 
+(a calibrated model may price a prefill step's tokens apart, `per_prefill_token_s`, and add
+`per_prefill_s` per prefill step; the roofline does neither).
+
 Default constants are a roofline of the model on the emulated GPU's datasheet numbers:
 
 - `fixed_s`: every step reads all weights once: weight bytes / HBM bandwidth.
