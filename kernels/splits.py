@@ -54,8 +54,14 @@ def choose_launch(programs: int, device: torch.device) -> tuple[int, int, int]:
     flight with twice the programs of half the tile; a large one reads faster with 128-position
     tiles (0.94 against 0.92 at (256, 2048) on an H200). The CPU interpreter takes the small one.
     """
-    large = device.type == "cuda" and programs > PROGRAMS_PER_SM * _sm_count(device)
-    return LARGE_GRID_LAUNCH if large else SMALL_GRID_LAUNCH
+    if device.type != "cuda":
+        return SMALL_GRID_LAUNCH
+    return grid_launch(programs, _sm_count(device))
+
+
+def grid_launch(programs: int, sms: int) -> tuple[int, int, int]:
+    """`choose_launch` on a GPU of `sms` multiprocessors."""
+    return LARGE_GRID_LAUNCH if programs > PROGRAMS_PER_SM * sms else SMALL_GRID_LAUNCH
 
 
 @dataclass(frozen=True)

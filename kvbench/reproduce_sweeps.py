@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from kvbench.calibrate import calibrate
 from kvbench.config import RunConfig
+from kvbench.cost_model import CostModel
 from kvbench.plots import PlotSkipped, plot_block_size, plot_latency_vs_rate
 from kvbench.plots_data import read_json, read_table
 from kvbench.plots_style import pyplot, save
@@ -253,17 +254,16 @@ def preemption_overhead_ms(cell: Path, preemption: str) -> float | None:
     if not count:
         return None
     if summary.get("mode") == "real":
-        cost = asdict(calibrate([cell]).cost)
+        cost = calibrate([cell]).cost
     else:
-        cost = read_json(cell / "config.json")["cost_model_constants"]
+        cost = CostModel(**read_json(cell / "config.json")["cost_model_constants"])
     steps = read_table(cell / "steps.csv")
     if preemption == "swap":
-        units, constant = float(np.sum(steps["swapped_blocks"])), cost["per_swap_block_s"]
+        units, constant = float(np.sum(steps["swapped_blocks"])), cost.per_swap_block_s
     else:
         prefill = float(np.sum(steps["num_tokens"][steps["kind"] == "prefill"]))
-        per_token = cost.get("per_prefill_token_s")  # recomputed tokens are prefilled
         units = max(prefill - prompt_tokens(cell), 0.0)
-        constant = cost["per_token_s"] if per_token is None else per_token
+        constant = cost.per_token(prefill=True)  # recomputed tokens are prefilled
     if constant <= 0:
         return None
     return 1e3 * units * constant / count

@@ -32,6 +32,7 @@ from kernels.splits import (  # noqa: E402
     DecodeWorkspace,
     choose_launch,
     choose_num_splits,
+    grid_launch,
     split_count,
 )
 from tests.support import INTERPRETED  # noqa: E402
@@ -241,9 +242,11 @@ def test_split_rule_fills_a_small_grid_to_four_programs_per_sm_and_leaves_a_larg
     for (batch, context), splits in {**band, **others}.items():
         assert split_count(batch * 8, context, 132) == splits, (batch, context)
     assert {batch * 8 * n for (batch, _), n in band.items()} == {512}
+    assert grid_launch(512, 132) == grid_launch(528, 132) == SMALL_GRID_LAUNCH  # the band, filled
+    assert grid_launch(529, 132) == grid_launch(2048, 132) == LARGE_GRID_LAUNCH  # batch alone fills it
     cpu = torch.device("cpu")
     assert choose_num_splits(2, 8, 1000, cpu) == 4 and choose_num_splits(2, 8, 200, cpu) == 1
-    assert choose_launch(512, cpu) == SMALL_GRID_LAUNCH
+    assert choose_launch(1 << 20, cpu) == SMALL_GRID_LAUNCH  # the interpreter: small tiles always
 
 
 @INTERPRETED

@@ -96,6 +96,11 @@ def test_recompute_overhead_survives_a_pruned_requests_file(quick, tmp_path):
     for cell, before in zip(cells, measured, strict=True):
         pruned = shutil.copytree(cell, tmp_path / cell.name, ignore=shutil.ignore_patterns("requests.csv"))
         assert (prompt_tokens(pruned), preemption_overhead_ms(pruned, "recompute")) == before
+    # a cost the cell cannot resolve (constant 0) is no overhead measured, not a 0 ms one
+    config = json.loads((pruned / "config.json").read_text())
+    config["cost_model_constants"]["per_token_s"] = 0.0
+    (pruned / "config.json").write_text(json.dumps(config))
+    assert before[1] and preemption_overhead_ms(pruned, "recompute") is None
 
 
 def test_engines_relate_as_in_the_paper(quick):
