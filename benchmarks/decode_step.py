@@ -11,7 +11,10 @@ call (`--step-by-step`, the worst case). The host's share of a decode step is
 `1 - gpu / step`, where `step` is the loop's mean decode-step wall time at batch 64 and `gpu`
 the same step replayed back to back with nothing else (mid-run context, 544).
 
-    python benchmarks/decode_step.py [--model opt-13b] [--json out.json]
+Part 3 (`--profile`): the GPU kernels of eager decode steps at batch 16 (context 512), summed per
+step by name: where a small model's step goes (kernel count x launch latency, or the weights).
+
+    python benchmarks/decode_step.py [--model opt-13b] [--json out.json] [--profile]
 """
 
 from __future__ import annotations
@@ -81,6 +84,42 @@ def roofline(model, arena, spec, bandwidth: float, weight_bytes: int) -> list[di
     return rows
 
 
+def kernel_profile(model, arena, batch: int = 16, context: int = 512, steps: int = 5) -> list[dict]:
+    """Kernels of `steps` eager paged decode steps: per-step count and device time, by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    loop = DecodeLoop(
+        model, arena, max_batch=batch, max_len=context + 8, block_size=BLOCK, paged=True, backend="triton",
+        temperature=0.0, seed=0,
+    )  # fmt: skip
+    per_seq = -(-(context + 8) // BLOCK)
+    addressing = [BlockTable(tuple(range(b * per_seq, (b + 1) * per_seq)), BLOCK) for b in range(batch)]
+    loop.load(batch, list(range(batch)), [context - 1] * batch, list(range(batch)), addressing)
+    for _ in range(3):  # warm-up: Triton compiles, cuBLAS picks
+        loop.positions[:batch].fill_(context - 1)
+        loop.run_step(batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            loop.positions[:batch].fill_(context - 1)
+            loop.run_step(batch)
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        total_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if total_us and event.count:
+            rows.append({"kernel": event.key[:90], "per_step": event.count / steps,
+                         "us_per_step": total_us / steps})  # fmt: skip
+    rows.sort(key=lambda r: -r["us_per_step"])
+    total = sum(r["us_per_step"] for r in rows)
+    launches = sum(r["per_step"] for r in rows)
+    print(f"eager decode step, batch {batch}, context {context}: {launches:.0f} device ops, "
+          f"{total / 1e3:.3f} ms of device time per step")  # fmt: skip
+    for row in rows[:25]:
+        print(f"  {row['us_per_step']:9.1f} us  x{row['per_step']:5.1f}  {row['kernel']}")
+    return rows
+
+
 def host_share(model, arena, spec, engines: list[str]) -> list[dict]:
     batch, prompt, output = 64, 512, 64
     trace = Trace("host-64", tuple(Request(i, 0.0, prompt, output) for i in range(batch)))
@@ -121,6 +160,7 @@ def main() -> None:
     parser.add_argument("--engines", default="static,orca-max,orca-pow2,orca-oracle,paged")
     parser.add_argument("--skip-roofline", action="store_true")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--profile", action="store_true", help="also list an eager step's kernels")
     args = parser.parse_args()
     device = torch.device("cuda")
     spec = get_model(args.model)
@@ -135,7 +175,10 @@ def main() -> None:
               "read_bandwidth_Bps": bandwidth, "weight_bytes": weight_bytes}  # fmt: skip
     if not args.skip_roofline:
         result["roofline"] = roofline(model, arena, spec, bandwidth, weight_bytes)
-    result["host_share"] = host_share(model, arena, spec, args.engines.split(","))
+    if args.profile:
+        result["profile"] = kernel_profile(model, arena)
+    if args.engines:
+        result["host_share"] = host_share(model, arena, spec, args.engines.split(","))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
