@@ -91,16 +91,20 @@ class ModelRunner(ArenaCopies):
             slots.append(_slots(where, pos))
             seqlens.append(hi - lo)
         dev = self.device
+        pad = padded_tokens(sum(seqlens)) - sum(seqlens)  # rows past the batch: slot -1, never stored
         cu = torch.tensor(np.concatenate([[0], np.cumsum(seqlens)]), device=dev)  # [B + 1]
-        pos = torch.from_numpy(np.concatenate(positions)).to(dev)  # [T]
+        pos = torch.from_numpy(np.concatenate([*positions, np.zeros(pad, np.int64)])).to(dev)  # [T + pad]
         context = torch.tensor([seq.num_tokens for seq in batch.seqs], dtype=torch.int32, device=dev)  # [B]
         meta = AttentionMetadata(
-            True, torch.from_numpy(np.concatenate(slots)).to(dev), cu, context,
+            True, torch.from_numpy(np.concatenate([*slots, np.full(pad, -1, np.int64)])).to(dev), cu, context,
             max_new=max(seqlens), backend=self.backend, **_addressing(addressing, dev),
         )  # fmt: skip
         with torch.inference_mode():
             logits = self.model(
-                torch.from_numpy(np.concatenate(ids)).to(dev), pos, meta, self.arena
+                torch.from_numpy(np.concatenate([*ids, np.zeros(pad, np.int64)])).to(dev),
+                pos,
+                meta,
+                self.arena,
             )  # [B, V]
             last = pos[cu[1:] - 1]  # [B] position of each sampled token's input
             keys = torch.tensor([seq.sample_key for seq in batch.seqs], device=dev)
@@ -168,6 +172,21 @@ class ModelRunner(ArenaCopies):
             return prompt[lo:hi]
         outputs = np.asarray(seq.output_ids[max(lo - len(prompt), 0) : hi - len(prompt)], dtype=np.int64)
         return np.concatenate([prompt[lo:], outputs]) if lo < len(prompt) else outputs
+
+
+def padded_tokens(tokens: int) -> int:
+    """A prefill's token count rounded up to a bucket: a multiple of 16, or of 1/16 of the largest
+    power of two not above it (at most 1/16 more tokens; 16 buckets per doubling).
+
+    Why: an eager prefill's GEMMs would see a new row count nearly every step, and a row count
+    cuBLAS has not seen costs it a fresh algorithm choice on the host: 235-370 us per linear on
+    the H200 against 14 us for a seen one, which made an OPT-125M prefill host-bound at twice
+    its bucketed time (`benchmarks/prefill_shapes.py`, results/reference/prefill-shapes). The
+    padding rows compute and are dropped (slot -1: never stored; past every sequence's
+    `cu_seqlens`: never attended, never sampled); steps still count only the real tokens.
+    """
+    granule = max(16, (1 << (tokens.bit_length() - 1)) // 16)
+    return -(-tokens // granule) * granule
 
 
 def prompt_token_ids(request: Request, vocab: int, seed: int) -> np.ndarray:

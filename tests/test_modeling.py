@@ -14,7 +14,7 @@ from engines import ENGINES, EngineOptions  # noqa: E402
 from engines.scheduler import SchedulerConfig  # noqa: E402
 from kvbench.engine import Engine  # noqa: E402
 from kvbench.errors import KvbenchError  # noqa: E402
-from kvbench.model_runner import ModelRunner, _slots  # noqa: E402
+from kvbench.model_runner import ModelRunner, _slots, padded_tokens, prompt_token_ids  # noqa: E402
 from kvbench.modeling.arena import KVArena  # noqa: E402
 from kvbench.modeling.attention import AttentionMetadata, triton_available  # noqa: E402
 from kvbench.modeling.weights import load_checkpoint, random_model, read_checkpoint_spec  # noqa: E402
@@ -214,6 +214,34 @@ def test_swap_preemption_gives_the_same_tokens(engine, device):
     fallback, _, _ = decode_all(engine, "tiny-llama", 48, preemption="swap", host_blocks=0, device=device)
     assert not any(row.num_swapped for row in fallback.steps)
     assert [s.output_ids for s in fallback.sequences] == [s.output_ids for s in roomy.sequences]
+
+
+def test_prefill_token_counts_round_up_to_few_buckets():
+    counts = range(1, 8193)
+    padded = [padded_tokens(t) for t in counts]
+    assert all(
+        p >= t and p % 16 == 0 and p - t < max(16, t / 16) for t, p in zip(counts, padded, strict=True)
+    )
+    assert len(set(padded)) <= 16 * 9  # 16 per doubling: GEMM shapes repeat across prefills
+
+
+def test_a_padded_prefill_samples_what_the_bare_prompt_does():
+    """The runner pads each prefill's tokens up to a bucket; the first sampled token of every
+    request must equal the argmax of the model run on its prompt alone, unpadded."""
+    run, runner, _ = decode_all("paged", "tiny-opt", 300)
+    model, spec = runner.model, runner.model.spec
+    assert any(padded_tokens(row.num_tokens) > row.num_tokens for row in run.steps if row.kind == "prefill")
+    for seq in run.sequences:
+        prompt = torch.from_numpy(prompt_token_ids(seq.request, spec.vocab, seed=5))  # [P]
+        n = len(prompt)
+        arena = KVArena(spec, n, torch.float32, CPU)
+        meta = AttentionMetadata(
+            True, torch.arange(n), torch.tensor([0, n]), torch.tensor([n], dtype=torch.int32),
+            starts=torch.zeros(1, dtype=torch.int64), max_new=n,
+        )  # fmt: skip
+        with torch.no_grad():
+            logits = model(prompt, torch.arange(n), meta, arena)  # [1, V]
+        assert seq.output_ids[0] == int(logits.argmax()), seq.request.request_id
 
 
 @pytest.mark.parametrize("engine", ["orca-oracle", "paged", "static"])
