@@ -25,12 +25,18 @@ def reproduce(
     out: Annotated[Path, typer.Option(help="Folder: <figure>/, claims.md, reproduce.md.")] = Path(
         "runs/reproduce"
     ),
-    quick: Annotated[bool, typer.Option(help="Fewer requests and rates: a few minutes on a CPU.")] = False,
+    quick: Annotated[
+        bool, typer.Option(help="Fewer requests and rates: minutes, simulated on a CPU or real on one GPU.")
+    ] = False,
     mode: Annotated[
         str, typer.Option(help="auto (real decoding on a CUDA GPU, else simulated), simulate or real.")
     ] = "auto",
     cost_model: Annotated[
         str | None, typer.Option(help="Simulate with this `kvbench calibrate` file instead of the roofline.")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="Real runs' model: opt-125m (default with --quick) or opt-1.3b (default without)."),
     ] = None,
     num_requests: Annotated[int | None, typer.Option(hidden=True, help="Requests per run (tests).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the traces.")] = 0,
@@ -45,7 +51,7 @@ def reproduce(
     if num_requests is not None and num_requests < 1:
         raise KvbenchError(f"--num-requests must be at least 1, got {num_requests}")
     real = mode == "real" or (mode == "auto" and cost_model is None and _has_cuda())
-    options = Options(quick, setting_for(real, cost_model), num_requests, seed)
+    options = Options(quick, setting_for(real, cost_model, quick, model), num_requests, seed)
     start = time.perf_counter()
     run_reproduce(names, options, out, echo=typer.echo)
     typer.echo(f"done in {time.perf_counter() - start:.0f} s: {out / 'reproduce.md'}, {out / 'claims.md'}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvbench.demo import REAL
@@ -59,30 +59,49 @@ def parse_figures(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(n for n in FIGURES if n in wanted)
 
 
-def setting_for(real: bool, cost_model: str | None) -> Setting:
-    """The paper's setting when simulating; the demo's scaled-down one on a GPU.
+# Real runs' settings: a model whose KV arena holds 16,384 token slots, as the paper's OPT-13B
+# with 12 GB holds 15,728 (so the engines batch as the paper's did), and the paper's rates times
+# how much faster that model decodes on this GPU than OPT-13B on an A100 (so the same engines are
+# saturated). OPT-125M decodes the saturated ShareGPT runs 2.5-2.8x faster than OPT-1.3B on the
+# H200 with the same batches and occupancy (results/reference/quick-model): the quick run's model.
+GPU_SETTINGS = {
+    "opt-125m": Setting("opt-125m", 0.5625, 80.0, paper_threshold=False),
+    "opt-1.3b": Setting("opt-1.3b", 3.0, REAL["rate"] / FIG13_RATE["sharegpt-paper"], paper_threshold=False),
+}
+QUICK_GPU_MODEL = "opt-125m"  # a quick run on one H200: minutes
+FULL_GPU_MODEL = "opt-1.3b"  # the full grids: a prefill-to-decode cost balance nearer OPT-13B's
+
+
+def setting_for(real: bool, cost_model: str | None, quick: bool = True, model: str | None = None) -> Setting:
+    """The paper's setting when simulating; a scaled-down GPU one (`GPU_SETTINGS`) when real.
 
     A calibrated cost model was fitted on some model's real runs: simulating that model's
-    setting (the GPU one for the demo's model) is what makes the simulation calibrated.
+    GPU setting is what makes the simulation calibrated.
     """
-    gpu = Setting(REAL["model"], REAL["kv_cache_gib"], REAL["rate"] / FIG13_RATE["sharegpt-paper"])
     if real:
         if cost_model is not None:
             raise KvbenchError("--cost-model calibrates the simulator: it does not apply to --mode real")
-        return Setting(gpu.model, gpu.kv_cache_gib, gpu.rate_scale, real=True, paper_threshold=False)
+        name = model or (QUICK_GPU_MODEL if quick else FULL_GPU_MODEL)
+        if name not in GPU_SETTINGS:
+            raise KvbenchError(f"--model {name!r}: real runs use one of {', '.join(GPU_SETTINGS)}")
+        return replace(GPU_SETTINGS[name], real=True)
+    if model is not None:
+        raise KvbenchError(
+            "--model picks the real runs' model; a simulation runs opt-13b, or the model its --cost-model "
+            "was fitted on"
+        )
     if cost_model is None:
         return Setting()
     from kvbench.plots_data import read_json
 
-    model = read_json(Path(cost_model)).get("model")
-    if model in (None, "opt-13b"):
+    fitted = read_json(Path(cost_model)).get("model")
+    if fitted in (None, "opt-13b"):
         return Setting(cost_model=cost_model)
-    if model == gpu.model:
-        return Setting(
-            gpu.model, gpu.kv_cache_gib, gpu.rate_scale, cost_model=cost_model, paper_threshold=False
-        )
+    if fitted in GPU_SETTINGS:
+        return replace(GPU_SETTINGS[fitted], cost_model=cost_model)
     raise KvbenchError(
-        f"--cost-model {cost_model}: fitted on {model}; reproduce simulates opt-13b or {gpu.model}"
+        f"--cost-model {cost_model}: fitted on {fitted}; reproduce simulates opt-13b or "
+        f"{', '.join(GPU_SETTINGS)}"
     )
 
 

@@ -142,6 +142,38 @@ def test_cost_model_does_not_apply_to_real_runs(tmp_path):
     assert proc.returncode == 2 and "--cost-model" in proc.stderr
 
 
+def test_real_runs_pick_a_model_holding_the_papers_slots(tmp_path):
+    """Quick real runs decode OPT-125M, full ones OPT-1.3B; either arena holds 16,384 slots (the
+    paper's OPT-13B / 12 GB holds 15,728), so the engines batch as the paper's did."""
+    from kvbench.budget import budget_from_gib
+    from kvbench.config import resolve_model
+    from kvbench.reproduce import setting_for
+
+    quick, full = setting_for(True, None, quick=True), setting_for(True, None, quick=False)
+    assert (quick.model, full.model) == ("opt-125m", "opt-1.3b") and quick.real and full.real
+    assert quick.rate_scale > full.rate_scale  # the smaller model decodes faster: more load
+    for s in (quick, full):
+        assert budget_from_gib(s.kv_cache_gib, resolve_model(s.model)).num_slots == 16384, s
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"model": "opt-125m", "fixed_s": 0.001, "per_token_s": 1e-6}))
+    calibrated = setting_for(False, str(cost))
+    assert (calibrated.model, calibrated.real, calibrated.rate_scale) == ("opt-125m", False, quick.rate_scale)
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (("--mode", "real", "--model", "opt-13b"), "opt-125m, opt-1.3b"),
+        (("--mode", "simulate", "--model", "opt-125m"), "--cost-model"),
+    ],
+)
+def test_a_model_the_run_cannot_take_is_one_line(tmp_path, args, names):
+    proc = kvbench("reproduce", "fig2", *args, "--out", str(tmp_path / "o"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "--model" in lines[0] and names in lines[0]
+    assert not (tmp_path / "o").exists()
+
+
 def test_sharing_figures_write_their_tables_and_plots(sharing):
     _check_written(sharing, SHARING)
     for sweep in ("fig14/k6", "fig16/fewshot-5", "fig17/chat"):
