@@ -178,7 +178,7 @@ def main() -> None:
     if args.profile:
         result["profile"] = kernel_profile(model, arena)
     if args.engines:
-        result["host_share"] = host_share(model, arena, spec, args.engines.split(","))
+        result["host_share"] = host_share(model, arena, spec, [e for e in args.engines.split(",") if e])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -5,7 +5,8 @@ per-shape setup in the GEMM library (algorithm heuristics) is paid again each ti
 one-sequence prefill forwards of a random-weight model over token counts drawn fresh (every
 count new) and the same counts rounded up to a multiple of `--bucket` (after a warm-up over the
 buckets), each as wall time to the result and as host time (until the call returns, no sync);
-and `F.linear` alone at a fixed and at a changing M.
+and `F.linear` alone at a fixed M (512, repeated) and at a new M each call (3,000-9,000: the
+sizes differ too, so this part shows the order of the cost, the forward pass measures it).
 
     python benchmarks/prefill_shapes.py [--model opt-125m] [--bucket 64] [--count 60]
 """
@@ -63,6 +64,10 @@ def main() -> None:
     parser.add_argument("--bucket", type=int, default=64)
     parser.add_argument("--count", type=int, default=60)
     args = parser.parse_args()
+    if args.bucket < 1 or 2048 % args.bucket:
+        parser.error("--bucket must divide 2048 (a bucket past the model's positions would not run)")
+    if not 1 <= args.count <= 1985:
+        parser.error("--count must be in [1, 1985]: distinct token counts in [64, 2048]")
     device = torch.device("cuda")
     spec = get_model(args.model)
     model = random_model(spec, torch.bfloat16, device, seed=0)

@@ -1,11 +1,13 @@
 """Where a real run's time goes: prefill and decode steps, and the host functions behind them.
 
-Runs one engine on one trace with real decoding twice (the first warms Triton, cuBLAS and the
-CUDA graphs up), the second under cProfile. Prints each step kind's mean wall time and token
-count, then the functions that took the most time of their own (a GPU wait shows up as the
-call that synchronises: `tolist`, `item`, `synchronize`) and the most time with callees.
+Runs one engine with real decoding twice: first on another seed's trace (it compiles the Triton
+kernels and captures the CUDA graphs, without showing cuBLAS this trace's prefill shapes), then
+on the trace under cProfile, which slows host-bound code (compare runs with each other only).
+Prints each step kind's mean wall time and token count, then the functions that took the most
+time of their own (a GPU wait shows up as the call that synchronises: `tolist`, `item`,
+`synchronize`) and the most time with callees.
 
-    python benchmarks/step_profile.py [--model opt-125m] [--kv-cache-gib 0.5625] [--engine paged]
+    python benchmarks/step_profile.py [--model opt-125m] [--kv-cache-gib GIB] [--engine paged]
         [--trace sharegpt-paper] [--num-requests 100] [--rate 160] [--device cuda] [--top 30]
 """
 
@@ -16,9 +18,11 @@ import cProfile
 import io
 import pstats
 import time
+from dataclasses import replace
 
 from kvbench.config import RunConfig
 from kvbench.real_run import run_real
+from kvbench.reproduce import GPU_SETTINGS
 from workloads.spec import WorkloadSpec
 
 
@@ -42,7 +46,7 @@ def step_table(run) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="opt-125m")
-    parser.add_argument("--kv-cache-gib", type=float, default=0.5625)
+    parser.add_argument("--kv-cache-gib", type=float, help="default: the reproduce GPU setting's")
     parser.add_argument("--engine", default="paged")
     parser.add_argument("--trace", default="sharegpt-paper")
     parser.add_argument("--num-requests", type=int, default=100)
@@ -50,11 +54,14 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
-    workload = WorkloadSpec(args.trace, num_requests=args.num_requests, rate=args.rate)
-    config = RunConfig(
-        args.engine, model=args.model, workload=workload, kv_cache_gib=args.kv_cache_gib, device=args.device
-    )
-    run_real(config)  # warm-up
+    gib = args.kv_cache_gib
+    if gib is None:
+        if args.model not in GPU_SETTINGS:
+            parser.error(f"--kv-cache-gib: no default for {args.model} (known: {', '.join(GPU_SETTINGS)})")
+        gib = GPU_SETTINGS[args.model].kv_cache_gib
+    workload = WorkloadSpec(args.trace, num_requests=args.num_requests, rate=args.rate, seed=0)
+    config = RunConfig(args.engine, model=args.model, workload=workload, kv_cache_gib=gib, device=args.device)
+    run_real(replace(config, workload=replace(workload, seed=1)))  # warm-up on other prompts
     profiler = cProfile.Profile()
     start = time.perf_counter()
     profiler.enable()

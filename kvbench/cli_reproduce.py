@@ -51,7 +51,7 @@ def reproduce(
     if num_requests is not None and num_requests < 1:
         raise KvbenchError(f"--num-requests must be at least 1, got {num_requests}")
     real = mode == "real" or (mode == "auto" and cost_model is None and _has_cuda())
-    options = Options(quick, setting_for(real, cost_model, quick, model), num_requests, seed)
+    options = Options(quick, setting_for(real, cost_model, quick=quick, model=model), num_requests, seed)
     start = time.perf_counter()
     run_reproduce(names, options, out, echo=typer.echo)
     typer.echo(f"done in {time.perf_counter() - start:.0f} s: {out / 'reproduce.md'}, {out / 'claims.md'}")

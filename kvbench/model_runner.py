@@ -175,16 +175,23 @@ class ModelRunner(ArenaCopies):
 
 
 def padded_tokens(tokens: int) -> int:
-    """A prefill's token count rounded up to a bucket: a multiple of 16, or of 1/16 of the largest
-    power of two not above it (at most 1/16 more tokens; 16 buckets per doubling).
+    """A prefill's token count (at least 1) rounded up to a bucket: a multiple of 16 up to 255
+    tokens, then of 1/16 of the largest power of two not above the count (so at most 15 more
+    rows below 256 tokens and at most 1/16 more above; 16 buckets per doubling).
 
     Why: an eager prefill's GEMMs would see a new row count nearly every step, and a row count
     cuBLAS has not seen costs it a fresh algorithm choice on the host: 235-370 us per linear on
-    the H200 against 14 us for a seen one, which made an OPT-125M prefill host-bound at twice
-    its bucketed time (`benchmarks/prefill_shapes.py`, results/reference/prefill-shapes). The
-    padding rows compute and are dropped (slot -1: never stored; past every sequence's
-    `cu_seqlens`: never attended, never sampled); steps still count only the real tokens.
+    the H200 against 14 us for a seen one; an OPT-125M prefill forward of about 1,050 tokens
+    took 6.15 ms with a new count each time and 3.41 ms with the counts bucketed
+    (`benchmarks/prefill_shapes.py`, results/reference/quick-opt-125m/probe/prefill_shapes.txt).
+    The padding rows are computed and dropped: slot -1 (never stored), past every sequence's
+    `cu_seqlens` (never attended as queries, never sampled). Their attention output is left
+    uninitialised, which is harmless because every other op works row by row. Steps still
+    count only the real tokens.
     """
+    tokens = int(tokens)
+    if tokens < 1:
+        raise ValueError(f"a prefill has at least one token, got {tokens}")
     granule = max(16, (1 << (tokens.bit_length() - 1)) // 16)
     return -(-tokens // granule) * granule
 

@@ -63,7 +63,7 @@ def parse_figures(names: Sequence[str]) -> tuple[str, ...]:
 # with 12 GB holds 15,728 (so the engines batch as the paper's did), and the paper's rates times
 # how much faster that model decodes on this GPU than OPT-13B on an A100 (so the same engines are
 # saturated). OPT-125M decodes the saturated ShareGPT runs 2.5-2.8x faster than OPT-1.3B on the
-# H200 with the same batches and occupancy (results/reference/quick-model): the quick run's model.
+# H200 with the same batches and occupancy (results/reference/quick-opt-125m): the quick run's model.
 GPU_SETTINGS = {
     "opt-125m": Setting("opt-125m", 0.5625, 80.0, paper_threshold=False),
     "opt-1.3b": Setting("opt-1.3b", 3.0, REAL["rate"] / FIG13_RATE["sharegpt-paper"], paper_threshold=False),
@@ -72,7 +72,7 @@ QUICK_GPU_MODEL = "opt-125m"  # a quick run on one H200: minutes
 FULL_GPU_MODEL = "opt-1.3b"  # the full grids: a prefill-to-decode cost balance nearer OPT-13B's
 
 
-def setting_for(real: bool, cost_model: str | None, quick: bool = True, model: str | None = None) -> Setting:
+def setting_for(real: bool, cost_model: str | None, *, quick: bool, model: str | None = None) -> Setting:
     """The paper's setting when simulating; a scaled-down GPU one (`GPU_SETTINGS`) when real.
 
     A calibrated cost model was fitted on some model's real runs: simulating that model's

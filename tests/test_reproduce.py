@@ -156,7 +156,7 @@ def test_real_runs_pick_a_model_holding_the_papers_slots(tmp_path):
         assert budget_from_gib(s.kv_cache_gib, resolve_model(s.model)).num_slots == 16384, s
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps({"model": "opt-125m", "fixed_s": 0.001, "per_token_s": 1e-6}))
-    calibrated = setting_for(False, str(cost))
+    calibrated = setting_for(False, str(cost), quick=True)
     assert (calibrated.model, calibrated.real, calibrated.rate_scale) == ("opt-125m", False, quick.rate_scale)
 
 

@@ -315,12 +315,16 @@ def test_a_killed_sweep_resumes_without_redoing_or_losing_a_cell(tmp_path):
             "--latency-threshold", "0.1", "--kv-cache-gib", "4", "--num-requests", "600",
             "--out", str(out)]  # fmt: skip
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def finished() -> list[Path]:  # a cell being written sits in a hidden temporary folder beside them
+        return [f for f in out.glob("cells/*/summary.json") if not f.parent.name.startswith(".")]
+
     deadline = time.monotonic() + 60
-    while not list(out.glob("cells/*/summary.json")) and time.monotonic() < deadline and proc.poll() is None:
+    while not finished() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    done = {f: f.stat().st_mtime_ns for f in out.glob("cells/*/summary.json")}
+    done = {f: f.stat().st_mtime_ns for f in finished()}
     assert 1 <= len(done) < 6, "the sweep must be killed between its first and its last cell"
     resumed = kvbench(*args[3:], "--resume")
     assert resumed.returncode == 0, resumed.stderr
