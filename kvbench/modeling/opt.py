@@ -1,12 +1,17 @@
 """OPT (the paper's models): learned positions, pre-LayerNorm, ReLU MLP, MHA, biases everywhere.
 
 Parameter names mirror Hugging Face's `OPTForCausalLM` (`model.decoder.layers.0.fc1.weight`),
-so a checkpoint loads by name; the LM head is tied to the token embedding. Under tensor
-parallelism (`tp`, see `kvbench/parallel/layers.py`) q/k/v and fc1 keep this rank's heads and
+so a checkpoint loads by name, except that q, k and v are packed into one matrix product
+(`qkv_proj`: `q_proj`, `k_proj`, `v_proj` stacked, weights and biases; loaded through
+`CausalLM.packed`): one launch instead of three, which an eager prefill pays on the host and a
+small model's decode step on the GPU. The LM head is tied to the token embedding. Under tensor
+parallelism (`tp`, see `kvbench/parallel/layers.py`) qkv and fc1 keep this rank's heads and
 columns, out_proj and fc2 sum across ranks; embeddings, norms and the head are replicated.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -26,17 +31,14 @@ class OPTAttention(nn.Module):
         h = spec.hidden
         self.spec = spec
         self.heads = spec.num_heads // tp.size  # this rank's heads (all of them in one process)
-        self.q_proj = ColumnParallelLinear(h, (h,), tp, **factory)
-        self.k_proj = ColumnParallelLinear(h, (h,), tp, **factory)
-        self.v_proj = ColumnParallelLinear(h, (h,), tp, **factory)
+        self.qkv_proj = ColumnParallelLinear(h, (h, h, h), tp, **factory)
         self.out_proj = RowParallelLinear(h, h, tp, **factory)
 
     def forward(self, x, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         s = self.spec
         shape = (x.shape[0], self.heads, s.head_dim)
-        q = self.q_proj(x).view(shape)  # [T, H, D] (H: this rank's heads)
-        k = self.k_proj(x).view(shape)  # [T, H, D]
-        v = self.v_proj(x).view(shape)  # [T, H, D]
+        q, k, v = (part.view(shape) for part in self.qkv_proj(x).split(self.qkv_proj.sections, dim=-1))
+        # q, k, v: [T, H, D] each (H: this rank's heads; strided views of one [T, 3 H D] product)
         o = attention(q, k, v, k_cache, v_cache, meta, s.head_dim**-0.5)  # [T, H, D]
         return self.out_proj(o.reshape(x.shape[0], -1))  # [T, hidden]
 
@@ -71,6 +73,8 @@ class _OPTModel(nn.Module):
 
 
 class OPTForCausalLM(CausalLM):
+    packed: ClassVar = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+
     def __init__(self, spec: ModelSpec, tp: TensorParallel = SINGLE, **factory) -> None:
         super().__init__()
         self.spec = spec
