@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from kvbench.calibrate import Calibration
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
 from kvbench.metrics import Slo
@@ -56,6 +57,40 @@ def read_config(run: Path) -> RunConfig:
         raise KvbenchError(f"{run}/config.json: not a kvbench run config ({error})") from None
 
 
+def runs_below(path: Path, *, steps: bool) -> list[Path]:
+    """`path` if it is a run folder (summary.json and config.json, and steps.csv where `steps`),
+    else the run folders below it (a figure's, a sweep's `cells/`), in name order; hidden
+    folders (a run being written) are skipped."""
+    if _is_run(path, steps):
+        return [path]
+    return sorted(
+        summary.parent for summary in path.rglob("summary.json")
+        if _is_run(summary.parent, steps)
+        and not any(part.startswith(".") for part in summary.parent.relative_to(path).parts)
+    )  # fmt: skip
+
+
+def find_runs(paths: list[Path], *, steps: bool, flag: str) -> list[Path]:
+    """The run folders `paths` name (`runs_below` each); a path holding no run is a one-line
+    error naming `flag`."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        below = runs_below(path, steps=steps)
+        if not below:
+            need = "steps.csv, summary.json and config.json" if steps else "summary.json and config.json"
+            raise KvbenchError(f"{flag} {path}: no kvbench run folder ({need}) there or below")
+        found += below
+    return list(dict.fromkeys(found))  # a run named twice counts once
+
+
+def _is_run(path: Path, steps: bool) -> bool:
+    return (
+        (path / "summary.json").is_file()
+        and (path / "config.json").is_file()
+        and (not steps or (path / "steps.csv").is_file())
+    )
+
+
 def check(cost_model: Path, runs: list[Path]) -> list[Check]:
     """Each real run beside its simulation with `cost_model`, metric by metric."""
     from kvbench.simulate import simulate
@@ -71,15 +106,49 @@ def check(cost_model: Path, runs: list[Path]) -> list[Check]:
     return checks
 
 
+TARGET = 0.10  # the issue's target: within 10 % of the real run
+
+
 def summarize(checks: list[Check]) -> dict:
-    """Per metric: the median and largest absolute relative error, and the count."""
+    """Per metric: the median and largest absolute relative error, the count, and how many are
+    within `TARGET`."""
     out = {}
     for metric in METRICS:
         errors = sorted(abs(c.error) for c in checks if c.metric == metric)
         if errors:
             out[metric] = {"runs": len(errors), "median_abs_error": errors[len(errors) // 2],
-                           "max_abs_error": errors[-1]}  # fmt: skip
+                           "max_abs_error": errors[-1],
+                           "within_target": sum(e <= TARGET for e in errors)}  # fmt: skip
     return out
+
+
+def fit_and_check(
+    fit: list[Path], held_out: list[Path], out: Path, base: Path | None = None
+) -> tuple[Calibration, list[Check]]:
+    """Fit the cost model to `fit`, write it to `out`, replay `held_out` with it, and write the
+    file again with their errors (`held_out`, `held_out_summary`): what `kvbench calibrate`
+    and a real `kvbench reproduce` write. Runs are named relative to `base` when given (a
+    reproduction's folder, so that its files name its own runs wherever it is moved)."""
+    from kvbench.calibrate import calibrate
+    from kvbench.results import write_json
+
+    both = set(fit) & set(held_out)
+    if both:
+        raise KvbenchError(f"--held-out {sorted(both)[0]}: a run cannot be both fitted and held out")
+
+    def name(run: Path | str) -> str:
+        return str(Path(run).relative_to(base)) if base is not None else str(run)
+
+    result = calibrate(fit)
+    result = replace(result, runs=tuple(name(run) for run in fit))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, result.to_dict())
+    if not held_out:
+        return result, []
+    checks = [replace(c, run=name(c.run)) for c in check(out, held_out)]
+    write_json(out, result.to_dict() | {"held_out": [c.to_dict() for c in checks],
+                                        "held_out_summary": summarize(checks)})  # fmt: skip
+    return result, checks
 
 
 def format_checks(checks: list[Check]) -> str:
@@ -93,4 +162,6 @@ def format_checks(checks: list[Check]) -> str:
 
 
 def _name(run: str) -> str:
-    return "/".join(Path(run).parts[-2:])  # cells/<id>, fig13/<engine>: the folder alone is ambiguous
+    """A relative name as it is (a reproduction's own runs); an absolute path's last two parts
+    (cells/<id>, fig13/<engine>: the folder alone is ambiguous)."""
+    return run if not Path(run).is_absolute() else "/".join(Path(run).parts[-2:])

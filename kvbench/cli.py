@@ -201,25 +201,26 @@ app.add_typer(cli_trace.app, name="trace")
 @app.command(short_help="Fit the simulator's step-time model to real runs (for simulate --cost-model).")
 @opt.user_errors
 def calibrate(
-    runs: Annotated[list[Path], typer.Argument(help="Run folders (steps.csv, summary.json) of one model.")],
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="Real runs of one model to fit: run folders, or folders holding them."),
+    ],
     out: Annotated[Path, typer.Option(help="Where to write the fitted model (JSON).")] = Path("cost.json"),
     held_out: Annotated[
         list[Path] | None,
-        typer.Option(help="Real runs not fitted: each is simulated with the fit and compared (repeatable)."),
+        typer.Option(
+            help="Real runs not fitted, each simulated with the fit and compared: a run folder or a folder "
+            "holding them (repeatable: --held-out A --held-out B)."
+        ),
     ] = None,
 ) -> None:
     """Least-squares fit of the cost model's constants to the runs' measured step rows."""
-    from kvbench.calibrate import calibrate as fit
-    from kvbench.calibrate_check import check, format_checks, summarize
-    from kvbench.results import write_json
+    from kvbench.calibrate_check import find_runs, fit_and_check, format_checks
 
-    result = fit(runs)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, result.to_dict())
-    if held_out:
-        checks = check(out, held_out)
-        write_json(out, result.to_dict() | {"held_out": [c.to_dict() for c in checks],
-                                            "held_out_summary": summarize(checks)})  # fmt: skip
+    fit = find_runs(runs, steps=True, flag="kvbench calibrate")
+    held = find_runs(held_out, steps=False, flag="--held-out") if held_out else []
+    result, checks = fit_and_check(fit, held, out)
+    if checks:
         typer.echo(format_checks(checks))
     c = result.cost
     typer.echo(

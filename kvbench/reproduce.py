@@ -3,6 +3,7 @@
     <out>/<figure>/     run or sweep folders, figure.csv, figure.json, PNG/SVG plots
     <out>/claims.md     PAPER.md's claims beside what the figures measured
     <out>/reproduce.md  every figure's table and a one-line verdict computed from its numbers
+    <out>/calibration/  real runs: the simulator fitted to Figure 2's runs, its error on the others
 
 The report and the claims are rebuilt from every figure.json under <out> after each run, so
 figures may be run one invocation at a time into one folder. See docs/REPRODUCTION.md.
@@ -18,6 +19,7 @@ from pathlib import Path
 from kvbench.demo import REAL
 from kvbench.errors import KvbenchError
 from kvbench.paper import FIG13_RATE
+from kvbench.reproduce_calibration import calibrate_reproduction, held_out_markdown, read_held_out
 from kvbench.reproduce_claims import claims_table
 from kvbench.reproduce_engines import fig2, fig13
 from kvbench.reproduce_rows import FigureResult, Options, Setting, markdown, read_figure, write_figure
@@ -118,6 +120,15 @@ def run_reproduce(
         write_figure(result, out / name)
         echo(f"  {result.verdict} ({time.perf_counter() - start:.0f} s)")
         results.append(result)
+    if options.setting.real:
+        start = time.perf_counter()
+        sets = calibrate_reproduction(out)
+        if sets is not None:
+            spread = "; ".join(
+                f"{s.label} {metric} {m['within_target']}/{m['runs']} within 10 %" for s in sets
+                for metric, m in s.summary.items()
+            )  # fmt: skip
+            echo(f"calibration: fitted on fig2, held out {spread} ({time.perf_counter() - start:.0f} s)")
     write_reports(out, options)
     return results
 
@@ -141,6 +152,14 @@ def write_reports(out: Path, options: Options) -> None:
         parts += [f"![{figure.name}]({figure.name}/{p})" for p in figure.plots if p.endswith(".png")]
         parts.append("\n" + markdown(figure))
         parts += [f"\n- {note}" for note in figure.notes]
+    held_out = read_held_out(out)
+    if held_out:
+        parts.append(
+            "\n## The calibrated simulator against the real runs\n\n"
+            "The cost model fitted to Figure 2's five runs (`calibration/cost.json`), replaying every other "
+            "real run of this folder (`calibration/held_out*.md`). Target: within 10 %.\n\n"
+            f"{held_out_markdown(held_out)}"
+        )
     parts.append(f"\n## Claims\n\n{claims}\n")
     (out / "reproduce.md").write_text("\n".join(parts) + "\n")
 

@@ -134,3 +134,48 @@ def test_a_cost_file_refitted_in_place_is_a_changed_setting(tmp_path):
     assert config_differences(config, tmp_path / "run") == []
     model.write_text(json.dumps(fitted | {"fixed_s": 0.02}))
     assert config_differences(config, tmp_path / "run") == ["cost_model"]
+
+
+def test_calibrate_takes_folders_of_runs_and_holds_out_others(tmp_path):
+    """`kvbench calibrate FOLDER --held-out FOLDER`: the runs below each folder, fitted or replayed."""
+    fit, held = tmp_path / "fit", tmp_path / "held"
+    simulated(fit, "a", 6.0, 0)
+    simulated(fit / "deeper", "b", 9.0, 1)
+    simulated(held, "c", 12.0, 7)
+    for run in (fit / "a", fit / "deeper" / "b", held / "c"):  # what real runs say of themselves
+        summary = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps(summary | {"mode": "real"}))
+    model = tmp_path / "cost.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", "calibrate", str(fit), "--held-out", str(held),
+         "--out", str(model)],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = json.loads(model.read_text())
+    assert written["runs"] == [str(fit / "a"), str(fit / "deeper" / "b")]
+    assert [c["run"] for c in written["held_out"]] == [str(held / "c")] * 2
+    # the held-out run was made by the same constants: the replay matches it
+    assert written["held_out_summary"]["normalized_latency_s"]["max_abs_error"] < 1e-6
+    assert written["held_out_summary"]["normalized_latency_s"]["within_target"] == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("EMPTY",), "kvbench calibrate {tmp}/empty: no kvbench run folder"),
+        (("FIT", "--held-out", "EMPTY"), "--held-out {tmp}/empty: no kvbench run folder"),
+        (("FIT", "--held-out", "FIT"), "--held-out {tmp}/fit/a: a run cannot be both fitted and held out"),
+    ],
+)
+def test_calibrate_folder_errors_are_one_line(tmp_path, args, message):
+    simulated(tmp_path / "fit", "a", 6.0, 0)
+    (tmp_path / "empty").mkdir()
+    paths = {"EMPTY": str(tmp_path / "empty"), "FIT": str(tmp_path / "fit")}
+    done = subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", "calibrate", *(paths.get(a, a) for a in args),
+         "--out", str(tmp_path / "cost.json")],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and message.format(tmp=tmp_path) in lines[0], done.stderr

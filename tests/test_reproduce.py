@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ("fig2", "fig13", "fig12", "fig18b", "fig19")
 SHARING = ("fig14", "fig15", "fig16", "fig17")
+ENGINES = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged")
 
 
 def kvbench(*args: str) -> subprocess.CompletedProcess:
@@ -232,3 +233,29 @@ def test_a_figure_run_again_resumes_its_finished_cells(sharing):
     before = _rows(sharing, "fig17")
     quick_simulated(sharing, ("fig17",), 100)
     assert [f.stat().st_mtime_ns for f in cells] == stamps and _rows(sharing, "fig17") == before
+
+
+def test_a_real_reproduction_calibrates_the_simulator_on_its_own_runs(tmp_path, monkeypatch):
+    """Real Figures 2 and 13 (a tiny model decoding on the CPU): the simulator is fitted to
+    Figure 2's five runs, Figure 13's Alpaca runs are replayed with it (its ShareGPT runs are
+    Figure 2's, so fitted, never held out), and the report states the errors."""
+    from kvbench.reproduce import run_reproduce
+    from kvbench.reproduce_rows import Options, Setting
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    setting = Setting("tiny-opt", 0.01, 1.0, real=True, paper_threshold=False, device="cpu")
+    out = tmp_path / "rep"
+    lines: list[str] = []
+    run_reproduce(("fig2", "fig13"), Options(True, setting, num_requests=6), out, echo=lines.append)
+    cost = json.loads((out / "calibration" / "cost.json").read_text())
+    assert cost["model"] == "tiny-opt" and cost["runs"] == [f"fig2/{e}" for e in ENGINES]
+    held = sorted({c["run"] for c in cost["held_out"]})
+    assert held == [f"fig13/alpaca-paper/{e}" for e in sorted(ENGINES)]
+    summary = cost["held_out_summary"]["output_token_throughput"]
+    assert summary["runs"] == 5 and 0 <= summary["within_target"] <= 5
+    assert "fig13/alpaca-paper/paged" in (out / "calibration" / "held_out.md").read_text()
+    report = (out / "reproduce.md").read_text()
+    assert "## The calibrated simulator against the real runs" in report
+    median = f"{100 * summary['median_abs_error']:.1f} %"
+    assert f"| Figures 12-13 | output_token_throughput | 5 | {median}" in report
+    assert any(line.startswith("calibration: fitted on fig2") for line in lines)
