@@ -32,7 +32,7 @@ import csv
 import hashlib
 import itertools
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -131,12 +131,18 @@ def calibrate(runs: list[Path]) -> Calibration:
 
 
 def cost_file_digest(path: str) -> str | None:
-    """SHA-256 of a cost-model file's bytes (None if unreadable): runs record it, so a resumed
-    sweep reruns cells whose file was refitted in place rather than keep their old constants."""
+    """SHA-256 of what a cost-model file prices with (its model and constants; None if
+    unreadable): runs record it, so a resumed sweep reruns cells whose file was refitted in
+    place rather than keep their old constants. Held-out errors written into the file beside
+    the fit do not count: a refit with the same constants leaves the runs current."""
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
         return None
+    if not isinstance(data, dict):
+        return None
+    priced = {key: data.get(key) for key in ("model", *(f.name for f in fields(CostModel)))}
+    return hashlib.sha256(json.dumps(priced, sort_keys=True).encode()).hexdigest()
 
 
 def load_cost_model(path: str, model: str) -> CostModel:

@@ -97,13 +97,22 @@ def check(cost_model: Path, runs: list[Path]) -> list[Check]:
 
     checks = []
     for run in runs:
-        real = json.loads((run / "summary.json").read_text())
-        if real.get("mode") != "real":
-            raise KvbenchError(f"--held-out {run}: not a real run (mode {real.get('mode')!r})")
-        config = replace(read_config(run), cost_model=str(cost_model), device="cpu")
+        real = _real_summary(run)
+        config = replace(  # the fit prices every step: the run's own cost flags (a simulated run's) do not
+            read_config(run), cost_model=str(cost_model), device="cpu",
+            cost_fixed_s=None, cost_per_token_s=None, cost_per_kv_token_s=None,
+        )  # fmt: skip
         simulated = simulate(config).summary
         checks += [Check(str(run), real["engine"], m, float(real[m]), float(simulated[m])) for m in METRICS]
     return checks
+
+
+def _real_summary(run: Path) -> dict:
+    """A held-out run's summary.json, which must be a real run's."""
+    summary = json.loads((run / "summary.json").read_text())
+    if summary.get("mode") != "real":
+        raise KvbenchError(f"--held-out {run}: not a real run (mode {summary.get('mode')!r})")
+    return summary
 
 
 TARGET = 0.10  # the issue's target: within 10 % of the real run
@@ -122,33 +131,45 @@ def summarize(checks: list[Check]) -> dict:
     return out
 
 
-def fit_and_check(
-    fit: list[Path], held_out: list[Path], out: Path, base: Path | None = None
-) -> tuple[Calibration, list[Check]]:
+@dataclass(frozen=True)
+class FitCheck:
+    calibration: Calibration
+    checks: list[Check]
+    copies: list[Path]  # held-out runs skipped: the same config as a fitted run (a copy of it)
+
+
+def fit_and_check(fit: list[Path], held_out: list[Path], out: Path, base: Path | None = None) -> FitCheck:
     """Fit the cost model to `fit`, write it to `out`, replay `held_out` with it, and write the
     file again with their errors (`held_out`, `held_out_summary`): what `kvbench calibrate`
-    and a real `kvbench reproduce` write. Runs are named relative to `base` when given (a
-    reproduction's folder, so that its files name its own runs wherever it is moved)."""
+    and a real `kvbench reproduce` write. A held-out run whose config.json is a fitted run's (a
+    reproduction copies runs between figures) is skipped: its error would be the fit's own.
+    Runs are named relative to `base` when given (a reproduction's folder, so that its files
+    name its own runs wherever it is moved)."""
     from kvbench.calibrate import calibrate
     from kvbench.results import write_json
 
-    both = set(fit) & set(held_out)
+    fitted = {run.resolve() for run in fit}
+    both = [run for run in held_out if run.resolve() in fitted]
     if both:
-        raise KvbenchError(f"--held-out {sorted(both)[0]}: a run cannot be both fitted and held out")
+        raise KvbenchError(f"--held-out {both[0]}: a run cannot be both fitted and held out")
+    for run in held_out:  # before fitting: a bad held-out run fails fast, writing nothing
+        _real_summary(run)
+    configs = {(run / "config.json").read_text() for run in fit}
+    copies = [run for run in held_out if (run / "config.json").read_text() in configs]
+    held_out = [run for run in held_out if run not in copies]
 
     def name(run: Path | str) -> str:
         return str(Path(run).relative_to(base)) if base is not None else str(run)
 
-    result = calibrate(fit)
-    result = replace(result, runs=tuple(name(run) for run in fit))
+    result = replace(calibrate(fit), runs=tuple(name(run) for run in fit))
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, result.to_dict())
     if not held_out:
-        return result, []
+        return FitCheck(result, [], copies)
     checks = [replace(c, run=name(c.run)) for c in check(out, held_out)]
     write_json(out, result.to_dict() | {"held_out": [c.to_dict() for c in checks],
                                         "held_out_summary": summarize(checks)})  # fmt: skip
-    return result, checks
+    return FitCheck(result, checks, copies)
 
 
 def format_checks(checks: list[Check]) -> str:

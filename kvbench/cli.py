@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from engines import ENGINES
-from kvbench import cli_kernels, cli_report, cli_reproduce, cli_sweep, cli_trace
+from kvbench import cli_calibrate, cli_kernels, cli_report, cli_reproduce, cli_sweep, cli_trace
 from kvbench import cli_options as opt
 from kvbench.budget import GPUS
 from kvbench.config import DEFAULT_GPU, RunConfig
@@ -198,45 +198,11 @@ def _has_cuda() -> bool:
 app.add_typer(cli_trace.app, name="trace")
 
 
-@app.command(short_help="Fit the simulator's step-time model to real runs (for simulate --cost-model).")
-@opt.user_errors
-def calibrate(
-    runs: Annotated[
-        list[Path],
-        typer.Argument(help="Real runs of one model to fit: run folders, or folders holding them."),
-    ],
-    out: Annotated[Path, typer.Option(help="Where to write the fitted model (JSON).")] = Path("cost.json"),
-    held_out: Annotated[
-        list[Path] | None,
-        typer.Option(
-            help="Real runs not fitted, each simulated with the fit and compared: a run folder or a folder "
-            "holding them (repeatable: --held-out A --held-out B)."
-        ),
-    ] = None,
-) -> None:
-    """Least-squares fit of the cost model's constants to the runs' measured step rows."""
-    from kvbench.calibrate_check import find_runs, fit_and_check, format_checks
-
-    fit = find_runs(runs, steps=True, flag="kvbench calibrate")
-    held = find_runs(held_out, steps=False, flag="--held-out") if held_out else []
-    result, checks = fit_and_check(fit, held, out)
-    if checks:
-        typer.echo(format_checks(checks))
-    c = result.cost
-    typer.echo(
-        f"{result.model}: fixed {1e3 * c.fixed_s:.3f} ms/step, {1e6 * c.per_token_s:.3f} us/decode row, "
-        f"{1e6 * c.per_token(prefill=True):.3f} us/prefill token, "
-        f"{1e9 * c.per_kv_token_s:.3f} ns/context token, {1e6 * c.per_swap_block_s:.1f} us/swapped block, "
-        f"{1e3 * c.per_prefill_s:.3f} ms more per prefill "
-        f"({result.rows} rows; relative error median {100 * result.median_relative_error:.1f} %, "
-        f"p90 {100 * result.p90_relative_error:.1f} %)\n  written: {out}"
-    )
-
-
 app.command("kernels", short_help=cli_kernels.SHORT_HELP)(cli_kernels.kernels)
 app.command("sweep", short_help=cli_sweep.SHORT_HELP)(cli_sweep.command(_job))
 cli_report.register(app)
 cli_reproduce.register(app)
+cli_calibrate.register(app)
 
 
 def main() -> None:

@@ -132,6 +132,8 @@ def test_a_cost_file_refitted_in_place_is_a_changed_setting(tmp_path):
     config = RunConfig(engine="paged", workload=workload, kv_cache_gib=2.0, cost_model=str(model))
     write_result(simulate(config), tmp_path / "run")
     assert config_differences(config, tmp_path / "run") == []
+    model.write_text(json.dumps(fitted | {"held_out": [], "held_out_summary": {}}))  # errors beside the fit
+    assert config_differences(config, tmp_path / "run") == []
     model.write_text(json.dumps(fitted | {"fixed_s": 0.02}))
     assert config_differences(config, tmp_path / "run") == ["cost_model"]
 
@@ -155,9 +157,26 @@ def test_calibrate_takes_folders_of_runs_and_holds_out_others(tmp_path):
     written = json.loads(model.read_text())
     assert written["runs"] == [str(fit / "a"), str(fit / "deeper" / "b")]
     assert [c["run"] for c in written["held_out"]] == [str(held / "c")] * 2
-    # the held-out run was made by the same constants: the replay matches it
+    # the held-out run was made by the constants the fit recovers: replayed with the fit, it matches
     assert written["held_out_summary"]["normalized_latency_s"]["max_abs_error"] < 1e-6
     assert written["held_out_summary"]["normalized_latency_s"]["within_target"] == 1
+    assert written["fixed_s"] == pytest.approx(TRUE["cost_fixed_s"], rel=1e-6)
+
+
+def test_a_held_out_copy_of_a_fitted_run_is_skipped(tmp_path):
+    """A reproduction copies runs between figures: a copy's error would be the fit's own."""
+    import shutil
+
+    from kvbench.calibrate_check import fit_and_check
+
+    fitted = simulated(tmp_path, "fit", 6.0, 0)
+    copy, other = tmp_path / "copy", simulated(tmp_path, "other", 12.0, 7)
+    shutil.copytree(fitted, copy)
+    for run in (copy, other):
+        summary = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps(summary | {"mode": "real"}))
+    done = fit_and_check([fitted], [copy, other], tmp_path / "cost.json")
+    assert done.copies == [copy] and {c.run for c in done.checks} == {str(other)}
 
 
 @pytest.mark.parametrize(
@@ -166,12 +185,15 @@ def test_calibrate_takes_folders_of_runs_and_holds_out_others(tmp_path):
         (("EMPTY",), "kvbench calibrate {tmp}/empty: no kvbench run folder"),
         (("FIT", "--held-out", "EMPTY"), "--held-out {tmp}/empty: no kvbench run folder"),
         (("FIT", "--held-out", "FIT"), "--held-out {tmp}/fit/a: a run cannot be both fitted and held out"),
+        (("FIT", "--held-out", "EMPTY", "FIT"), "--held-out: {tmp}/fit follows it, and would be fitted"),
+        (("FIT", "--held-out", "SIM"), "--held-out {tmp}/sim/b: not a real run (mode 'simulated')"),
     ],
 )
 def test_calibrate_folder_errors_are_one_line(tmp_path, args, message):
     simulated(tmp_path / "fit", "a", 6.0, 0)
+    simulated(tmp_path / "sim", "b", 6.0, 1)
     (tmp_path / "empty").mkdir()
-    paths = {"EMPTY": str(tmp_path / "empty"), "FIT": str(tmp_path / "fit")}
+    paths = {"EMPTY": str(tmp_path / "empty"), "FIT": str(tmp_path / "fit"), "SIM": str(tmp_path / "sim")}
     done = subprocess.run(
         [sys.executable, "-m", "kvbench.cli", "calibrate", *(paths.get(a, a) for a in args),
          "--out", str(tmp_path / "cost.json")],

@@ -42,7 +42,12 @@ def hf_reference(kind: str):
             vocab_size=101, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
             max_position_embeddings=64, word_embed_proj_dim=32,
         )  # fmt: skip
-        return transformers.OPTForCausalLM(cfg).eval(), cfg
+        model = transformers.OPTForCausalLM(cfg).eval()
+        with torch.no_grad():  # transformers starts biases at 0: random ones test their order (qkv)
+            for name, param in model.named_parameters():
+                if name.endswith("bias"):
+                    param.normal_(0.0, 0.02)
+        return model, cfg
     cfg = transformers.LlamaConfig(
         vocab_size=101, hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, rope_theta=5000.0,
@@ -314,3 +319,22 @@ def test_emulated_budget_subtracts_measured_weights_and_activations(device):
         assert summary["activation_bytes"] > 0 and source.endswith("(measured)")
     else:
         assert summary["activation_bytes"] is None and source.endswith("(estimated)")
+
+
+def test_tensor_parallel_shards_of_an_opt_checkpoint_hold_their_heads_of_q_k_and_v(tmp_path):
+    """The packed qkv projection (weight and bias) cut for 2 ranks: rank r's q, k and v rows are
+    the checkpoint's rows of its heads, in that order."""
+    from kvbench.parallel.layers import TensorParallel
+    from kvbench.parallel.shard import build_shard
+
+    ref, folder = checkpoint(tmp_path, "opt")
+    spec = read_checkpoint_spec(folder)
+    attn = ref.model.decoder.layers[1].self_attn
+    rows = spec.hidden // 2  # one rank's heads of one part
+    for rank in (0, 1):
+        shard = build_shard(spec, TensorParallel(rank, 2), torch.float32, CPU, checkpoint=folder)
+        qkv = shard.model.decoder.layers[1].self_attn.qkv_proj
+        mine = slice(rank * rows, (rank + 1) * rows)
+        for leaf in ("weight", "bias"):
+            want = torch.cat([getattr(getattr(attn, p), leaf)[mine] for p in ("q_proj", "k_proj", "v_proj")])
+            assert torch.equal(getattr(qkv, leaf), want), (rank, leaf)

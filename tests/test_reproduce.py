@@ -104,6 +104,11 @@ def test_recompute_overhead_survives_a_pruned_requests_file(quick, tmp_path):
     assert before[1] and preemption_overhead_ms(pruned, "recompute") is None
 
 
+def test_a_simulated_reproduction_calibrates_nothing(quick):
+    assert not (quick / "calibration").exists()
+    assert "calibrated simulator" not in (quick / "reproduce.md").read_text()
+
+
 def test_engines_relate_as_in_the_paper(quick):
     fig2 = _rows(quick, "fig2")
     assert _value(fig2, "paged", "sharegpt-paper", "token_states_%") > 90

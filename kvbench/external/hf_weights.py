@@ -2,8 +2,9 @@
 
 A preset: kvbench builds its model with `random_model(spec, dtype, device, seed)` (the weights
 its own engines run), and every parameter is copied into a `LlamaForCausalLM` / `OPTForCausalLM`
-built from a config derived from the `ModelSpec`. kvbench's Llama packs projections that read the
-same input (`qkv_proj` = q, k, v stacked along the output rows; `gate_up_proj` = gate, up), so a
+built from a config derived from the `ModelSpec`. kvbench packs projections that read the same
+input (`qkv_proj` = q, k, v stacked along the output rows, in both families; Llama's
+`gate_up_proj` = gate, up), so a
 packed matrix is split back into its parts, each part taking as many rows as the transformers
 parameter of that name has:
 
