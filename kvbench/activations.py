@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.model_runner import padded_tokens
+from kvbench.model_runner import pad_prefill
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata
 from kvbench.modeling.causal_lm import CausalLM
@@ -41,15 +41,14 @@ def measure_activation_bytes(
         counts = torch.tensor(lens, device=device)  # [B]
         cu = torch.nn.functional.pad(counts.cumsum(0), (1, 0))  # [B + 1]
         total = int(cu[-1])
-        pad = padded_tokens(total) - total if is_prefill else 0  # the runner pads prefills so
         positions = torch.arange(total, device=device) - cu[:-1].repeat_interleave(counts)  # [T]
-        positions = torch.nn.functional.pad(positions, (0, pad))  # [T + pad]
-        slots = torch.nn.functional.pad(torch.arange(total, device=device), (0, pad), value=-1)  # [T + pad]
+        ids, slots = torch.zeros(total, dtype=torch.int64, device=device), torch.arange(total, device=device)
+        if is_prefill:  # as the runner pads them: [T + pad] each
+            ids, positions, slots = pad_prefill(ids, positions, slots)
         meta = AttentionMetadata(
             is_prefill, slots, cu, counts.to(torch.int32),
             starts=cu[:-1], max_new=max(lens), num_splits=1, backend=backend,
         )  # fmt: skip
-        ids = torch.zeros(total + pad, dtype=torch.int64, device=device)
         logits = model(ids, positions, meta, scratch)  # [B, V]
         sample(logits, temperature, 0, torch.arange(len(lens), device=device), positions[cu[1:] - 1])
         torch.cuda.synchronize(device)

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from engines.allocator import BlockTable, Extent, KVAllocator
 from engines.scheduler import Batch
@@ -91,21 +92,17 @@ class ModelRunner(ArenaCopies):
             slots.append(_slots(where, pos))
             seqlens.append(hi - lo)
         dev = self.device
-        pad = padded_tokens(sum(seqlens)) - sum(seqlens)  # rows past the batch: slot -1, never stored
         cu = torch.tensor(np.concatenate([[0], np.cumsum(seqlens)]), device=dev)  # [B + 1]
-        pos = torch.from_numpy(np.concatenate([*positions, np.zeros(pad, np.int64)])).to(dev)  # [T + pad]
+        input_ids, pos, slot_mapping = pad_prefill(
+            *(torch.from_numpy(np.concatenate(parts)).to(dev) for parts in (ids, positions, slots))
+        )  # [T + pad] each
         context = torch.tensor([seq.num_tokens for seq in batch.seqs], dtype=torch.int32, device=dev)  # [B]
         meta = AttentionMetadata(
-            True, torch.from_numpy(np.concatenate([*slots, np.full(pad, -1, np.int64)])).to(dev), cu, context,
+            True, slot_mapping, cu, context,
             max_new=max(seqlens), backend=self.backend, **_addressing(addressing, dev),
         )  # fmt: skip
         with torch.inference_mode():
-            logits = self.model(
-                torch.from_numpy(np.concatenate([*ids, np.zeros(pad, np.int64)])).to(dev),
-                pos,
-                meta,
-                self.arena,
-            )  # [B, V]
+            logits = self.model(input_ids, pos, meta, self.arena)  # [B, V]
             last = pos[cu[1:] - 1]  # [B] position of each sampled token's input
             keys = torch.tensor([seq.sample_key for seq in batch.seqs], device=dev)
             tokens = sample(logits, self.temperature, self.seed, keys, last).tolist()
@@ -194,6 +191,15 @@ def padded_tokens(tokens: int) -> int:
         raise ValueError(f"a prefill has at least one token, got {tokens}")
     granule = max(16, (1 << (tokens.bit_length() - 1)) // 16)
     return -(-tokens // granule) * granule
+
+
+def pad_prefill(
+    input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A prefill's packed inputs `[T]` each, padded to `padded_tokens(T)` rows: token 0 at
+    position 0, slot -1 (never stored)."""
+    pad = padded_tokens(len(input_ids)) - len(input_ids)
+    return F.pad(input_ids, (0, pad)), F.pad(positions, (0, pad)), F.pad(slots, (0, pad), value=-1)
 
 
 def prompt_token_ids(request: Request, vocab: int, seed: int) -> np.ndarray:
