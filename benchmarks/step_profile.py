@@ -2,13 +2,19 @@
 
 Runs one engine with real decoding twice: first on another seed's trace (it compiles the Triton
 kernels and captures the CUDA graphs, without showing cuBLAS this trace's prefill shapes), then
-on the trace under cProfile, which slows host-bound code (compare runs with each other only).
-Prints each step kind's mean wall time and token count, then the functions that took the most
-time of their own (a GPU wait shows up as the call that synchronises: `tolist`, `item`,
-`synchronize`) and the most time with callees.
+on the trace unprofiled (its step times by kind and by rows per decode step are the honest
+ones), then again under a profiler, which slows host-bound code (compare profiles with each
+other only):
+
+- `--profiler cprofile` (default): the Python functions that took the most time of their own
+  (a GPU wait shows up as the call that synchronises: `tolist`, `item`, `synchronize`) and
+  the most time with callees;
+- `--profiler torch`: torch operators by host time and by device time (`torch.profiler`),
+  which names the ATen op or CUDA API call behind a host cost.
 
     python benchmarks/step_profile.py [--model opt-125m] [--kv-cache-gib GIB] [--engine paged]
-        [--trace sharegpt-paper] [--num-requests 100] [--rate 160] [--device cuda] [--top 30]
+        [--trace sharegpt-paper] [--num-requests 100] [--rate 160] [--beam-width K] [--n N]
+        [--device cuda] [--profiler cprofile|torch] [--top 30]
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import io
 import pstats
 import time
 from dataclasses import replace
+from itertools import pairwise
 
 from kvbench.config import RunConfig
 from kvbench.real_run import run_real
@@ -43,6 +50,57 @@ def step_table(run) -> list[str]:
     return lines
 
 
+def rows_table(run, edges=(0, 32, 64, 128, 192, 256, 384, 512)) -> list[str]:
+    """Decode steps by rows per step: mean wall time, and context tokens attended per row."""
+    lines = []
+    for lo, hi in pairwise(edges):
+        rows = [row for row in run.steps if row.kind == "decode" and lo < row.batch_size <= hi]
+        steps = sum(row.num_steps for row in rows)
+        if steps:
+            seconds = sum(row.duration_s for row in rows)
+            context = sum(row.context_tokens for row in rows) / sum(
+                row.batch_size * row.num_steps for row in rows
+            )
+            per_step = 1e3 * seconds / steps
+            label = f"decode rows {lo + 1:3d}-{hi:3d}:"
+            lines.append(f"{label} {steps:6d} steps  {per_step:7.3f} ms/step  {context:7.1f} context/row")
+    return lines
+
+
+def cprofile_report(config, top: int) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run_real(config)
+    profiler.disable()
+    parts = []
+    for key in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(top)
+        body = text.getvalue()
+        parts.append(f"--- by {key} ---\n" + body[body.find("ncalls") :])
+    return "\n".join(parts)
+
+
+def torch_report(config, top: int) -> str:
+    import torch.profiler as tp
+
+    activities = [tp.ProfilerActivity.CPU]
+    if config.device.startswith("cuda"):
+        activities.append(tp.ProfilerActivity.CUDA)
+    with tp.profile(activities=activities) as prof:
+        run_real(config)
+    events = prof.key_averages()
+    parts = [f"--- by self host time ---\n{events.table(sort_by='self_cpu_time_total', row_limit=top)}"]
+    if len(activities) > 1:
+        device_key = (
+            "self_device_time_total"
+            if hasattr(events[0], "self_device_time_total")
+            else "self_cuda_time_total"
+        )
+        parts.append(f"--- by self device time ---\n{events.table(sort_by=device_key, row_limit=top)}")
+    return "\n".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="opt-125m")
@@ -51,7 +109,10 @@ def main() -> None:
     parser.add_argument("--trace", default="sharegpt-paper")
     parser.add_argument("--num-requests", type=int, default=100)
     parser.add_argument("--rate", type=float, default=160.0)
+    parser.add_argument("--beam-width", type=int, default=1)
+    parser.add_argument("--n", type=int, default=1, help="parallel samples per request")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--profiler", choices=("cprofile", "torch"), default="cprofile")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
     gib = args.kv_cache_gib
@@ -59,23 +120,25 @@ def main() -> None:
         if args.model not in GPU_SETTINGS:
             parser.error(f"--kv-cache-gib: no default for {args.model} (known: {', '.join(GPU_SETTINGS)})")
         gib = GPU_SETTINGS[args.model].kv_cache_gib
-    workload = WorkloadSpec(args.trace, num_requests=args.num_requests, rate=args.rate, seed=0)
+    workload = WorkloadSpec(
+        args.trace,
+        num_requests=args.num_requests,
+        rate=args.rate,
+        seed=0,
+        n=args.n,
+        beam_width=args.beam_width,
+    )
     config = RunConfig(args.engine, model=args.model, workload=workload, kv_cache_gib=gib, device=args.device)
     run_real(replace(config, workload=replace(workload, seed=1)))  # warm-up on other prompts
-    profiler = cProfile.Profile()
     start = time.perf_counter()
-    profiler.enable()
     result = run_real(config)
-    profiler.disable()
     wall = time.perf_counter() - start
-    print(f"{args.engine} on {args.model}, {args.trace} x {args.num_requests} at {args.rate:g} req/s: "
-          f"{wall:.2f} s wall (profiled), busy {result.summary['busy_s']:.2f} s")  # fmt: skip
-    print("\n".join(step_table(result.run)))
-    for key in ("tottime", "cumulative"):
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(args.top)
-        body = text.getvalue()
-        print(f"\n--- by {key} ---\n" + body[body.find("ncalls") :])
+    busy = result.summary["busy_s"]
+    print(f"{args.engine} on {args.model}, {args.trace} x {args.num_requests} at {args.rate:g} req/s "
+          f"(n {args.n}, beams {args.beam_width}): {wall:.2f} s wall, busy {busy:.2f} s")  # fmt: skip
+    print("\n".join(step_table(result.run) + rows_table(result.run)))
+    report = cprofile_report if args.profiler == "cprofile" else torch_report
+    print(f"\n{args.profiler} of the same run:\n" + report(config, args.top))
 
 
 if __name__ == "__main__":
