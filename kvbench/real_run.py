@@ -18,6 +18,7 @@ from kvbench.collectors import CollectingRunner, build_collectors, parse_collect
 from kvbench.config import Prepared, RunConfig, batched_tokens, prepare, resolve_model
 from kvbench.errors import KvbenchError
 from kvbench.external import EXTERNAL
+from kvbench.gc_pause import gc_paused
 from kvbench.modeling.attention import BACKENDS, resolve_backend
 from kvbench.parallel.session import Session, open_session
 from kvbench.parallel.sizes import check_tensor_parallel
@@ -127,7 +128,8 @@ def run_real(
         runners.append(CollectingRunner(runner, collectors))
         return runners[-1]
 
-    result = execute(config, make_runner, mode="real", coalesce=coalesce, prepared=prepared)
+    with gc_paused():  # no collector pause inside a timed step (kvbench.gc_pause)
+        result = execute(config, make_runner, mode="real", coalesce=coalesce, prepared=prepared)
     collecting = runners[0]
     runner = collecting.inner
     measured = collecting.finish()

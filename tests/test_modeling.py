@@ -300,6 +300,46 @@ def test_cost_model_and_real_runs_write_the_same_files(tmp_path):
     assert set(json.loads((tmp_path / "sim" / "summary.json").read_text())) <= set(real_summary)
 
 
+def test_no_garbage_collection_starts_inside_a_real_runs_engine_loop():
+    """The engine loop creates objects at every step, so the cyclic collector would run inside
+    timed steps; a real run pauses it for the loop and restores it after (`kvbench.gc_pause`)."""
+    import gc
+    import sys
+
+    from kvbench.config import RunConfig
+    from kvbench.real_run import run_real
+    from workloads.spec import WorkloadSpec
+
+    loop = Engine.run.__code__
+    inside: list[int] = []  # generation of each collection that started within Engine.run
+    outside: list[int] = []
+
+    def watch(phase: str, info: dict) -> None:
+        if phase != "start":
+            return
+        frame = sys._getframe()
+        while frame is not None and frame.f_code is not loop:
+            frame = frame.f_back
+        (inside if frame is not None else outside).append(info["generation"])
+
+    workload = WorkloadSpec("uniform:prompt=4..40,output=8..40", num_requests=60, rate=200.0, beam_width=2)
+    config = RunConfig(
+        engine="paged",
+        model="tiny-opt",
+        workload=workload,
+        kv_cache_gib=0.001,
+        device="cpu",
+        attention="torch",
+    )
+    gc.callbacks.append(watch)
+    try:
+        run_real(config)
+    finally:
+        gc.callbacks.remove(watch)
+    assert inside == [] and gc.isenabled()
+    assert outside.count(2) >= 2  # the full collections before and after the loop
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_emulated_budget_subtracts_measured_weights_and_activations(device):
     """On CUDA the activation reserve is measured on the model; on CPU it stays the estimate."""

@@ -35,6 +35,7 @@ from kvbench.external import base_attention
 from kvbench.external.common import peak_memory, reset_peak_memory, set_up
 from kvbench.external.hf_weights import transformers_module
 from kvbench.external.observed import Observed, RunClock, build_result
+from kvbench.gc_pause import gc_paused
 from kvbench.requests import Request
 from kvbench.simulate import RunResult
 
@@ -128,8 +129,9 @@ def run_cb(config: RunConfig, prepared: Prepared | None = None) -> RunResult:
                     f"--engine hf-cb: transformers' KV cache does not fit ({str(error).strip()[:120]}); "
                     "lower --kv-cache-gib or give --hf-memory"
                 ) from None
-            manager.start()
-            observed = _feed(manager, requests, setup.prompts())
+            with gc_paused():  # as kvbench's own engines run (kvbench.gc_pause)
+                manager.start()
+                observed = _feed(manager, requests, setup.prompts())
             cache = getattr(manager.batch_processor, "cache", None)
             num_blocks = getattr(cache, "num_blocks", sizes.get("num_blocks"))
         finally:

@@ -30,6 +30,7 @@ from kvbench.errors import KvbenchError
 from kvbench.external import base_attention
 from kvbench.external.common import peak_memory, reset_peak_memory, set_up
 from kvbench.external.observed import Observed, RunClock, build_result
+from kvbench.gc_pause import gc_paused
 from kvbench.requests import Request
 from kvbench.simulate import RunResult
 
@@ -80,7 +81,7 @@ def run_generate(config: RunConfig, prepared: Prepared | None = None) -> RunResu
     reset_peak_memory(device)
     clock = RunClock()
     forked = [device.index or 0] if device.type == "cuda" else []
-    with torch.inference_mode(), torch.random.fork_rng(devices=forked):
+    with torch.inference_mode(), torch.random.fork_rng(devices=forked), gc_paused():
         torch.manual_seed(config.weights_seed)
         for first in range(0, len(requests), size):
             batch = requests[first : first + size]
