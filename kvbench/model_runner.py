@@ -146,12 +146,17 @@ class ModelRunner(ArenaCopies):
         loop = self.decoder
         loop.reserve(len(seqs))
         rows = loop.rows_for(len(seqs))
-        last = [seq.num_tokens - 1 for seq in seqs]  # position of each row's input token
         loop.load(
-            rows, [int(self._token_ids(seq, p, p + 1)[0]) for seq, p in zip(seqs, last, strict=True)], last,
+            rows, [self._last_token(seq) for seq in seqs], [seq.num_tokens - 1 for seq in seqs],
             [seq.sample_key for seq in seqs], [self.allocator.addressing(seq) for seq in seqs],
         )  # fmt: skip
         return rows
+
+    def _last_token(self, seq: Sequence) -> int:
+        """The id at the sequence's last position (its next decode step's input): a beam step
+        loads every row again, so this skips `_token_ids`' slicing."""
+        output = seq.num_tokens - 1 - seq.request.prompt_len
+        return seq.output_ids[output] if output >= 0 else int(self.prompt_ids(seq)[seq.num_tokens - 1])
 
     def prompt_ids(self, seq: Sequence) -> np.ndarray:
         """The trace's prompt ids, or seeded random ids when the trace has only lengths."""
