@@ -34,14 +34,14 @@ def branches_of(
     out: dict[Sequence, tuple[list[int], list[float] | None]] = {}
     beams = [row for row, seq in enumerate(seqs) if seq.group is not None and seq.group.beam]
     if beams:
-        count = min(max(candidates_per_beam(seqs[row].group) for row in beams), logits.shape[1])
-        logprobs = torch.log_softmax(logits[beams].float(), dim=-1)  # [R, V]
+        keeps = [candidates_per_beam(seqs[row].group) for row in beams]
+        count = min(max(keeps), logits.shape[1])
+        rows = logits if len(beams) == len(seqs) else logits[beams]  # a beam step: every row
+        logprobs = torch.log_softmax(rows.float(), dim=-1)  # [R, V]
         top = torch.topk(logprobs, count, dim=-1)  # [R, c] sorted, best first
         values, indices = top.values.double().tolist(), top.indices.tolist()
-        for index, row in enumerate(beams):
-            seq = seqs[row]
-            keep = candidates_per_beam(seq.group)
-            out[seq] = (indices[index][:keep], values[index][:keep])
+        for row, keep, ids, scores in zip(beams, keeps, indices, values, strict=True):
+            out[seqs[row]] = (ids, scores) if keep >= count else (ids[:keep], scores[:keep])
     for row, seq in enumerate(seqs):
         group = seq.group
         if group is None or group.beam or group.forked:
