@@ -22,7 +22,9 @@ BLOCK_M = 32
 BLOCK_N = 32
 
 
-@triton.jit
+# the block-table width (its row stride) differs from one prefill to the next: specialising on it
+# (Triton does for a value of 1 or a multiple of 16) would compile a new variant mid-run
+@triton.jit(do_not_specialize=["stride_tb"])
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, cu_ptr, lens_ptr, table_ptr, starts_ptr,
     scale,

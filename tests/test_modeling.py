@@ -261,6 +261,22 @@ def test_the_arena_is_never_touched_outside_written_slots(engine):
     assert all(seq.output_ids and all(t >= 0 for t in seq.output_ids) for seq in run.sequences)
 
 
+@pytest.mark.parametrize("attention", ["torch", pytest.param("triton", marks=INTERPRETED)])
+@pytest.mark.parametrize(("engine", "block_size"), [("paged", 4), ("paged", 32), ("orca-oracle", 4)])
+def test_warming_up_the_prefill_path_leaves_the_arena_untouched(engine, block_size, attention):
+    """The warm-up prefill (run on CUDA before any timed step) writes no slot of a poisoned arena,
+    whatever the block size (a 16-token warm-up spans several small blocks or part of a large one)."""
+    spec = get_model("tiny-opt")
+    arena = KVArena(spec, 64, torch.float32, CPU)
+    arena.fill(float("nan"))
+    options = EngineOptions(num_slots=64, max_len=32, block_size=block_size, scheduler=SchedulerConfig())
+    allocator = ENGINES[engine].build(options).allocator
+    model = random_model(spec, torch.float32, CPU, seed=3)
+    runner = ModelRunner(model, arena, allocator, max_batch=2, max_len=32, attention=attention)
+    runner.warm_up()
+    assert bool(torch.isnan(arena.k).all()) and bool(torch.isnan(arena.v).all())
+
+
 def test_checkpoint_errors_are_one_line(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
