@@ -1,16 +1,20 @@
-"""Python's cyclic garbage collector, paused while a real run's timed loop runs.
+"""Python's cyclic garbage collector, paused while many objects are made: a real run's timed
+engine loop, or a trace of a million rows being built.
 
-Why: the engine loop creates and drops Python objects at every step (sequences, beam
-candidates, block lists, step rows), so the collector runs on its own schedule inside steps.
-A full collection walks every tracked object of the process, whose heap grows with each run a
-reproduction has made: one took 189 ms inside a single beam step of an OPT-125M run on the
-H200 (results/reference/quick-opt-125m/README.md), against 3-5 ms for the steps around it, and
-stalled all 252 running sequences. That is the interpreter, not the engine under test, and it
-lands on whichever engine happens to run when the threshold is crossed.
+Why, in the engine loop: it creates and drops Python objects at every step (sequences, beam
+candidates, block lists, step rows), so the collector runs on its own schedule inside steps. A
+full collection walks every tracked object of the process, whose heap grows with each run a
+reproduction has made: one took 189 ms inside a single beam step of an OPT-125M run on the H200
+(results/reference/quick-opt-125m/README.md), against 3-5 ms for the steps around it, and stalled
+all 252 running sequences. That is the interpreter, not the engine under test, and it lands on
+whichever engine happens to run when the threshold is crossed.
 
-Reference counting still frees everything that is not in a reference cycle; cycles made
-during the loop wait until it ends, when the collector is restored and run once. (Serving
-engines do the same for the same reason, for instance by freezing the heap after start-up.)
+Why, in a trace loader: building a Trace allocates one tracked object per request and nothing
+cyclic, so the collector would re-scan the growing heap many times over (about 30 % of a
+1M-row load).
+
+Reference counting still frees everything that is not in a reference cycle; cycles made while
+paused wait until the block ends.
 """
 
 from __future__ import annotations
@@ -21,16 +25,21 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def gc_paused() -> Iterator[None]:
-    """Collect once, then keep automatic collection off until the block ends (nesting is safe:
-    only the outermost block turns it back on)."""
+def gc_paused(*, collect: bool = False) -> Iterator[None]:
+    """Keep automatic collection off until the block ends. The previous state is restored, so a
+    caller who disabled it keeps it disabled (and a nested block changes nothing).
+
+    `collect`: also collect once before (what is garbage now is not the block's) and once after
+    (the block's cycles): for a timed loop, whose time these must stay out of.
+    """
     was_enabled = gc.isenabled()
-    if was_enabled:
-        gc.collect()  # start from a clean heap: what is garbage now is not the run's
-        gc.disable()
+    if was_enabled and collect:
+        gc.collect()
+    gc.disable()
     try:
         yield
     finally:
         if was_enabled:
             gc.enable()
-            gc.collect()  # the loop's cycles, freed now that no step is timed
+            if collect:
+                gc.collect()

@@ -128,7 +128,7 @@ def run_real(
         runners.append(CollectingRunner(runner, collectors))
         return runners[-1]
 
-    with gc_paused():  # no collector pause inside a timed step (kvbench.gc_pause)
+    with gc_paused(collect=True):  # no collector pause inside a timed step (kvbench.gc_pause)
         result = execute(config, make_runner, mode="real", coalesce=coalesce, prepared=prepared)
     collecting = runners[0]
     runner = collecting.inner

@@ -11,16 +11,15 @@ under 1 GiB.
 from __future__ import annotations
 
 import csv
-import gc
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from itertools import chain, islice, repeat
 from typing import NoReturn, TextIO
 
 import numpy as np
 
 from kvbench.errors import KvbenchError
+from kvbench.gc_pause import gc_paused
 from kvbench.requests import Trace
 from workloads.columns import Columns, Where, to_trace
 
@@ -32,23 +31,6 @@ def fail(where: str, line: int, column: str | None, why: str) -> NoReturn:
     """Raise the one-line error every loader uses: file, line, column, what is wrong."""
     place = f"line {line}" if column is None else f"line {line}, column {column}"
     raise KvbenchError(f"{where}: {place}: {why}")
-
-
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """Suspend the cyclic garbage collector while a million objects are built.
-
-    Building a Trace allocates one tracked object per request and nothing cyclic; the collector
-    would re-scan the growing heap many times over (measured: ~30 % of a 1M-row load). The
-    previous state is restored, so a caller who disabled it keeps it disabled.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def to_checked_trace(
@@ -65,7 +47,7 @@ def to_checked_trace(
     A foreign format passes `renames` (field -> the column as spelled in the file, e.g.
     prompt_len -> ContextTokens) and a file without lines (Parquet) passes `unit="row"`.
     """
-    with paused_gc():
+    with gc_paused():
         return to_trace(cols, name, Where(where, unit, dict(renames or {})), hash_block_size=hash_block_size)
 
 

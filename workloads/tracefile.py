@@ -64,8 +64,8 @@ from pathlib import Path
 from typing import IO
 
 from kvbench.errors import KvbenchError
+from kvbench.gc_pause import gc_paused
 from kvbench.requests import Trace
-from workloads.textcols import paused_gc
 from workloads.tracedetect import read_text
 from workloads.traceparquet import import_pyarrow, read_parquet, write_parquet
 from workloads.tracetext import write_csv, write_jsonl
@@ -99,7 +99,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
         raw = open(path, "rb")  # noqa: SIM115  (closed below, by itself or by its text wrapper)
     except OSError as error:
         raise KvbenchError(f"{where}: cannot read ({error.strerror})") from None
-    with paused_gc():
+    with gc_paused():
         if not raw.peek(1):
             raw.close()
             raise KvbenchError(f"{where}: the file is empty")

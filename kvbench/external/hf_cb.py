@@ -129,7 +129,7 @@ def run_cb(config: RunConfig, prepared: Prepared | None = None) -> RunResult:
                     f"--engine hf-cb: transformers' KV cache does not fit ({str(error).strip()[:120]}); "
                     "lower --kv-cache-gib or give --hf-memory"
                 ) from None
-            with gc_paused():  # as kvbench's own engines run (kvbench.gc_pause)
+            with gc_paused(collect=True):  # as kvbench's own engines run (kvbench.gc_pause)
                 manager.start()
                 observed = _feed(manager, requests, setup.prompts())
             cache = getattr(manager.batch_processor, "cache", None)

@@ -81,7 +81,7 @@ def run_generate(config: RunConfig, prepared: Prepared | None = None) -> RunResu
     reset_peak_memory(device)
     clock = RunClock()
     forked = [device.index or 0] if device.type == "cuda" else []
-    with torch.inference_mode(), torch.random.fork_rng(devices=forked), gc_paused():
+    with torch.inference_mode(), torch.random.fork_rng(devices=forked), gc_paused(collect=True):
         torch.manual_seed(config.weights_seed)
         for first in range(0, len(requests), size):
             batch = requests[first : first + size]
