@@ -121,7 +121,8 @@ class ModelRunner(ArenaCopies):
         Why: Triton compiles a kernel the first time it meets a variant, and the decode graphs'
         capture compiles only the decode path. On a fresh H200 the paged prefill kernel's first
         call took 806 ms inside the first timed step of a Figure 2 run, with every request
-        waiting, which alone cut paged's token-state share from about 97 % to 84 %.
+        waiting; with a recompile 403 ms later (see `kernels.extend_attention`), it cut paged's
+        token-state share from about 97 % to 84 %.
         """
         dev, tokens = self.device, 16
         ids = torch.zeros(tokens, dtype=torch.int64, device=dev)  # [T]
