@@ -19,26 +19,27 @@ from kvbench.modeling.arena import KVArena
 
 
 class ArenaCopies:
-    """The real runner's arena copies (a mixin: it needs `arena`, `allocator`, `device`, `_host`)."""
+    """The real runner's arena copies (a mixin: it needs `arena`, `allocator`, `device`, and `_host`,
+    which the runner sets from `_swap_space`)."""
 
     arena: KVArena
     allocator: KVAllocator  # a tensor-parallel worker's stands in with the block geometry only
     device: torch.device
     _host: tuple[torch.Tensor, torch.Tensor] | None
 
-    def _make_swap_space(self) -> None:
-        """Allocate the host swap space (pinned on CUDA), if the allocator has one: at start-up.
-
-        Why now, before any step: made on first use, pinning landed inside the first swapping
-        step, and each Figure 19 swap run on the H200 had one step of 2.3-3.0 s (its others: ms).
+    def _swap_space(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Host swap space `[L, host slots, Hkv, D]` for K and V (pinned on CUDA), or None if the
+        allocator has none. Made when the runner is built: made on first use, pinning landed
+        inside the first swapping step, and each Figure 19 swap run on the H200 had one step of
+        2.3-3.0 s (its others: ms).
         """
         blocks = getattr(self.allocator, "num_host_blocks", 0)
-        if not blocks or self._host is not None:
-            return
+        if not blocks:
+            return None
         shape = (self.arena.k.shape[0], blocks * self.allocator.block_size, *self.arena.k.shape[2:])
         pin = self.device.type == "cuda"
-        self._host = (
-            torch.empty(shape, dtype=self.arena.k.dtype, pin_memory=pin),  # [L, host slots, Hkv, D]
+        return (
+            torch.empty(shape, dtype=self.arena.k.dtype, pin_memory=pin),
             torch.empty(shape, dtype=self.arena.v.dtype, pin_memory=pin),
         )
 

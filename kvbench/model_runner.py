@@ -46,7 +46,7 @@ class ModelRunner(ArenaCopies):
     def __init__(
         self, model: CausalLM, arena: KVArena, allocator: KVAllocator, *, max_batch: int, max_len: int,
         temperature: float = 0.0, seed: int = 0, attention: str = "auto", cuda_graphs: bool = True,
-        keep_logits: bool = False,
+        keep_logits: bool = False, warm_up: bool = True,
     ) -> None:  # fmt: skip
         self.model = model
         self.arena = arena
@@ -65,11 +65,10 @@ class ModelRunner(ArenaCopies):
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda" and self.backend == "triton"
         if self.cuda_graphs:
             self.decoder.capture()
-        if self.device.type == "cuda":
+        if warm_up and self.device.type == "cuda":
             self.warm_up()
         self._prompts: dict[int, np.ndarray] = {}  # request id -> prompt token ids
-        self._host: tuple[torch.Tensor, torch.Tensor] | None = None  # swap space
-        self._make_swap_space()
+        self._host = self._swap_space()  # made now: pinning takes seconds
 
     def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
         start = time.perf_counter()
@@ -126,7 +125,7 @@ class ModelRunner(ArenaCopies):
         """
         dev, tokens = self.device, 16
         ids = torch.zeros(tokens, dtype=torch.int64, device=dev)  # [T]
-        if hasattr(self.allocator, "block_size"):
+        if self.decoder.paged:
             size = self.allocator.block_size
             where = BlockTable((0,) * -(-tokens // size), size)  # block 0 for every position
         else:
@@ -184,8 +183,8 @@ class ModelRunner(ArenaCopies):
     def _last_token(self, seq: Sequence) -> int:
         """The id at the sequence's last position (its next decode step's input): a beam step
         loads every row again, so this skips `_token_ids`' slicing."""
-        output = seq.num_tokens - 1 - seq.request.prompt_len
-        return seq.output_ids[output] if output >= 0 else int(self.prompt_ids(seq)[seq.num_tokens - 1])
+        prompt, last = self.prompt_ids(seq), seq.num_tokens - 1
+        return int(prompt[last]) if last < len(prompt) else seq.output_ids[last - len(prompt)]
 
     def prompt_ids(self, seq: Sequence) -> np.ndarray:
         """The trace's prompt ids, or seeded random ids when the trace has only lengths."""

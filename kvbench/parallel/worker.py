@@ -90,9 +90,10 @@ def serve(shard: CausalLM, tp: TensorParallel, dtype: torch.dtype, device: torch
         else:  # MIRROR: an arena operation rank 0's runner does outside a forward
             if mirror is None:
                 block_size, host_blocks = message.ints
+                # no warm-up: a forward of this rank alone would wait on collectives no other rank enters
                 mirror = ModelRunner(
                     shard, arena, _Blocks(block_size, host_blocks), max_batch=1, max_len=block_size,
-                    attention="torch", cuda_graphs=False,
+                    attention="torch", cuda_graphs=False, warm_up=False,
                 )  # fmt: skip
             method, args = pickle.loads(message.tensors[0].cpu().numpy().tobytes())
             getattr(mirror, method)(*args)
