@@ -29,12 +29,14 @@ from workloads.spec import WorkloadSpec
 
 
 def record(rid: int, ttft: float, e2el: float, output_len: int, arrival: float = 0.0) -> RequestRecord:
-    """A finished request: first token `ttft` and last `e2el` seconds after its arrival."""
-    tpot = (e2el - ttft) / (output_len - 1) if output_len > 1 else math.nan
-    return RequestRecord(
-        rid, arrival, 10, output_len, arrival, arrival + ttft, arrival + e2el, 0, 0.0, ttft, tpot, e2el,
-        e2el / output_len, tpot,
-    )  # fmt: skip
+    """A finished request, admitted on arrival, its first token `ttft` and its last `e2el`
+    seconds after it, the others evenly between: the row the engine's record builder makes."""
+    seq = Sequence(Request(rid, arrival, 10, output_len))
+    seq.advance(1, arrival + ttft, arrival)
+    if output_len > 1:
+        ends = np.linspace(arrival + ttft, arrival + e2el, output_len)[1:]
+        seq.advance(output_len - 1, arrival + e2el, arrival + ttft, ends=ends)
+    return request_record(seq)
 
 
 # --- distributions ---------------------------------------------------------------------------

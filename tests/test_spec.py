@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -54,8 +55,12 @@ def test_generated_lengths_match_their_spec(source, prompt, output, tol):
 def test_same_seed_same_trace_other_seed_differs():
     spec = WorkloadSpec("sharegpt-paper", num_requests=300, rate=3.0, arrivals="gamma", burstiness=0.3)
     assert build_trace(spec) == build_trace(spec)
-    other = build_trace(WorkloadSpec("sharegpt-paper", num_requests=300, rate=3.0, seed=1))
-    assert other.requests != build_trace(spec).requests
+    # only the seed changes: an ignored seed would give the same trace
+    other = build_trace(replace(spec, seed=1))
+    same = build_trace(spec)
+    assert [r.prompt_len for r in other.requests] != [r.prompt_len for r in same.requests]
+    assert [r.output_len for r in other.requests] != [r.output_len for r in same.requests]
+    assert [r.arrival_s for r in other.requests] != [r.arrival_s for r in same.requests]
 
 
 def test_empirical_resamples_a_trace_file(tmp_path):

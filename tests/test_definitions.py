@@ -1,0 +1,195 @@
+"""Every metric kvbench reports, computed by hand from its definition on a hand-made timeline.
+
+The definitions are those of docs/FOUNDATION.md and the docstrings of `kvbench.metrics` and
+`kvbench.occupancy`: TTFT = first token - arrival; E2EL = finish - arrival; TPOT =
+(E2EL - TTFT) / (output - 1); ITL = gaps between consecutive tokens, pooled over the run;
+queueing = admission - arrival; normalized latency = mean of E2EL / output; goodput = requests
+meeting every SLO per second of makespan; batched requests and occupancy time-weighted over the
+busy steps and over the saturated ones (a request waited when the step was scheduled).
+Timelines run the real engine with 1 s steps, so every expected value is exact arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engines import ENGINES, EngineOptions
+from kvbench.cost_model import CostModel, CostModelRunner
+from kvbench.engine import Engine
+from kvbench.latency_stats import ItlTable
+from kvbench.metrics import Slo, latency_summary, request_record, summarize
+from kvbench.requests import Request, Trace
+from kvbench.sequence import Sequence, sequence_for
+
+ONE_SECOND = CostModel(fixed_s=1.0, per_token_s=0.0, per_kv_token_s=0.0)
+
+
+def run_engine(engine: str, num_slots: int, *rows: tuple[float, int, int], max_len: int = 64):
+    """The real engine over requests `(arrival_s, prompt_len, output_len)`; its run and records."""
+    trace = Trace("hand", tuple(Request(i, a, p, o) for i, (a, p, o) in enumerate(rows)))
+    sched = ENGINES[engine].build(EngineOptions(num_slots=num_slots, max_len=max_len))
+    run = Engine(sched, CostModelRunner(ONE_SECOND)).run(trace)
+    return run, [request_record(seq) for seq in run.sequences]
+
+
+def test_request_metrics_from_their_timestamps():
+    """Arrival 1, admitted 2, tokens at 3, 4, 5.5, 6; prompt 5 and output 4 differ so that a
+    metric divided by the wrong length cannot pass."""
+    seq = Sequence(Request(7, 1.0, 5, 4))
+    seq.advance(1, 3.0, 2.0)
+    seq.advance(3, 6.0, 3.0, ends=np.array([4.0, 5.5, 6.0]))
+    r = request_record(seq)
+    assert (r.arrival_s, r.admitted_s, r.first_token_s, r.finish_s) == (1.0, 2.0, 3.0, 6.0)
+    assert r.queueing_s == 1.0  # admission - arrival, not first token - arrival
+    assert r.ttft_s == 2.0  # first token - arrival, not - admission
+    assert r.e2el_s == 5.0
+    assert r.tpot_s == 1.0  # (5 - 2) / (4 - 1)
+    assert r.normalized_latency_s == 1.25  # E2EL / output, not / prompt, kv_len or total
+    assert r.max_itl_s == 1.5  # gaps 1, 1.5, 0.5
+    assert (r.num_preemptions, r.num_outputs, r.prompt_len, r.output_len) == (0, 1, 5, 4)
+
+
+def test_a_one_token_request_has_no_tpot_and_no_itl():
+    seq = Sequence(Request(0, 0.5, 3, 1))
+    seq.advance(1, 2.0, 1.0)
+    r = request_record(seq)
+    assert (r.queueing_s, r.ttft_s, r.e2el_s, r.normalized_latency_s) == (0.5, 1.5, 1.5, 1.5)
+    assert math.isnan(r.tpot_s) and math.isnan(r.max_itl_s)
+
+
+def test_a_request_with_several_outputs_finishes_with_its_last():
+    """Parallel samples: one row, E2EL and TPOT to the last sample's last token, its first token
+    and admission the leader's; every sample's tokens count as output."""
+    leader = sequence_for(Request(0, 0.0, 4, 3, n=2))
+    other = leader.group.members[1]
+    leader.advance(1, 1.0, 0.0)
+    other.copy_progress(leader)
+    leader.advance(2, 3.0, 1.0, ends=np.array([2.0, 3.0]))
+    other.advance(2, 5.0, 1.0, ends=np.array([4.0, 5.0]))
+    r = request_record(leader)
+    assert (r.admitted_s, r.first_token_s, r.finish_s, r.e2el_s, r.ttft_s) == (0.0, 1.0, 5.0, 5.0, 1.0)
+    assert r.tpot_s == 2.0 and r.num_outputs == 2 and r.normalized_latency_s == 5.0 / 3
+
+
+def test_itl_pools_gaps_where_tpot_averages_requests():
+    """A: tokens at 1, 2, 3 (gaps 1, 1); B: tokens at 1, 5 (gap 4). Mean TPOT weighs requests,
+    (1 + 4) / 2; mean ITL weighs gaps, (1 + 1 + 4) / 3."""
+    a, b = Sequence(Request(0, 0.0, 4, 3)), Sequence(Request(1, 0.0, 4, 2))
+    a.advance(1, 1.0, 0.0)
+    a.advance(2, 3.0, 1.0, ends=np.array([2.0, 3.0]))
+    b.advance(1, 1.0, 0.0)
+    b.advance(1, 5.0, 4.0)
+    done = [request_record(a), request_record(b)]
+    s = latency_summary(done, ItlTable.of([a, b]), makespan=5.0)
+    assert s["mean_tpot_s"] == 2.5 and s["mean_itl_s"] == 2.0
+    assert s["mean_ttft_s"] == 1.0 and s["mean_e2el_s"] == 4.0 and s["mean_queueing_s"] == 0.0
+    assert s["normalized_latency_s"] == (3.0 / 3 + 5.0 / 2) / 2
+
+
+# orca-max, a roomy arena: r0 alone, r1 and r2 (arriving at 1.5) prefilled at 2-3 alone, then
+# 3-4 all three decode (r1 done), 4-5 r0 and r2 decode (both done)
+THREE = ((0.0, 4, 4), (1.5, 4, 2), (1.5, 4, 3))
+
+
+def test_latencies_throughput_and_goodput_of_a_run():
+    run, done = run_engine("orca-max", 1024, *THREE)
+    assert [(r.admitted_s, r.first_token_s, r.finish_s) for r in done] == [
+        (0.0, 1.0, 5.0), (2.0, 3.0, 4.0), (2.0, 3.0, 5.0),
+    ]  # fmt: skip
+    assert [r.queueing_s for r in done] == [0.0, 0.5, 0.5]
+    assert [r.ttft_s for r in done] == [1.0, 1.5, 1.5]
+    assert [r.e2el_s for r in done] == [5.0, 2.5, 3.5]
+    assert [r.tpot_s for r in done] == [4.0 / 3, 1.0, 1.0]
+    assert [r.max_itl_s for r in done] == [2.0, 1.0, 1.0]  # r0 waited out the others' prefill
+    slo = Slo(ttft_s=1.2)
+    s = summarize(run, done, slo=slo)
+    assert s["makespan_s"] == 5.0 and s["busy_s"] == 5.0 and s["num_steps"] == 5
+    assert s["request_throughput"] == 3 / 5
+    assert s["output_token_throughput"] == 9 / 5 and s["total_token_throughput"] == 21 / 5
+    assert s["mean_queueing_s"] == pytest.approx(1 / 3)
+    assert s["normalized_latency_s"] == pytest.approx((5 / 4 + 2.5 / 2 + 3.5 / 3) / 3)
+    # ITL pooled: r0's gaps 1, 2, 1; r1's 1; r2's 1, 1
+    assert s["mean_itl_s"] == pytest.approx(7 / 6) and s["p50_itl_s"] == 1.0
+    assert (s["good_requests"], s["goodput"], s["goodput_fraction"]) == (1, 1 / 5, 1 / 3)
+    assert summarize(run, done, slo=Slo(tpot_s=1.0))["good_requests"] == 2  # on the bound meets it
+    both = summarize(run, done, slo=Slo(ttft_s=2.0, e2el_s=3.0))
+    assert (both["good_requests"], both["goodput"]) == (1, 1 / 5)  # only r1 meets both
+    # batched requests: 1, 1, then 3 (r0 is resident during the prefill it sits out), 3, 2
+    assert s["mean_batched_requests"] == 10 / 5 and s["peak_batched_requests"] == 3
+    # nobody waited when a step was scheduled: no saturated time
+    assert s["saturated_s"] == 0.0 and s["mean_batched_requests_saturated"] is None
+    assert s["occupancy_saturated"] == {}
+
+
+def test_static_occupancy_and_batching_busy_and_while_waiting():
+    """Static, max-length extents of 64 in 256 slots. r0 (prompt 4, output 4: 7 slots) runs
+    0-4; r1, r2 arrive at 1.5 and wait through 2-4 (saturated); they run 4-7, and r1, done at
+    6, is held through 6-7: its 5 computed slots are then internal fragmentation."""
+    run, done = run_engine("static", 256, *THREE)
+    assert [(r.admitted_s, r.finish_s) for r in done] == [(0.0, 4.0), (4.0, 6.0), (4.0, 7.0)]
+    s = summarize(run, done)
+    # slot-seconds per step (1 s each): tokens computed, target (what will be filled), asked
+    tokens = [4, 5, 6, 7, 8, 10, 6]  # 6-7: r2's 6, r1's 5 are dead
+    target = [7, 7, 7, 7, 11, 11, 6]
+    asked = [64, 64, 64, 64, 128, 128, 128]
+    capacity = 256 * 7
+    assert s["busy_s"] == 7.0 and s["saturated_s"] == 2.0
+    assert s["occupancy"] == pytest.approx(
+        {
+            "token_states": sum(tokens) / capacity,
+            "reservation": (sum(target) - sum(tokens)) / capacity,
+            "internal_frag": (sum(asked) - sum(target)) / capacity,
+            "allocator_overhead": 0.0,
+            "external_frag": 0.0,
+            "free": (capacity - sum(asked)) / capacity,
+        },
+        abs=1e-12,
+    )
+    waiting = slice(2, 4)  # steps 2-3 and 3-4
+    capacity = 256 * 2
+    assert s["occupancy_saturated"] == pytest.approx(
+        {
+            "token_states": sum(tokens[waiting]) / capacity,
+            "reservation": (sum(target[waiting]) - sum(tokens[waiting])) / capacity,
+            "internal_frag": (sum(asked[waiting]) - sum(target[waiting])) / capacity,
+            "allocator_overhead": 0.0,
+            "external_frag": 0.0,
+            "free": (capacity - sum(asked[waiting])) / capacity,
+        },
+        abs=1e-12,
+    )
+    # running requests per step: r0 alone 4 s; r1 and r2 2 s; r2 alone (r1 held, not running) 1 s
+    assert s["mean_batched_requests"] == pytest.approx((4 * 1 + 2 * 2 + 1) / 7)
+    assert s["mean_batched_requests_saturated"] == 1.0
+
+
+def test_oracle_overhead_and_external_fragmentation():
+    """Oracle in a 16-slot buddy arena: r0 asks 7 slots, is granted 8 (1 of overhead); r1 (13
+    slots, granted 16) waits 0-4 and the 8 free slots, too small for it, are external
+    fragmentation; then r1 runs 4-8 alone with 3 slots of overhead."""
+    run, done = run_engine("orca-oracle", 16, (0.0, 4, 4), (0.0, 10, 4))
+    assert [(r.admitted_s, r.finish_s) for r in done] == [(0.0, 4.0), (4.0, 8.0)]
+    s = summarize(run, done)
+    tokens, target, granted, external = 4 + 5 + 6 + 7, 4 * 7, 4 * 8, 4 * 8  # 0-4
+    busy = {
+        "token_states": tokens + 10 + 11 + 12 + 13,
+        "reservation": target - tokens + 4 * 13 - (10 + 11 + 12 + 13),
+        "internal_frag": 0,
+        "allocator_overhead": granted - target + 4 * (16 - 13),
+        "external_frag": external,
+        "free": 0,
+    }
+    assert s["occupancy"] == pytest.approx({k: v / (16 * 8) for k, v in busy.items()}, abs=1e-12)
+    waiting = {
+        "token_states": tokens,
+        "reservation": target - tokens,
+        "internal_frag": 0,
+        "allocator_overhead": granted - target,
+        "external_frag": external,
+        "free": 0,
+    }
+    assert s["occupancy_saturated"] == pytest.approx({k: v / (16 * 4) for k, v in waiting.items()}, abs=1e-12)
+    assert s["saturated_s"] == 4.0 and s["mean_batched_requests_saturated"] == 1.0
