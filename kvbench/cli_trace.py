@@ -1,7 +1,10 @@
-"""`kvbench trace`: make, inspect, plot and convert workload traces."""
+"""`kvbench trace`: make, inspect, plot and convert workload traces; fetch public ones by name."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -9,25 +12,46 @@ import typer
 
 from kvbench import cli_options as opt
 from kvbench.errors import KvbenchError
+from workloads import registry
 from workloads.spec import WorkloadSpec, build_trace
 
 app = typer.Typer(
-    help="Make, inspect, plot and convert workload traces.",
+    help="Make, inspect, plot and convert workload traces; fetch public ones by name.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
 
 Out = Annotated[Path, typer.Option(help="Output file: .jsonl, .csv or .parquet.")]
+TraceArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="TRACE",
+        help="A registered trace (kvbench trace list), a trace file, a preset or a spec.",
+        show_default=False,
+    ),
+]
+
+
+@contextmanager
+def _as_argument(metavar: str) -> Iterator[None]:
+    """Name the positional argument as the user typed it: the workload code says `--trace`."""
+    try:
+        yield
+    except KvbenchError as error:
+        raise KvbenchError(str(error).replace("--trace", metavar)) from None
 
 
 def _load(source: str):
-    """A trace file as it is, or a spec built with its default options (all arriving at once)."""
-    if Path(source).is_file():
-        from workloads.tracefile import read_trace
+    """A registered trace or a trace file as it is, or a spec built with its default options
+    (all arriving at once)."""
+    with _as_argument("TRACE"):
+        if source in registry.TRACES or Path(source).is_file():
+            from workloads.tracefile import read_trace
 
-        return read_trace(Path(source))
-    return build_trace(WorkloadSpec(source=source, arrivals="all"))
+            trace = read_trace(registry.trace_file(source))
+            return replace(trace, name=source) if source in registry.TRACES else trace
+        return build_trace(WorkloadSpec(source=source, arrivals="all"))
 
 
 @app.command(short_help="Build a trace from a preset, spec or file and write it.")
@@ -37,31 +61,82 @@ def make(workload: WorkloadSpec, out: Out) -> None:
     """Build a trace (lengths, sharing, arrivals) and write it in kvbench's trace format."""
     from workloads.tracefile import write_trace
 
-    trace = build_trace(workload)
+    with _as_argument("SPEC"):
+        trace = build_trace(workload)
     write_trace(trace, out)
     typer.echo(f"wrote {len(trace)} requests to {out}")
 
 
 @app.command(short_help="Counts, rates and length percentiles of a trace.")
 @opt.user_errors
-def stats(source: Annotated[str, typer.Argument(help="Trace file, preset or spec.")]) -> None:
+def stats(trace: TraceArg) -> None:
     """Print count, duration, rate, interarrival CV, length percentiles and prefix reuse."""
     from workloads.stats import format_stats, trace_stats
 
-    typer.echo(format_stats(trace_stats(_load(source))))
+    typer.echo(format_stats(trace_stats(_load(trace))))
 
 
 @app.command(short_help="Length histograms and arrivals over time, as PNG and SVG.")
 @opt.user_errors
 def plot(
-    source: Annotated[str, typer.Argument(help="Trace file, preset or spec.")],
+    trace: TraceArg,
     out: Annotated[Path, typer.Option(help="PNG file (an SVG is written beside it).")],
 ) -> None:
     """Plot input/output length histograms (the paper's Figure 11) and the arrival rate."""
+    from kvbench.outputs import prepare_plot
     from workloads.plot import plot_trace
 
-    for path in plot_trace(_load(source), out):
+    prepare_plot(out)  # a file kvbench did not write is refused before loading (kvbench.outputs)
+    for path in plot_trace(_load(trace), out):
         typer.echo(f"wrote {path}")
+
+
+@app.command(short_help="Download public traces by name (the one command that uses the network).")
+@opt.user_errors
+def fetch(
+    names: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="NAME|all", help="Registered names (kvbench trace list), or all.", show_default=False
+        ),
+    ],
+) -> None:
+    """Download registered traces from their upstream repositories, pinned to a commit.
+
+    Each file streams into the cache (KVBENCH_CACHE_DIR/traces, else the user cache folder) and
+    is kept only if its sha256 matches the registry; a verified copy already there is not
+    downloaded again. KVBENCH_TRACE_URL replaces https://raw.githubusercontent.com (a mirror).
+    Prints each trace's license and citation: cite them when you publish results.
+    """
+    traces = list(registry.TRACES.values()) if names == ["all"] else [registry.lookup(n) for n in names]
+    failed = []
+    for trace in traces:
+        cached = registry.is_cached(trace)
+        try:
+            path = registry.fetch(trace)
+        except KvbenchError as error:
+            failed.append(f"{trace.name}: {error}")
+            continue
+        verb = "already cached" if cached else f"fetched {trace.size:,} bytes, sha256 verified"
+        typer.echo(f"{trace.name}: {verb}: {path}")
+        typer.echo(f"  license {trace.license}; cite {trace.citation}")
+    if failed:
+        raise KvbenchError(
+            "; ".join(failed) if len(failed) == 1 else f"{len(failed)} not fetched: " + "; ".join(failed)
+        )
+
+
+@app.command(name="list", short_help="The public traces kvbench knows by name, and where each is.")
+@opt.user_errors
+def list_traces() -> None:
+    """One line per registered trace: name, where its copy is (or that it needs fetching), size,
+    license and contents."""
+    for trace in registry.TRACES.values():
+        try:
+            where = str(registry.trace_file(trace.name))
+        except KvbenchError:
+            where = f"not here: kvbench trace fetch {trace.name}"
+        typer.echo(f"{trace.name}: {trace.about}; {trace.size:,} bytes, {trace.license}; {where}")
 
 
 @app.command(short_help="Convert a trace file to another format.")

@@ -34,6 +34,7 @@ from kvbench.requests import Trace
 from workloads import arrivals, sharing, synthetic
 from workloads.columns import Columns, columns_of, to_trace
 from workloads.presets import PRESETS
+from workloads.registry import TRACES, trace_file
 
 ARRIVALS = ("poisson", "gamma", "constant", "all", "replay")
 DEFAULT_NUM_REQUESTS = 1000  # for sources that generate lengths
@@ -123,12 +124,13 @@ def _lengths(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[Columns, boo
 
         trace = text_source(kind, rest, spec.tokenizer, spec.num_requests, spec.seed, spec.text_filter)
         return columns_of(trace), False, None
-    if Path(spec.source).is_file():
+    if spec.source in TRACES or Path(spec.source).is_file():  # a registered name or a path
         trace = _read(spec.source)
         cols = columns_of(trace)
         return cols, bool(cols.extra.get("timestamps", True)), trace.hash_block_size
     raise KvbenchError(
-        f"unknown --trace {spec.source!r}: not a preset ({', '.join(PRESETS)}), a spec "
+        f"unknown --trace {spec.source!r}: not a preset ({', '.join(PRESETS)}), a registered trace "
+        f"({', '.join(TRACES)}), a spec "
         "(fixed:, uniform:, lognormal:, empirical:FILE, sharegpt:FILE, alpaca:FILE, dataset:FILE) "
         "or an existing trace file"
     )
@@ -174,7 +176,7 @@ def _bounds(text: str, key: str) -> tuple[int, int]:
 def _read(path: str) -> Trace:
     from workloads.tracefile import read_trace
 
-    return read_trace(Path(path))
+    return read_trace(trace_file(path))  # a registered name resolves to its verified local copy
 
 
 def _generated(source: synthetic.LengthSource, count: int, rng: np.random.Generator) -> Columns:
