@@ -22,7 +22,7 @@ from engines.allocator import Extent, SlotCopy
 from engines.arena import SlotArena
 from kvbench.occupancy import Footprint
 from kvbench.requests import Request
-from kvbench.sequence import SeqGroup, Sequence, group_width
+from kvbench.sequence import SeqGroup, Sequence, group_width, width_at_admission
 
 
 class ReservationPolicy(Protocol):
@@ -85,7 +85,7 @@ class ContiguousAllocator:
         return self.arena.can_ever_fit(slots) and extents >= group_width(request)
 
     def can_allocate(self, seq: Sequence) -> bool:
-        width = _width_at_admission(seq)
+        width = width_at_admission(seq)
         slots = self.policy.slots(seq.request)
         return self.arena.can_fit(slots) if width == 1 else self.arena.can_fit_many(slots, width)
 
@@ -97,7 +97,7 @@ class ContiguousAllocator:
         """An extent for `seq`; for a group's leader at admission, one for every member."""
         asked = self.policy.slots(seq.request)
         granted = self.arena.grant_size(asked)
-        width = _width_at_admission(seq)
+        width = width_at_admission(seq)
         extents = [Extent(self.arena.alloc(asked), asked, granted) for _ in range(width)]
         self._extents[seq] = extents[0]
         if seq.group is not None:
@@ -195,9 +195,3 @@ class ContiguousAllocator:
             resident = sum(member in self._extents for member in group.members)
             assert resident == self._resident[group] > 0, "a group's resident count is wrong"
             assert resident + len(pool) == group.width, "a group lost an extent"
-
-
-def _width_at_admission(seq: Sequence) -> int:
-    """Extents an admission reserves: every member's, when a group's leader first comes in."""
-    group = seq.group
-    return group.width if group is not None and not group.forked else 1

@@ -188,6 +188,14 @@ def group_width(request: Request) -> int:
     return max(request.n, request.beam_width)
 
 
+def width_at_admission(seq: Sequence) -> int:
+    """Outputs an admission reserves memory for: every member's, when a group's leader first
+    comes in (an allocator that shares nothing must hold the members' copies from the start,
+    or a later admission could take the room their forks need)."""
+    group = seq.group
+    return group.width if group is not None and not group.forked else 1
+
+
 def sequence_for(request: Request) -> Sequence:
     """The sequence a request starts as: alone, or the leader of its group of outputs."""
     leader = Sequence(request)
