@@ -8,20 +8,21 @@ a CPU round trip. Checkpoints are read offline: `config.json` plus `*.safetensor
 
 from __future__ import annotations
 
-import json
+import pickle
+import warnings
 from pathlib import Path
 
 import torch
 
 from kvbench.errors import KvbenchError
 from kvbench.modeling.causal_lm import CausalLM
+from kvbench.modeling.hf_config import read_checkpoint_spec
 from kvbench.modeling.llama import LlamaForCausalLM
 from kvbench.modeling.opt import OPTForCausalLM
 from kvbench.models import ModelSpec
 from kvbench.parallel.layers import SINGLE, TensorParallel
 
 FAMILIES: dict[str, type[CausalLM]] = {"opt": OPTForCausalLM, "llama": LlamaForCausalLM}
-HF_MODEL_TYPES = {"opt": "opt", "llama": "llama", "mistral": "llama"}
 
 
 def empty_model(
@@ -54,72 +55,37 @@ def random_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device, seed
     return model
 
 
-def spec_from_hf_config(config: dict, name: str) -> ModelSpec:
-    """A `ModelSpec` from a Hugging Face `config.json` (OPT, Llama, Mistral)."""
-    model_type = config.get("model_type")
-    if model_type not in HF_MODEL_TYPES:
-        supported = ", ".join(HF_MODEL_TYPES)
-        raise KvbenchError(f"--model {name}: unsupported architecture {model_type!r} (one of: {supported})")
-    family = HF_MODEL_TYPES[model_type]
-    try:
-        if family == "opt":
-            if config.get("word_embed_proj_dim", config["hidden_size"]) != config["hidden_size"]:
-                raise KvbenchError(
-                    f"--model {name}: OPT with a projected embedding (opt-350m) is not supported"
-                )
-            if not config.get("do_layer_norm_before", True):
-                raise KvbenchError(f"--model {name}: post-LayerNorm OPT is not supported")
-            heads = config["num_attention_heads"]
-            return ModelSpec(
-                name, "opt", config["num_hidden_layers"], config["hidden_size"], heads, heads,
-                config["ffn_dim"], config["vocab_size"], config["max_position_embeddings"],
-            )  # fmt: skip
-        scaling = config.get("rope_scaling") or {}
-        if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
-            raise KvbenchError(f"--model {name}: rope scaling {scaling!r} is not supported yet")
-        heads = config["num_attention_heads"]
-        rope = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-        return ModelSpec(
-            name, "llama", config["num_hidden_layers"], config["hidden_size"], heads,
-            config.get("num_key_value_heads") or heads, config["intermediate_size"], config["vocab_size"],
-            config["max_position_embeddings"], norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=rope,
-        )  # fmt: skip
-    except KeyError as missing:
-        raise KvbenchError(f"--model {name}: config.json lacks {missing.args[0]!r}") from None
-
-
-def read_checkpoint_spec(path: Path) -> ModelSpec:
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise KvbenchError(f"--model {path}: no config.json in the checkpoint folder")
-    try:
-        config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as error:
-        raise KvbenchError(f"--model {path}: config.json is not valid JSON (line {error.lineno})") from None
-    return spec_from_hf_config(config, str(path))
-
-
 @torch.no_grad()
 def load_checkpoint(path: Path, dtype: torch.dtype, device: torch.device) -> CausalLM:
-    """The checkpoint in `path`, cast to `dtype` on `device`; every parameter must be present."""
+    """The checkpoint in `path`, cast to `dtype` on `device`; every parameter must be present.
+
+    Each tensor is checked against the parameter it fills (every part of a packed projection
+    on its own: parts of wrong sizes could still add up to the packed shape) and errors name
+    the weights file it came from.
+    """
     spec = read_checkpoint_spec(path)
     model = empty_model(spec, dtype, device)
-    tensors = _read_tensors(path)
+    tensors, files = _read_tensors(path)
     for name, param in model.named_parameters():
         if name == "lm_head.weight" and name not in tensors and spec.family == "opt":
             continue  # tied to the embedding
+        names = _checkpoint_names(name, model.packed)
+        packed = len(names) > 1  # rows of each part: the packed module's sections
+        sizes = model.get_submodule(name.rpartition(".")[0]).sections if packed else (param.shape[0],)
         parts = []
-        for part in _checkpoint_names(name, model.packed):
-            tensor = tensors.get(part, tensors.get(part.removeprefix("model.")))  # OPT files omit "model."
+        for part, size in zip(names, sizes, strict=True):
+            key = part if part in tensors else part.removeprefix("model.")  # OPT files omit "model."
+            tensor = tensors.get(key)
             if tensor is None:
                 raise KvbenchError(f"--model {path}: the weights lack {part!r}")
+            want = (size, *param.shape[1:])
+            if tuple(tensor.shape) != want or not tensor.is_floating_point():
+                raise KvbenchError(
+                    f"--model {path}: {files[key].name}: {key} is {tensor.dtype} of shape "
+                    f"{tuple(tensor.shape)}, expected floating point of shape {want} (from config.json)"
+                )
             parts.append(tensor)
-        tensor = parts[0] if len(parts) == 1 else torch.cat(parts)
-        if tuple(tensor.shape) != tuple(param.shape):
-            raise KvbenchError(
-                f"--model {path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
-            )
-        param.copy_(tensor)
+        param.copy_(parts[0] if len(parts) == 1 else torch.cat(parts))
     if spec.family == "llama" and "lm_head.weight" not in tensors:
         model.lm_head.weight.copy_(model.model.embed_tokens.weight)  # tie_word_embeddings
     return model
@@ -134,19 +100,43 @@ def _checkpoint_names(name: str, packed: dict[str, tuple[str, ...]]) -> list[str
     return [f"{prefix}.{part}.{leaf}" for part in packed[last]]
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    shards = sorted(path.glob("*.safetensors"))
-    if shards:
-        from safetensors.torch import load_file
+def _read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Path]]:
+    """Every tensor of the folder's weights files, and the file each came from (for errors).
 
-        out: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            out.update(load_file(str(shard)))
-        return out
-    bins = sorted(path.glob("pytorch_model*.bin"))
-    if not bins:
+    `.bin` files are read with `weights_only=True`, which refuses pickled code; that refusal,
+    like a truncated or corrupt file, is the user's file at fault, so it becomes one line
+    naming the file rather than a traceback.
+    """
+    shards = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
+    if not shards:
         raise KvbenchError(f"--model {path}: no *.safetensors or pytorch_model*.bin weights in the folder")
-    out = {}
-    for shard in bins:
-        out.update(torch.load(shard, map_location="cpu", weights_only=True))
-    return out
+    tensors: dict[str, torch.Tensor] = {}
+    files: dict[str, Path] = {}
+    for shard in shards:
+        loaded = _read_shard(shard)
+        if not isinstance(loaded, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
+        ):
+            raise KvbenchError(f"--model {path}: {shard.name} does not hold a dict of named tensors")
+        tensors.update(loaded)
+        files.update(dict.fromkeys(loaded, shard))
+    return tensors, files
+
+
+def _read_shard(shard: Path) -> object:
+    try:
+        if shard.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(shard))
+        with warnings.catch_warnings():  # torch warns (many lines) about the pickle it then refuses
+            warnings.simplefilter("ignore")
+            return torch.load(shard, map_location="cpu", weights_only=True)
+    except MemoryError:
+        raise
+    except Exception as error:  # the parsers' many errors for a bad file (pickle, zip, header, EOF)
+        first = (str(error).strip().splitlines() or [""])[0].split(". ")[0][:160]
+        why = "refused: not plain tensors" if isinstance(error, pickle.UnpicklingError) else "unreadable"
+        raise KvbenchError(
+            f"--model {shard.parent}: {shard.name} is {why} ({type(error).__name__}: {first})"
+        ) from None

@@ -1,0 +1,154 @@
+"""A Hugging Face checkpoint's `config.json` read into kvbench's `ModelSpec`, every value checked.
+
+This is the one place a checkpoint's architecture enters kvbench, so each key is checked here
+(its JSON type, its range, how the sizes divide) and a failure is one line naming the folder,
+`config.json` and the key. Unchecked, a bad value surfaces much later: as a shape error inside
+the model, or blamed on an unrelated flag (a negative layer count made the KV budget negative,
+which read as a bad --kv-cache-gib). Keys that select computations kvbench's OPT and Llama do
+not implement (another activation, biases, a projected embedding) are refused rather than
+ignored, since ignoring them would decode silently wrong tokens. Torch-free: the configuration
+check needs no model code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from kvbench.errors import KvbenchError
+from kvbench.models import ModelSpec
+
+HF_MODEL_TYPES = {"opt": "opt", "llama": "llama", "mistral": "llama"}
+_REQUIRED = object()  # a key without a default
+
+
+def read_checkpoint_spec(path: Path) -> ModelSpec:
+    """The architecture of the checkpoint folder `path`, from its config.json."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise KvbenchError(f"--model {path}: no config.json in the checkpoint folder")
+    try:
+        config = json.loads(config_file.read_bytes().decode("utf-8-sig"))
+    except OSError as error:
+        raise KvbenchError(f"--model {path}: cannot read config.json ({error.strerror})") from None
+    except UnicodeDecodeError as error:
+        raise KvbenchError(f"--model {path}: config.json is not UTF-8 text ({error.reason})") from None
+    except json.JSONDecodeError as error:
+        raise KvbenchError(f"--model {path}: config.json is not valid JSON (line {error.lineno})") from None
+    except RecursionError:
+        raise KvbenchError(f"--model {path}: config.json nests too deeply to read") from None
+    return spec_from_hf_config(config, str(path))
+
+
+def spec_from_hf_config(config: object, name: str) -> ModelSpec:
+    """A `ModelSpec` from a parsed `config.json` (OPT, Llama, Mistral) of the folder `name`."""
+    where = f"--model {name}: config.json"
+    if not isinstance(config, dict):
+        raise KvbenchError(f"{where}: expected a JSON object, got a JSON {_json_kind(config)}")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in HF_MODEL_TYPES:
+        supported = ", ".join(HF_MODEL_TYPES)
+        raise KvbenchError(
+            f"{where}: unsupported architecture {model_type!r} (model_type; one of: {supported})"
+        )
+    key = _Keys(config, where)
+    layers, hidden = key.count("num_hidden_layers"), key.count("hidden_size")
+    heads, vocab = key.count("num_attention_heads"), key.count("vocab_size")
+    max_len = key.count("max_position_embeddings")
+    if hidden % heads:
+        raise KvbenchError(f"{where}: hidden_size {hidden} does not divide by num_attention_heads {heads}")
+    if HF_MODEL_TYPES[model_type] == "opt":
+        if key.count("word_embed_proj_dim", hidden) != hidden:
+            key.unsupported("word_embed_proj_dim", "a projected embedding (opt-350m)")
+        if not key.flag("do_layer_norm_before", True):
+            key.unsupported("do_layer_norm_before", "post-LayerNorm OPT")
+        if key.flag("_remove_final_layer_norm", False):
+            key.unsupported("_remove_final_layer_norm", "OPT without its final LayerNorm")
+        if not key.flag("enable_bias", True):
+            key.unsupported("enable_bias", "OPT without biases")
+        key.choice("activation_function", "relu")
+        return ModelSpec(name, "opt", layers, hidden, heads, heads, key.count("ffn_dim"), vocab, max_len)
+    kv_heads = key.count("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise KvbenchError(
+            f"{where}: num_attention_heads {heads} does not divide by num_key_value_heads {kv_heads}"
+        )
+    head_dim = hidden // heads
+    if key.count("head_dim", head_dim) != head_dim:
+        key.unsupported("head_dim", f"a head size other than hidden_size / num_attention_heads ({head_dim})")
+    if head_dim % 2:
+        raise KvbenchError(f"{where}: rotary embeddings need an even head size, got {hidden} / {heads}")
+    key.choice("hidden_act", "silu")
+    for bias in ("attention_bias", "mlp_bias"):
+        if key.flag(bias, False):
+            key.unsupported(bias, "Llama with biases")
+    scaling = config.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
+    if kind not in (None, "default"):
+        key.unsupported("rope_scaling", "rope scaling")
+    nested = config.get("rope_parameters") or {}  # where newer configs keep rope_theta
+    if not isinstance(nested, dict):
+        raise KvbenchError(f"{where}: rope_parameters must be an object, got {nested!r}")
+    if config.get("rope_theta") is None and nested:
+        theta = _Keys(nested, f"{where}: rope_parameters").number("rope_theta", 10000.0)
+    else:
+        theta = key.number("rope_theta", 10000.0)
+    window = key.count("sliding_window", max_len)  # Mistral: attention sees only the last W tokens
+    return ModelSpec(
+        name, "llama", layers, hidden, heads, kv_heads, key.count("intermediate_size"), vocab,
+        min(max_len, window), norm_eps=key.number("rms_norm_eps", 1e-6), rope_theta=theta,
+    )  # fmt: skip
+
+
+class _Keys:
+    """Typed reads of one config object's keys; each failure is one line naming the file and key.
+
+    A JSON null reads as an absent key (Hugging Face writes null for "the default").
+    """
+
+    def __init__(self, config: dict, where: str) -> None:
+        self.config, self.where = config, where
+
+    def _get(self, key: str, default: object) -> object:
+        value = self.config.get(key)
+        if value is not None:
+            return value
+        if default is _REQUIRED:
+            raise KvbenchError(f"{self.where} lacks {key!r}")
+        return default
+
+    def count(self, key: str, default: object = _REQUIRED) -> int:
+        """A size: an integer >= 1 (2.0 or "2" is refused, not read as 2: a config is not a guess)."""
+        value = self._get(key, default)
+        if type(value) is not int or value < 1:
+            raise KvbenchError(f"{self.where}: {key} must be an integer >= 1, got {value!r}")
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        """A finite real > 0 (an epsilon, a rotary base)."""
+        value = self._get(key, default)
+        if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+            raise KvbenchError(f"{self.where}: {key} must be a number > 0, got {value!r}")
+        return float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self._get(key, default)
+        if type(value) is not bool:
+            raise KvbenchError(f"{self.where}: {key} must be true or false, got {value!r}")
+        return value
+
+    def choice(self, key: str, supported: str) -> None:
+        """Refuse a value kvbench's model does not compute."""
+        value = self._get(key, supported)
+        if value != supported:
+            raise KvbenchError(f"{self.where}: {key} {value!r} is not supported (only {supported!r})")
+
+    def unsupported(self, key: str, what: str) -> None:
+        raise KvbenchError(f"{self.where}: {key} {self.config[key]!r}: {what} is not supported")
+
+
+def _json_kind(value: object) -> str:
+    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(
+        type(value), "null"
+    )
