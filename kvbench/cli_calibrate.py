@@ -56,6 +56,7 @@ def calibrate(
 ) -> None:
     """Least-squares fit of the cost model's constants to the runs' measured step rows."""
     from kvbench.calibrate_check import find_runs, fit_and_check, format_checks
+    from kvbench.outputs import prepare_out
 
     stray = stray_after_held_out(ctx.meta.get("raw_args", []))
     if stray is not None:
@@ -63,6 +64,7 @@ def calibrate(
             f"--held-out: {stray} follows it, and would be fitted; --held-out takes one path: repeat it "
             "(--held-out A --held-out B) or give a folder holding the runs, and put the runs to fit first"
         )
+    prepare_out(out, "calibration")  # a user's file there is refused before fitting (kvbench.outputs)
     fit = find_runs(runs, steps=True, flag="kvbench calibrate")
     held = find_runs(held_out, steps=False, flag="--held-out") if held_out else []
     done = fit_and_check(fit, held, out)

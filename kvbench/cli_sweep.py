@@ -25,7 +25,7 @@ from workloads.spec import WorkloadSpec
 
 SHORT_HELP = "Sweep engines x rates x block sizes x budgets x seeds x traces; find sustained rates."
 _AXES = ("engine", "block_size", "kv_cache_gib")  # the job's single values the sweep takes as lists
-_JOB_ONLY = ("workload", "real", "out", *_AXES)
+_JOB_ONLY = ("workload", "real", "out", "overwrite", *_AXES)
 
 
 def _sweep(

@@ -98,7 +98,13 @@ class ItlTable:
             return cls(np.empty(0), np.empty(0, dtype=np.int32), np.full(len(seqs), math.nan))
         ids = np.fromiter(map(id, pairs), dtype=np.int64, count=len(pairs))
         _, first_use, pair_seg = np.unique(ids, return_index=True, return_inverse=True)
-        segs = [pairs[i] for i in first_use.tolist()]  # the distinct segments' `ends` arrays
+        # segments in the order of their first use, not of their memory addresses: the pool's
+        # order sets the float sums behind mean and std, which must not change between runs
+        order = np.argsort(first_use, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        pair_seg = rank[pair_seg.reshape(-1)]
+        segs = [pairs[i] for i in first_use[order].tolist()]  # the distinct segments' `ends` arrays
         lengths = np.fromiter(map(len, segs), dtype=np.int64, count=len(segs))
         times = np.concatenate(segs)
         start = np.cumsum(lengths) - lengths

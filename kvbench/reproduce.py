@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kvbench.demo import REAL
 from kvbench.errors import KvbenchError
+from kvbench.outputs import prepare_out
 from kvbench.paper import FIG13_RATE
 from kvbench.reproduce_calibration import calibrate_reproduction, held_out_markdown, read_held_out
 from kvbench.reproduce_claims import claims_table
@@ -25,6 +26,7 @@ from kvbench.reproduce_engines import fig2, fig13
 from kvbench.reproduce_rows import FigureResult, Options, Setting, markdown, read_figure, write_figure
 from kvbench.reproduce_sharing import fig14, fig15, fig16, fig17
 from kvbench.reproduce_sweeps import fig12, fig18b, fig19
+from kvbench.results import write_text
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,12 @@ def setting_for(real: bool, cost_model: str | None, *, quick: bool, model: str |
 def run_reproduce(
     figures: Sequence[str], options: Options, out: Path, echo: Callable[[str], None] = print
 ) -> list[FigureResult]:
-    """Run `figures` into `out`; then rewrite claims.md and reproduce.md from every figure there."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Run `figures` into `out`; then rewrite claims.md and reproduce.md from every figure there.
+
+    A previous reproduction in `out` is resumed (its runs are reused); any other folder is
+    refused before the first run (`kvbench.outputs`).
+    """
+    prepare_out(out, "reproduce")
     results = []
     for name in figures:
         echo(f"{name}: {FIGURES[name].what}...")
@@ -153,7 +159,7 @@ def write_reports(out: Path, options: Options) -> None:
     found = collected(out)
     rows = [row for figure in found for row in figure.rows]
     claims = claims_table(rows)
-    (out / "claims.md").write_text(f"# PAPER.md's claims beside kvbench\n\n{_setup(options)}\n\n{claims}\n")
+    write_text(out / "claims.md", f"# PAPER.md's claims beside kvbench\n\n{_setup(options)}\n\n{claims}\n")
     parts = [
         f"# kvbench reproduce: the PagedAttention paper's figures\n\n{_setup(options)}\n",
         "## Verdicts\n",
@@ -173,7 +179,7 @@ def write_reports(out: Path, options: Options) -> None:
             f"{held_out_markdown(held_out)}"
         )
     parts.append(f"\n## Claims\n\n{claims}\n")
-    (out / "reproduce.md").write_text("\n".join(parts) + "\n")
+    write_text(out / "reproduce.md", "\n".join(parts) + "\n")
 
 
 def _setup(options: Options) -> str:

@@ -13,6 +13,7 @@ from kvbench.demo import DEMO_ENGINES, DemoRow, format_table, run_engine
 from kvbench.paper import FIG2_OCCUPANCY, FIG13_BATCHED, FIG13_RATE
 from kvbench.plots import PlotSkipped, plot_batched_bars, plot_occupancy_bars
 from kvbench.reproduce_rows import FigureResult, Options, Row
+from kvbench.results import write_text
 from workloads.spec import WorkloadSpec
 
 CATEGORIES = ("token_states", "reservation", "internal_frag", "other")
@@ -37,7 +38,7 @@ def run_engines(options: Options, trace: str, folder: Path, shared: Path | None 
         )  # fmt: skip
         reuse = [folder / engine] + ([shared / engine] if shared else [])
         rows.append(run_engine(config, folder / engine, s.real, reuse))
-    (folder / "demo.md").write_text(format_table(rows, trace) + "\n")
+    write_text(folder / "demo.md", format_table(rows, trace) + "\n")
     return rows
 
 

@@ -13,6 +13,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kvbench.results import atomic_open, write_text
+
 COLUMNS = ("figure", "engine", "workload", "metric", "kvbench", "paper", "ratio")
 
 
@@ -84,7 +86,7 @@ def _cell(value) -> str:
 
 def write_figure(result: FigureResult, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "figure.csv", "w", newline="") as f:
+    with atomic_open(folder / "figure.csv", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(COLUMNS)
         for row in result.rows:
@@ -93,7 +95,7 @@ def write_figure(result: FigureResult, folder: Path) -> None:
         "name": result.name, "title": result.title, "verdict": result.verdict, "plots": list(result.plots),
         "notes": list(result.notes), "rows": [row.to_dict() for row in result.rows],
     }  # fmt: skip
-    (folder / "figure.json").write_text(json.dumps(data, indent=2) + "\n")
+    write_text(folder / "figure.json", json.dumps(data, indent=2) + "\n")
 
 
 def read_figure(folder: Path) -> FigureResult | None:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
+from kvbench.outputs import prepare_out
 from kvbench.sweep_cell import CellRun, Outcome, config_differences
 from kvbench.sweep_executor import CellJob, Executor, LocalExecutor
 from kvbench.sweep_files import (
@@ -203,6 +204,7 @@ def run_sweep(
 def _prepare_folder(out: Path, resume: bool, overwrite: bool) -> None:
     if resume and overwrite:
         raise KvbenchError("--resume and --overwrite contradict each other: pick one")
+    prepare_out(out, "sweep", overwrite)  # a folder kvbench did not write is never reused
     if out.exists() and not out.is_dir():
         raise KvbenchError(f"--out {out} is a file, not a folder")
     busy = out.is_dir() and any(out.iterdir())

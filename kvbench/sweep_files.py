@@ -11,10 +11,7 @@ each row also carries the mean and 95 % confidence half-width (`<metric>_mean`,
 from __future__ import annotations
 
 import csv
-import json
 import math
-import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +19,7 @@ from pathlib import Path
 from kvbench.config import RunConfig
 from kvbench.latency_stats import percentile_key
 from kvbench.occupancy import CATEGORIES
+from kvbench.results import atomic_open, write_json
 from kvbench.sweep_grid import Cell
 from kvbench.sweep_stats import mean_ci95
 
@@ -96,27 +94,13 @@ def add_confidence_intervals(rows: Sequence[dict], metrics: Sequence[str] = CI_M
 
 def write_table(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
     """Write a CSV whole or not at all: a temporary file beside it, renamed over it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows({k: _cell_text(row.get(k)) for k in columns} for row in rows)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_open(path, newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({k: _cell_text(row.get(k)) for k in columns} for row in rows)
 
 
-def write_json_atomically(path: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+write_json_atomically = write_json  # sweep.json: every JSON file kvbench writes is atomic
 
 
 def _cell_text(value) -> str:
