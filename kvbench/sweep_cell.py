@@ -6,6 +6,9 @@ sweep wants: a cell that crashes, leaks memory or runs out of it takes only its 
 down. Both write the same folder through `kvbench.simulate.write_result`, atomically, so a
 cell folder with a summary.json is a finished cell.
 
+The child imports the kvbench this process imported, never one in the current folder: see
+`child_env`.
+
 Failures a sweep can record and go on from (`--continue-on-error`): a `KvbenchError` (a cell
 the settings make impossible, e.g. a budget below the longest request), running out of memory
 (`torch.OutOfMemoryError` is recognised by its type name, so simulations never import torch)
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import site
 import subprocess
 import sys
 import time
@@ -117,10 +122,37 @@ def command(config: RunConfig, out: Path, how: CellRun) -> list[str]:
     return [*args, "--out", str(out)]
 
 
+def child_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """`env` (None: this process's) for a child that imports this kvbench, not the current folder's.
+
+    `python -m` puts the current folder first on `sys.path`: started from a folder holding a
+    clone named `kvbench`, or any `engines/` or `workloads/` package, every cell would import
+    that instead (and run its code). `PYTHONSAFEPATH` (Python 3.11+, the `-P` flag) leaves the
+    folder out; the folder holding this kvbench goes first on PYTHONPATH instead: an editable
+    install's checkout, or a copied tree run with `PYTHONPATH=.`. A site-packages folder is not
+    added: the child finds it by itself, and ahead of the standard library it could shadow a
+    standard module. The child keeps the current folder as its working directory, so the
+    cell's relative paths (--out, trace files) mean what they mean here.
+    """
+    env = dict(os.environ if env is None else env)
+    env["PYTHONSAFEPATH"] = "1"
+    root = str(package_root())
+    sites = {str(Path(p).resolve()) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    if root not in sites:
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([root, *rest])
+    return env
+
+
+def package_root() -> Path:
+    """The folder holding the `kvbench` package this process imported (and `engines/` beside it)."""
+    return Path(__file__).resolve().parent.parent
+
+
 def _isolated(config: RunConfig, out: Path, how: CellRun, env: Mapping[str, str] | None) -> dict:
     argv = command(config, out, how)
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=how.timeout_s, env=env)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=how.timeout_s, env=child_env(env))
     except subprocess.TimeoutExpired:
         raise KvbenchError(f"the cell ran longer than {how.timeout_s:g} s and was stopped") from None
     if proc.returncode != 0:
