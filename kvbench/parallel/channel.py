@@ -13,6 +13,10 @@ device, so a decode step's inputs (already on rank 0's GPU) never visit the host
 
 A forward's inputs (`encode_forward`) are the token ids, the positions and every field of
 `AttentionMetadata` in declaration order, so a field added to it travels without changes here.
+
+Nothing that arrives is executed: a message is integers and integer tensors, and an arena
+operation (`encode_mirror`) names one of a fixed set by number, with its block pairs as a
+tensor; `decode_mirror` refuses anything else. (Pickle would run whatever a sender wrote.)
 """
 
 from __future__ import annotations
@@ -33,7 +37,17 @@ class Command(IntEnum):
     STOP = 0  # leave the loop
     ARENA = 1  # ints: num_slots; replaces the worker's arena
     FORWARD = 2  # ints and tensors: `encode_forward`
-    MIRROR = 3  # ints: block size, host blocks; tensor: a pickled (ModelRunner method, args) call
+    MIRROR = 3  # ints: block size, host blocks, `Mirror` op; tensor: its block pairs (`encode_mirror`)
+
+
+class Mirror(IntEnum):
+    """The arena operations a worker repeats on its own arena (`ModelRunner` methods)."""
+
+    SWAP = 0  # `_swap`: int64 [N, 3] rows (to_host 0|1, source block, target block), in order
+    COPY_BLOCKS = 1  # `_copy_blocks`: int64 [N, 2] rows (source block, target block)
+
+
+_MIRROR_WIDTH = {Mirror.SWAP: 3, Mirror.COPY_BLOCKS: 2}
 
 
 @dataclass(frozen=True)
@@ -127,3 +141,34 @@ def decode_forward(message: Message) -> tuple[torch.Tensor, torch.Tensor, Attent
         else:
             values[field.name] = BACKENDS[value]
     return input_ids, positions, AttentionMetadata(**values)
+
+
+def encode_mirror(
+    op: Mirror, block_size: int, host_blocks: int, rows: tuple[tuple[int, ...], ...]
+) -> tuple[list[int], list[torch.Tensor]]:
+    """An arena operation as ints (geometry, op) and one int64 tensor of its rows `[N, width]`."""
+    table = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), _MIRROR_WIDTH[op])  # [N, width]
+    return [block_size, host_blocks, int(op)], [table]
+
+
+def decode_mirror(message: Message) -> tuple[Mirror, int, int, tuple[tuple[int, ...], ...]]:
+    """`encode_mirror`'s (op, block size, host blocks, rows), or ValueError for anything else."""
+    if message.command != Command.MIRROR or len(message.ints) != 3 or len(message.tensors) != 1:
+        raise ValueError(
+            f"not an arena operation: {len(message.ints)} ints and {len(message.tensors)} tensors"
+        )
+    block_size, host_blocks, op = message.ints
+    if op not in set(Mirror):
+        raise ValueError(f"unknown arena operation {op}")
+    op = Mirror(op)
+    table = message.tensors[0]
+    width = _MIRROR_WIDTH[op]
+    if table.dtype != torch.int64 or table.dim() != 2 or table.shape[1] != width:
+        got = f"{table.dtype} {list(table.shape)}"
+        raise ValueError(f"{op.name}: expected int64 rows [N, {width}], got {got}")
+    rows = tuple(tuple(row) for row in table.tolist())
+    if block_size < 1 or host_blocks < 0 or any(value < 0 for row in rows for value in row):
+        raise ValueError(f"{op.name}: a negative block or a block size under 1")
+    if op == Mirror.SWAP and any(row[0] not in (0, 1) for row in rows):
+        raise ValueError("SWAP: the direction must be 0 (to the device) or 1 (to the host)")
+    return op, block_size, host_blocks, rows

@@ -2,10 +2,11 @@
 
 `launch` makes this process rank 0 and spawns ranks 1..N-1 (`torch.multiprocessing`, spawn:
 a fresh interpreter each, as CUDA requires), one device each (`cuda:first + rank`, or all on
-the CPU). Rendezvous goes through a TCP store that rank 0 opens on a free port (the OS picks
-it, so two runs on one host never race for one). The group's backend is gloo on CPU, and on
-CUDA gloo for host tensors (command headers) with NCCL for device tensors (inputs,
-all-reduces). NVLink multicast (NVLS) is switched off for every rank before NCCL starts.
+the CPU). Rendezvous goes through a TCP store that rank 0 opens on a free port of 127.0.0.1
+(the OS picks it, so two runs on one host never race for one; `loopback_store`). The group's
+backend is gloo on CPU, and on CUDA gloo for host tensors (command headers) with NCCL for
+device tensors (inputs, all-reduces). NVLink multicast (NVLS) is switched off for every rank
+before NCCL starts.
 
 Shutdown: on success rank 0 sends STOP and joins the workers; on an error it terminates
 them (they may be blocked inside a collective). A worker whose parent disappears exits by
@@ -16,6 +17,7 @@ process outlives a crashed run.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 HOST = "127.0.0.1"  # one host: the store and gloo's sockets stay on loopback
+SOCKET_INTERFACES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # where gloo and NCCL listen
 DEFAULT_TIMEOUT_S = 1800.0  # a collective waiting longer than this fails (torch's default for gloo)
 
 
@@ -103,13 +106,12 @@ def launch(
         raise KvbenchError(
             f"--tensor-parallel {size}: torch.distributed is already initialised in this process"
         )
-    saved_env = {name: os.environ.get(name) for name in NVLS_OFF}
-    os.environ.update(NVLS_OFF)  # inherited by the workers; NCCL reads them when it starts
+    settings = {**NVLS_OFF, **loopback_interfaces()}
+    saved_env = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)  # inherited by the workers; gloo and NCCL read them when they start
     saved_threads = torch.get_num_threads()
     threads = max(1, saved_threads // size) if device.type == "cpu" else 0
-    store = dist.TCPStore(
-        HOST, 0, size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
-    )
+    store = loopback_store(size, timeout_s)
     context = mp.get_context("spawn")
     processes = []
     session = None
@@ -139,6 +141,35 @@ def launch(
                 dist.destroy_process_group()
             restore_env(saved_env)
         raise
+
+
+def loopback_interfaces() -> dict[str, str]:
+    """gloo's and NCCL's sockets on the loopback interface, where the user named none.
+
+    Left to choose, gloo listens on the address the host name resolves to and NCCL's bootstrap
+    on the first network interface: reachable from the network, for a group that never leaves
+    this host. NCCL moves the tensors themselves over NVLink or PCIe either way.
+    """
+    names = [name for _, name in socket.if_nameindex()]
+    loopback = next((name for name in names if name.startswith("lo")), "lo")  # Linux lo, macOS lo0
+    return {name: loopback for name in SOCKET_INTERFACES if name not in os.environ}
+
+
+def loopback_store(size: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's rendezvous store, listening on 127.0.0.1 only, on a port the OS picks.
+
+    Given a host name, TCPStore's server still listens on every interface (torch 2.13: `*:port`),
+    where anyone on the network could write keys into the group's rendezvous. Handed a socket
+    already bound to loopback (`master_listen_fd`, which it takes over: a duplicate of ours),
+    it listens there and nowhere else.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind((HOST, 0))
+        listener.listen()
+        return dist.TCPStore(
+            HOST, listener.getsockname()[1], size, is_master=True, timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False, master_listen_fd=os.dup(listener.fileno()),
+        )  # fmt: skip
 
 
 def _await_workers(store: dist.Store, processes: list, timeout_s: float) -> None:

@@ -14,9 +14,6 @@ engines included, cannot tell it from a single process.
 
 from __future__ import annotations
 
-import pickle
-from dataclasses import replace
-
 import torch
 
 from engines.scheduler import Batch
@@ -25,7 +22,7 @@ from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata
 from kvbench.modeling.causal_lm import CausalLM
-from kvbench.parallel.channel import Command, encode_forward
+from kvbench.parallel.channel import Command, Mirror, encode_forward, encode_mirror
 from kvbench.runner import StepResult
 
 
@@ -74,16 +71,16 @@ class ParallelRunner(ModelRunner):
 
     def _swap(self, batch: Batch) -> None:
         if batch.swaps:
-            self._mirror("_swap", replace(batch, seqs=()))
+            self._mirror(Mirror.SWAP, tuple((int(to_host), src, dst) for to_host, src, dst in batch.swaps))
         super()._swap(batch)
 
     def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
         if copies:
-            self._mirror("_copy_blocks", copies)
+            self._mirror(Mirror.COPY_BLOCKS, copies)
         super()._copy_blocks(copies)
 
-    def _mirror(self, method: str, *args) -> None:
-        """Have every worker call `method(*args)` on its mirror `ModelRunner` (its arena)."""
-        call = torch.frombuffer(bytearray(pickle.dumps((method, args))), dtype=torch.uint8)  # [bytes]
+    def _mirror(self, op: Mirror, rows: tuple[tuple[int, ...], ...]) -> None:
+        """Have every worker do `op` on its mirror `ModelRunner` (its arena) with these block rows."""
         geometry = getattr(self.allocator, "block_size", 1), getattr(self.allocator, "num_host_blocks", 0)
-        self.session.send(Command.MIRROR, geometry, (call,))
+        ints, tensors = encode_mirror(op, *geometry, rows)
+        self.session.send(Command.MIRROR, ints, tensors)

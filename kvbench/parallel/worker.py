@@ -10,7 +10,6 @@ commands and run through the same `ModelRunner` methods on this rank's arena.
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 import threading
 import time
@@ -21,10 +20,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from engines.batch import Batch
 from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.causal_lm import CausalLM
-from kvbench.parallel.channel import Channel, Command, decode_forward
+from kvbench.parallel.channel import Channel, Command, Mirror, decode_forward, decode_mirror
 from kvbench.parallel.launcher import HOST, NVLS_OFF, WorkerArgs, agree, connect
 from kvbench.parallel.layers import TensorParallel
 from kvbench.parallel.shard import build_shard
@@ -88,15 +88,21 @@ def serve(shard: CausalLM, tp: TensorParallel, dtype: torch.dtype, device: torch
             input_ids, positions, meta = decode_forward(message)
             shard.hidden_states(input_ids, positions, meta, arena)
         else:  # MIRROR: an arena operation rank 0's runner does outside a forward
+            try:
+                op, block_size, host_blocks, rows = decode_mirror(message)
+            except ValueError as error:  # never executed, never guessed at: the group stops
+                print(f"kvbench tensor-parallel rank {tp.rank}: refused a message ({error})", file=sys.stderr)
+                return
             if mirror is None:
-                block_size, host_blocks = message.ints
                 # no warm-up: a forward of this rank alone would wait on collectives no other rank enters
                 mirror = ModelRunner(
                     shard, arena, _Blocks(block_size, host_blocks), max_batch=1, max_len=block_size,
                     attention="torch", cuda_graphs=False, warm_up=False,
                 )  # fmt: skip
-            method, args = pickle.loads(message.tensors[0].cpu().numpy().tobytes())
-            getattr(mirror, method)(*args)
+            if op == Mirror.SWAP:
+                mirror._swap(Batch((), False, 0, 0, swaps=tuple((bool(t), s, d) for t, s, d in rows)))
+            else:
+                mirror._copy_blocks(rows)
 
 
 def _exit_with_parent(parent_pid: int) -> None:
