@@ -12,7 +12,8 @@ Formats:
 - Alpaca (`alpaca_data.json`): a JSON list of `{"instruction", "input", "output"}`; the prompt is
   the instruction, plus a blank line and the input when there is one.
 - Any other local dataset (JSON/JSONL/CSV/Parquet file, or a `save_to_disk` folder) through the
-  `datasets` library, with named prompt and response columns.
+  `datasets` library, with named prompt and response columns. The library runs offline
+  (`offline_datasets`): no Hub lookup, and its cache in a temporary folder, not the home folder.
 
 Filtering follows vLLM's ShareGPT benchmark (`TextFilter`): pairs with prompt or output under 4
 tokens, a prompt over 1024 or a total over 2048 are skipped and counted (`Trace.meta`), as are
@@ -22,7 +23,13 @@ an error naming the file, record and field.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,21 +125,64 @@ def alpaca_pairs(path: Path, strict: bool) -> tuple[list[TextPair], int]:
     return pairs, skipped
 
 
-def dataset_pairs(path: Path, prompt_column: str, response_column: str, strict: bool):
-    """Pairs from any local dataset the `datasets` library reads (file or saved folder)."""
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+_OFFLINE_FLAGS = (("datasets.config", "HF_HUB_OFFLINE"), ("datasets.config", "HF_DATASETS_OFFLINE"),
+                  ("huggingface_hub.constants", "HF_HUB_OFFLINE"))  # fmt: skip
+
+
+@contextmanager
+def offline_datasets() -> Iterator[tuple[object, str]]:
+    """The `datasets` module with its offline switches on, and a temporary cache folder.
+
+    `dataset:PATH` is a local file or folder, and the docs promise nothing is downloaded: the
+    switches make any Hub lookup fail instead of reaching the network, and the cache (which
+    `datasets` otherwise writes under ~/.cache) lives only while the table is read. The
+    libraries read the switches from the environment when first imported, and keep them as
+    module constants: both are set here, and put back as they were afterwards.
+    """
+    saved_env = {name: os.environ.get(name) for name in OFFLINE_ENV}
+    os.environ.update(OFFLINE_ENV)
+    saved_flags = []
     try:
         import datasets
-    except ImportError:
-        raise KvbenchError(
-            f"{path}: reading datasets needs the datasets library: pip install 'kvbench[text]'"
-        ) from None
-    if path.is_dir():
-        table = datasets.load_from_disk(str(path))
-    else:
-        kind = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}.get(path.suffix)
-        if kind is None:
-            raise KvbenchError(f"{path}: unknown dataset file type (json, jsonl, csv, parquet)")
-        table = datasets.load_dataset(kind, data_files=str(path), split="train")
+
+        for module_name, flag in _OFFLINE_FLAGS:
+            module = importlib.import_module(module_name)
+            if hasattr(module, flag):
+                saved_flags.append((module, flag, getattr(module, flag)))
+                setattr(module, flag, True)
+        with tempfile.TemporaryDirectory(prefix="kvbench-datasets-") as cache:
+            yield datasets, cache
+    finally:
+        for module, flag, value in saved_flags:
+            setattr(module, flag, value)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def dataset_pairs(path: Path, prompt_column: str, response_column: str, strict: bool):
+    """Pairs from any local dataset the `datasets` library reads (file or saved folder)."""
+    if not path.exists():
+        raise KvbenchError(f"{path}: no such file or folder (dataset: reads a local file or folder)")
+    kind = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}.get(path.suffix)
+    if kind is None and not path.is_dir():
+        raise KvbenchError(f"{path}: unknown dataset file type (json, jsonl, csv, parquet)")
+    if importlib.util.find_spec("datasets") is None:
+        raise KvbenchError(f"{path}: reading it needs the datasets library: pip install 'kvbench[text]'")
+    with offline_datasets() as (datasets, cache):
+        try:
+            if path.is_dir():
+                table = datasets.load_from_disk(str(path), keep_in_memory=True)
+            else:
+                table = datasets.load_dataset(
+                    kind, data_files=str(path), split="train", cache_dir=cache, keep_in_memory=True
+                )
+        except (OSError, ValueError, datasets.exceptions.DatasetsError) as error:
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise KvbenchError(f"{path}: the datasets library cannot read it ({first})") from None
     if isinstance(table, datasets.DatasetDict):
         table = table[next(iter(table))]
     for column in (prompt_column, response_column):
