@@ -29,7 +29,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
@@ -81,15 +81,43 @@ def cell_task(config: RunConfig, how: CellRun) -> tuple[Outcome, dict[str, bytes
 
 
 def write_files(out: Path, files: dict[str, bytes]) -> None:
-    """A cell's files, as a worker returned them, made to appear at `out` all at once."""
+    """A cell's files, as a worker returned them, made to appear at `out` all at once.
+
+    The names come over the network from another machine: each must name a file inside the
+    cell's folder (`check_name`), or nothing is written.
+    """
+    for name in files:
+        check_name(out, name)
 
     def write(tmp: Path) -> None:
+        root = tmp.resolve()
         for name, data in files.items():
             target = tmp / name
+            if not target.resolve().is_relative_to(root):  # e.g. through a link: never followed out
+                raise KvbenchError(f"cell {out.name}: the file name {name!r} leaves the cell's folder")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
 
     write_run_atomically(out, write)
+
+
+def check_name(out: Path, name: object) -> None:
+    """A worker's file name must be a relative path inside the cell folder `out`: no absolute
+    path, drive or `..`; one line naming the cell otherwise."""
+    why = _name_problem(out, name)
+    if why:
+        raise KvbenchError(f"cell {out.name}: the Ray worker returned a file name {name!r}, which {why}")
+
+
+def _name_problem(out: Path, name: object) -> str:
+    if not isinstance(name, str) or not name or "\0" in name:
+        return "is not a file name"
+    if PurePosixPath(name).is_absolute() or PureWindowsPath(name).anchor:
+        return "is an absolute path"
+    if ".." in PurePosixPath(name).parts or ".." in PureWindowsPath(name).parts:
+        return "contains '..'"
+    target, root = (out / name).resolve(), out.resolve()
+    return "leaves the cell's folder" if target == root or not target.is_relative_to(root) else ""
 
 
 def _needs_gpu(job: CellJob) -> bool:
@@ -164,5 +192,8 @@ class RayExecutor:
             why = f"lost on the Ray cluster, {self.retries} retries spent ({type(error).__name__}: {first})"
             return Outcome(False, None, why, time.perf_counter() - submitted)
         if outcome.ok:
-            write_files(job.out, files)
+            try:
+                write_files(job.out, files)
+            except KvbenchError as error:  # a name that would leave the cell folder: nothing written
+                return Outcome(False, None, str(error), outcome.wall_s)
         return outcome
