@@ -4,6 +4,9 @@ On a terminal it is one line rewritten in place (carriage return, no escape code
 file or a pipe (CI logs) it prints one line per finished cell instead, so the log stays
 readable. The ETA is the mean wall time of the cells run by this invocation times the cells
 left; resumed cells count as done but not towards that mean.
+
+The total never shrinks: planned cells a bisection turns out not to need count as done
+("skipped"), so a run never reads 24/28 and then 24/24.
 """
 
 from __future__ import annotations
@@ -28,16 +31,27 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.width = width
         self.tty = self.stream.isatty()
-        self.done = self.failed = self.resumed = self.ran = 0
+        self.done = self.failed = self.resumed = self.ran = self.skipped = 0
         self.ran_seconds = 0.0
         self.start = time.perf_counter()
         self.current = ""
         self._shown = 0  # characters of the line on screen (tty)
-        self._printed_total = total  # the total in the last line printed (not a tty)
+        self._printed = (0, total)  # done and total in the last line printed (not a tty)
 
     def plan(self, extra: int) -> None:
-        """More (or, negative, fewer) cells than first planned: bisection decides as it goes."""
-        self.total = max(self.total + extra, self.done)
+        """More cells than first planned, or (`extra` < 0) fewer: bisection decides as it goes.
+
+        Fewer: that many planned cells count as done, skipped; the total stays, so the bar
+        only ever moves forward.
+        """
+        if extra >= 0:
+            self.total += extra
+            return
+        skipped = max(0, min(-extra, self.total - self.done))
+        self.done += skipped
+        self.skipped += skipped
+        if self.tty and skipped:
+            self._show(self.line())
 
     def begin(self, cell_id: str) -> None:
         self.current = cell_id
@@ -56,15 +70,14 @@ class Progress:
         if self.tty:
             self._show(self.line())
         elif wall_s is not None or not ok:
-            print(self.line(), file=self.stream, flush=True)
-            self._printed_total = self.total
+            self._print()
 
     def close(self) -> None:
         if self.tty and self._shown:
             print(file=self.stream, flush=True)
             self._shown = 0
-        elif not self.tty and self.done and self.total != self._printed_total:
-            print(self.line(), file=self.stream, flush=True)  # the plan shrank after the last line
+        elif not self.tty and self.done and (self.done, self.total) != self._printed:
+            self._print()  # cells were skipped or resumed after the last line
 
     def line(self) -> str:
         filled = self.width * self.done // self.total if self.total else self.width
@@ -74,10 +87,16 @@ class Progress:
         if self.ran:
             eta = _clock(self.ran_seconds / self.ran * (self.total - self.done))
         notes = "".join(
-            f", {n} {what}" for n, what in ((self.failed, "failed"), (self.resumed, "resumed")) if n
+            f", {n} {what}"
+            for n, what in ((self.failed, "failed"), (self.resumed, "resumed"), (self.skipped, "skipped"))
+            if n
         )
         counts = f"{self.done}/{self.total} cells{notes}"
         return f"[{bar}] {counts}  {_clock(elapsed)} elapsed, ETA {eta}  {self.current}"
+
+    def _print(self) -> None:
+        print(self.line(), file=self.stream, flush=True)
+        self._printed = (self.done, self.total)
 
     def _show(self, text: str) -> None:
         text = text[: shutil.get_terminal_size().columns - 1]  # a wrapped line could not be rewritten
