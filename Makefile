@@ -41,3 +41,13 @@ bench: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis
+
+# Mutation testing (slow, not part of `make test`; docs/MUTATION.md): engines first, then the
+# metrics and trace validation; reports land in results/mutation/<scope>/
+.PHONY: mutation
+mutation: $(VENV)/.dev
+	$(PIP) install -q "mutmut==3.8.1"
+	nice $(PY) tools/mutation.py --scope engines --paths engines/ --tests tests/test_rules.py \
+		tests/test_definitions.py tests/test_arena.py tests/test_allocators.py
+	nice $(PY) tools/mutation.py --scope metrics --paths kvbench/occupancy.py kvbench/metrics.py \
+		kvbench/latency_stats.py workloads/columns.py
