@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -90,6 +91,9 @@ def write_report(out: Path, run: dict, stats: dict, alive: list[tuple[str, str]]
         f"# Surviving mutants: {', '.join(run['paths'])}",
         "",
         f"Commit {run['commit']}, {run['date']}; `{run['command']}`.",
+        ""
+        if run["finished"]
+        else f"Stopped at the time limit ({run['seconds']} s): mutants not run are not counted.",
         f"Killed {stats.get('killed', 0)} of {stats.get('total', 0)}; survived {len(alive)}; "
         f"no test reaches {stats.get('no_tests', 0)}; timed out {stats.get('timeout', 0)}.",
         "",
@@ -109,6 +113,7 @@ def main() -> None:
     )
     parser.add_argument("--scope", default="all", help="report folder name under results/mutation/")
     parser.add_argument("--tests", nargs="*", default=[], help="test files to run (default: setup.cfg's)")
+    parser.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
     parser.add_argument("--max-children", type=int, default=1, help="mutants run at once (CPU cores)")
     args = parser.parse_args()
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.scope):
@@ -125,15 +130,23 @@ def main() -> None:
         [
             f"--scope {args.scope}",
             f"--max-children {args.max_children}",
+            *([f"--time-limit {args.time_limit:g}"] if args.time_limit else []),
             *(["--paths", *args.paths] if args.paths else []),
             *(["--tests", *args.tests] if args.tests else []),
         ]
     )
     started = time.monotonic()
-    subprocess.run(
+    mutmut = subprocess.Popen(
         [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)],
-        cwd=work, env=env, stdout=subprocess.DEVNULL, check=False,
+        cwd=work, env=env, stdout=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
+    try:
+        mutmut.wait(timeout=args.time_limit)
+        finished = True
+    except subprocess.TimeoutExpired:  # stop mutmut and its workers (their own session); report what ran
+        os.killpg(mutmut.pid, signal.SIGTERM)
+        mutmut.wait()
+        finished = False
     seconds = time.monotonic() - started
     subprocess.run([sys.executable, "-m", "mutmut", "export-cicd-stats"], cwd=work, env=env, check=True)
     stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
@@ -144,6 +157,7 @@ def main() -> None:
         "paths": paths,
         "tests": setting(work / "setup.cfg", "pytest_add_cli_args_test_selection"),
         "seconds": round(seconds),
+        "finished": finished,  # False: stopped at --time-limit, mutants not run are left out
         "python": sys.version.split()[0],
     }
     write_report(ROOT / "results" / "mutation" / args.scope, run, stats, survivors(work, env))
