@@ -9,6 +9,13 @@ Step times are wall time: a segment's steps sum exactly to the time from the sta
 preparation to the sampled tokens being on the host, so host-side overhead counts. On CUDA
 the steps are split by events recorded between them; the first step carries the host work.
 
+A virtual step clock (`clock=`, a `CostModel`) replaces measured times by modelled ones: the
+model still decodes every token, but the durations the engine sees, and where a segment is cut
+at the next arrival, come from the cost model (`CostModelRunner`, the simulator's own pricing).
+Why: with wall time, whether a request is preempted, swapped or admitted beside another depends
+on how fast the machine is at that moment; a test of those schedules would pass or fail with the
+load on the box. With a virtual clock a real run's schedule is a function of its inputs.
+
 Sequence groups (`engines.groups`): a step with beams runs one decode step (graphed where the
 runner was built with `keep_logits`, else eager) and hands each beam's candidates, ranked from
 that step's logits, back (`kvbench.sampling`), as does a prefill for its beams and for a
@@ -28,6 +35,7 @@ import torch.nn.functional as F
 
 from engines.allocator import BlockTable, Extent, KVAllocator
 from engines.scheduler import Batch
+from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.decode_loop import DecodeLoop, block_table_array
 from kvbench.kv_copies import ArenaCopies
 from kvbench.modeling.arena import KVArena
@@ -46,9 +54,11 @@ class ModelRunner(ArenaCopies):
     def __init__(
         self, model: CausalLM, arena: KVArena, allocator: KVAllocator, *, max_batch: int, max_len: int,
         temperature: float = 0.0, seed: int = 0, attention: str = "auto", cuda_graphs: bool = True,
-        keep_logits: bool = False, warm_up: bool = True,
+        keep_logits: bool = False, warm_up: bool = True, clock: CostModel | None = None,
     ) -> None:  # fmt: skip
         self.model = model
+        # None: steps last what they take; a cost model: what it says (see the module docstring)
+        self.clock = None if clock is None else CostModelRunner(clock)
         self.arena = arena
         self.allocator = allocator
         self.temperature = temperature
@@ -71,6 +81,18 @@ class ModelRunner(ArenaCopies):
         self._host = self._swap_space()  # made now: pinning takes seconds
 
     def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
+        if self.clock is None:
+            return self._execute(batch, max_steps, until_s - start_s)
+        # virtual: the steps the cost model prices, cut where it puts the next arrival (the
+        # wall-clock rule, `step_ends`), then decoded for real; a prefill or a beam step is one
+        one = batch.is_prefill or (batch.has_groups and wants_logits(batch.seqs))
+        durations = self.clock.run(batch, 1 if one else max_steps, start_s, until_s).durations  # (k,)
+        result = self._execute(batch, len(durations), math.inf)
+        return StepResult(durations, result.tokens, result.branches)
+
+    def _execute(self, batch: Batch, max_steps: int, budget_s: float) -> StepResult:
+        """Run `batch` on the device, timed: a decode segment of up to `max_steps` steps stops
+        after the first step ending `budget_s` or more after the call began."""
         start = time.perf_counter()
         self._swap(batch)
         self._copy_blocks(batch.block_copies)
@@ -80,7 +102,7 @@ class ModelRunner(ArenaCopies):
             return StepResult(np.array([time.perf_counter() - start]), [[t] for t in tokens], branches)
         if batch.has_groups and wants_logits(batch.seqs):
             return self._decode_with_logits(batch, start)
-        return self._decode(batch, max_steps, start, until_s - start_s)
+        return self._decode(batch, max_steps, start, budget_s)
 
     # ------------------------------------------------------------------ prefill
     def _prefill(self, batch: Batch) -> tuple[list[int], dict | None]:

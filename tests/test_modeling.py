@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from engines import ENGINES, EngineOptions  # noqa: E402
 from engines.scheduler import SchedulerConfig  # noqa: E402
+from kvbench.cost_model import CostModel, CostModelRunner  # noqa: E402
 from kvbench.engine import Engine  # noqa: E402
 from kvbench.errors import KvbenchError  # noqa: E402
 from kvbench.model_runner import ModelRunner, _slots, padded_tokens, prompt_token_ids  # noqa: E402
@@ -20,7 +21,7 @@ from kvbench.modeling.attention import AttentionMetadata, triton_available  # no
 from kvbench.modeling.weights import load_checkpoint, random_model, read_checkpoint_spec  # noqa: E402
 from kvbench.models import get_model  # noqa: E402
 from kvbench.requests import Request, Trace  # noqa: E402
-from tests.support import INTERPRETED, INTERPRETING  # noqa: E402
+from tests.support import INTERPRETED, INTERPRETING, VIRTUAL_CLOCK  # noqa: E402
 
 CPU = torch.device("cpu")
 HAS_TRITON = triton_available()
@@ -142,23 +143,30 @@ class RecordingRunner(ModelRunner):
         return result
 
 
+def engine_options(num_slots: int, *, block_size=4, preemption="recompute", host_blocks=0) -> EngineOptions:
+    return EngineOptions(
+        num_slots=num_slots, max_len=64, block_size=block_size, host_blocks=host_blocks,
+        scheduler=SchedulerConfig(preemption=preemption),
+    )  # fmt: skip
+
+
 def decode_all(
     engine: str, model_name: str, num_slots: int, *, temperature=0.0, block_size=4, poison=True, device=CPU,
     preemption="recompute", host_blocks=0, coalesce=True, attention="torch", cuda_graphs=True,
+    clock: CostModel | None = VIRTUAL_CLOCK,
 ):  # fmt: skip
+    """Every request of `small_trace` decoded for real. Steps last what `clock` prices (the
+    default: the schedule is the same on any machine under any load); `clock=None`: measured."""
     spec = get_model(model_name)
     model = random_model(spec, torch.float32, device, seed=3)
     arena = KVArena(spec, num_slots, torch.float32, device)
     if poison:
         arena.fill(float("nan"))
-    options = EngineOptions(
-        num_slots=num_slots, max_len=64, block_size=block_size, host_blocks=host_blocks,
-        scheduler=SchedulerConfig(preemption=preemption),
-    )  # fmt: skip
+    options = engine_options(num_slots, block_size=block_size, preemption=preemption, host_blocks=host_blocks)
     sched = ENGINES[engine].build(options)
     runner = RecordingRunner(
         model, arena, sched.allocator, max_batch=10, max_len=64, temperature=temperature, seed=5,
-        attention=attention, cuda_graphs=cuda_graphs,
+        attention=attention, cuda_graphs=cuda_graphs, clock=clock,
     )  # fmt: skip
     run = Engine(sched, runner, coalesce=coalesce).run(small_trace())
     return run, runner, arena
@@ -167,13 +175,16 @@ def decode_all(
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("model_name", ["tiny-opt", "tiny-llama"])
 def test_greedy_tokens_are_identical_across_engines(model_name, device):
-    """Every engine, in multi-step segments and step by step; on CUDA with and without graphs."""
+    """Every engine, in multi-step segments and step by step; on CUDA with and without graphs.
+
+    Measured step times (`clock=None`): the wall-clock path, segments cut by measured step ends,
+    is exercised here, where nothing asserted depends on the schedule."""
     tokens = {}
     for engine in ("static", "orca-max", "orca-pow2", "orca-oracle", "paged"):
         for coalesce in (True, False):
             attention = "triton" if device.type == "cuda" else "torch"
             run, _, _ = decode_all(
-                engine, model_name, 300, device=device, coalesce=coalesce, attention=attention
+                engine, model_name, 300, device=device, coalesce=coalesce, attention=attention, clock=None
             )
             for seq in run.sequences:
                 assert len(seq.output_ids) == seq.request.output_len
@@ -219,6 +230,28 @@ def test_swap_preemption_gives_the_same_tokens(engine, device):
     fallback, _, _ = decode_all(engine, "tiny-llama", 48, preemption="swap", host_blocks=0, device=device)
     assert not any(row.num_swapped for row in fallback.steps)
     assert [s.output_ids for s in fallback.sequences] == [s.output_ids for s in roomy.sequences]
+
+
+@pytest.mark.parametrize(
+    ("engine", "preemption", "host_blocks"),
+    [("paged", "swap", 64), ("paged-static", "recompute", 0)],
+)
+def test_a_virtual_clock_gives_a_real_run_the_simulators_schedule(engine, preemption, host_blocks):
+    """With `clock=`, the model decodes every token but the engine sees the cost model's step
+    times: every row (admissions, segment lengths cut at arrivals, preemptions, swaps, times) is
+    the simulator's with that cost model, on any machine under any load."""
+    num_slots = 48
+    real, _, _ = decode_all(engine, "tiny-llama", num_slots, preemption=preemption, host_blocks=host_blocks)
+    options = engine_options(num_slots, preemption=preemption, host_blocks=host_blocks)
+    simulated = Engine(ENGINES[engine].build(options), CostModelRunner(VIRTUAL_CLOCK)).run(small_trace())
+    assert real.steps == simulated.steps
+    assert all(len(seq.output_ids) == seq.request.output_len for seq in real.sequences)
+    # the cases the schedule is about are exercised: segments, requests waiting for memory,
+    # preemption (with swap: K/V in host memory)
+    assert any(row.num_steps > 1 for row in real.steps)
+    assert any(row.num_waiting for row in real.steps)
+    assert sum(seq.num_preemptions for seq in real.sequences) > 0
+    assert any(row.num_swapped for row in real.steps) == (preemption == "swap")
 
 
 def test_prefill_token_counts_round_up_to_few_buckets():

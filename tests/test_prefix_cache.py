@@ -25,6 +25,7 @@ from kvbench.occupancy import Footprint
 from kvbench.requests import Request, Trace
 from kvbench.sequence import Sequence
 from kvbench.simulate import simulate
+from tests.support import VIRTUAL_CLOCK, examples, steps
 from workloads.columns import to_trace
 from workloads.sharing import multi_turn, with_shared_prefix
 from workloads.spec import WorkloadSpec
@@ -381,7 +382,7 @@ class PrefixMachine(RuleBasedStateMachine):
 
 
 TestPrefixMachine = PrefixMachine.TestCase
-TestPrefixMachine.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)
+TestPrefixMachine.settings = settings(max_examples=examples(150), stateful_step_count=steps(50))
 
 
 # ---------------------------------------------------------------- engine runs
@@ -506,7 +507,9 @@ def test_every_row_partitions_the_arena_with_shared_blocks_counted_once():
 
 
 def real_tokens(engine: str, trace: Trace, num_slots: int, block_size: int = 4):
-    """Greedy tokens of every request, decoded for real by tiny-llama on the CPU in fp32."""
+    """Greedy tokens of every request, decoded for real by tiny-llama on the CPU in fp32; steps
+    last what the virtual clock prices, so which request hits, waits or is preempted is the same
+    on any machine under any load."""
     torch = pytest.importorskip("torch")
     from kvbench.model_runner import ModelRunner
     from kvbench.modeling.arena import KVArena
@@ -518,7 +521,9 @@ def real_tokens(engine: str, trace: Trace, num_slots: int, block_size: int = 4):
     arena = KVArena(spec, num_slots, torch.float32, torch.device("cpu"))
     arena.fill(float("nan"))  # a hit on a block nobody wrote would poison the tokens
     sched = ENGINES[engine].build(EngineOptions(num_slots=num_slots, max_len=128, block_size=block_size))
-    runner = ModelRunner(model, arena, sched.allocator, max_batch=8, max_len=128, attention="torch")
+    runner = ModelRunner(
+        model, arena, sched.allocator, max_batch=8, max_len=128, attention="torch", clock=VIRTUAL_CLOCK
+    )
     run = Engine(sched, runner).run(trace)
     return [tuple(seq.output_ids) for seq in run.sequences], run
 
