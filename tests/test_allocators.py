@@ -24,6 +24,7 @@ from engines.paged import PagedAllocator
 from kvbench.occupancy import Footprint, KVSnapshot
 from kvbench.requests import Request
 from kvbench.sequence import Sequence
+from tests.support import examples, steps
 
 # ---------------------------------------------------------------- helpers
 
@@ -450,7 +451,7 @@ def state(alloc: PagedAllocator, batch) -> tuple:
     return ([blocks(alloc, s) for s in batch], alloc.footprint(), drain(alloc))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(case=growth_cases())
 def test_grow_matches_step_by_step_appends(case):
     # (a) step by step: where the first append would fail, and each step's increments
@@ -775,7 +776,7 @@ class PagedMachine(RuleBasedStateMachine):
 
 def test_paged_state_machine():
     run_state_machine_as_test(
-        PagedMachine, settings=settings(max_examples=150, stateful_step_count=50, deadline=None)
+        PagedMachine, settings=settings(max_examples=examples(150), stateful_step_count=steps(50))
     )
 
 
@@ -904,7 +905,7 @@ class ContiguousMachine(RuleBasedStateMachine):
 
 def test_contiguous_state_machine():
     run_state_machine_as_test(
-        ContiguousMachine, settings=settings(max_examples=150, stateful_step_count=50, deadline=None)
+        ContiguousMachine, settings=settings(max_examples=examples(150), stateful_step_count=steps(50))
     )
 
 

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engines.arena import BuddyArena, FirstFitArena
+from tests.support import examples
 
 OPT13B_SLOTS = 15_728
 OPT13B_TOP = [
@@ -311,7 +312,7 @@ def test_first_fit_fit_queries():
 ops = st.lists(st.tuples(st.booleans(), st.integers(1, 40), st.integers(0, 10_000)), max_size=60)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(num_slots=st.integers(1, 300), operations=ops)
 def test_buddy_random_runs_match_the_reference(num_slots, operations):
     arena = BuddyArena(num_slots)
@@ -349,7 +350,7 @@ def release_all(arena, held: dict[int, int]) -> None:
         arena.check_integrity(held)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(num_slots=st.integers(1, 300), operations=ops)
 def test_first_fit_random_runs_match_the_reference(num_slots, operations):
     arena = FirstFitArena(num_slots)
@@ -375,7 +376,7 @@ def test_first_fit_random_runs_match_the_reference(num_slots, operations):
     assert arena.num_free == num_slots
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100))
 @given(data=st.data(), log_size=st.integers(0, 6))
 def test_buddy_unit_grants_merge_back_in_any_free_order(data, log_size):
     size = 1 << log_size

@@ -21,6 +21,7 @@ from kvbench.metrics import sharing_saved_fraction
 from kvbench.occupancy import CATEGORIES
 from kvbench.requests import Request, Trace
 from kvbench.sequence import SeqStatus, Sequence, sequence_for
+from tests.support import examples, steps
 from workloads.spec import WorkloadSpec, build_trace
 
 COST = CostModel(fixed_s=0.02, per_token_s=1e-4, per_kv_token_s=5e-7, per_copy_slot_s=1e-7)
@@ -35,7 +36,7 @@ def brute_force_beams(scores, tokens, logprobs, width):
     return [(b, tokens[b][r], total) for total, b, r in pairs[:width]]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300))
 @given(
     st.integers(1, 6).flatmap(
         lambda beams: st.tuples(
@@ -197,7 +198,7 @@ class SharingMachine(RuleBasedStateMachine):
 
 
 TestSharingMachine = SharingMachine.TestCase
-TestSharingMachine.settings = settings(max_examples=120, stateful_step_count=60, deadline=None)
+TestSharingMachine.settings = settings(max_examples=examples(120), stateful_step_count=steps(60))
 
 
 # ---------------------------------------------------------------- contiguous groups

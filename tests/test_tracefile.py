@@ -11,12 +11,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbench.errors import KvbenchError
 from kvbench.requests import Request, Trace
-from tests.support import error_of, write
+from tests.support import error_of, examples, write
 from workloads.tracefile import read_trace, write_trace
 
 HAVE_PYARROW = importlib.util.find_spec("pyarrow") is not None
@@ -86,7 +86,7 @@ def round_trip(trace: Trace, suffix: str) -> Trace:
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60))
 @given(trace=traces())
 def test_every_field_round_trips_exactly(suffix, trace):
     back = round_trip(trace, suffix)
