@@ -62,7 +62,7 @@ def test_same_seed_same_results_and_another_seed_differs(tmp_path):
     def run(seed: str, name: str) -> str:
         out = tmp_path / name
         args = ("--engine", "orca-oracle", "--num-requests", "40", "--rate", "3", "--seed", seed)
-        assert kvbench("simulate", *args, "--out", str(out)).returncode == 0
+        assert kvbench("simulate", *args, "--out", str(out), "--overwrite").returncode == 0
         return (out / "requests.csv").read_text()
 
     assert run("7", "a") == run("7", "b")
@@ -73,7 +73,7 @@ def test_rerun_replaces_the_results_folder_whole(tmp_path):
     out = tmp_path / "run"
     base = ("simulate", "--engine", "static", "--kv-cache-gib", "12", "--out", str(out))
     assert kvbench(*base, "--num-requests", "30").returncode == 0
-    assert kvbench(*base, "--num-requests", "10").returncode == 0
+    assert kvbench(*base, "--num-requests", "10", "--overwrite").returncode == 0  # a run is kept unless told
     assert len(read_csv(out / "requests.csv")) == 10
     assert [p.name for p in tmp_path.iterdir()] == ["run"]  # no temporary folders left behind
 
