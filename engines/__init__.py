@@ -9,10 +9,13 @@
 | paged         | blocks, block tables, ref counts        | iteration-level  |
 | paged-static  | blocks (ablation)                       | request-level    |
 | paged-prefix  | blocks + prefix cache (beyond paper)    | iteration-level  |
+| vmm           | virtual ranges, pages mapped on demand  | iteration-level  |
 
 `paged-prefix` is vLLM with automatic prefix caching: requests share computed prompt blocks
 by content (shared prefixes, Mooncake block hashes, earlier chat turns); `paged` is the
 paper's vLLM, which computes and stores every prompt itself, as the contiguous engines do.
+`vmm` is vAttention (ASPLOS 2025): each request's K/V contiguous in a virtual range, physical
+pages mapped under it as it grows and kept mapped for reuse when it finishes.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 
 from engines.allocator import KVAllocator
 from engines.arena import BuddyArena, FirstFitArena, SlotArena
+from engines.batch import DEFAULT_MAX_NUM_SEQS
 from engines.contiguous import (
     ContiguousAllocator,
     MaxReservation,
@@ -32,6 +36,7 @@ from engines.contiguous import (
 from engines.paged import PagedAllocator
 from engines.paged_prefix import PrefixCachingAllocator
 from engines.scheduler import IterationScheduler, RequestScheduler, Scheduler, SchedulerConfig
+from engines.vmm import VirtualAllocator
 from kvbench.errors import KvbenchError
 
 ARENAS: dict[str, Callable[[int], SlotArena]] = {"buddy": BuddyArena, "first-fit": FirstFitArena}
@@ -48,6 +53,8 @@ class EngineOptions:
     watermark: float = 0.01  # paged engines: fraction of blocks kept free at admission
     host_blocks: int = 0  # paged engines: swap space in host memory, in blocks
     hash_block_size: int | None = None  # prefix caching: tokens per `block_hashes` entry (the trace's)
+    page_tokens: int = 0  # vmm: slots one physical page holds (0: block_size)
+    num_pages: int | None = None  # vmm: whole pages the byte budget holds (None: num_slots // page_tokens)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
@@ -67,6 +74,13 @@ def _paged_prefix(options: EngineOptions) -> KVAllocator:
     return PrefixCachingAllocator(
         options.num_slots, options.block_size, options.watermark, options.host_blocks, options.hash_block_size
     )
+
+
+def _vmm(options: EngineOptions) -> KVAllocator:
+    page = options.page_tokens or options.block_size
+    pages = options.num_slots // page if options.num_pages is None else options.num_pages
+    ranges = options.scheduler.max_num_seqs or DEFAULT_MAX_NUM_SEQS  # one per running sequence
+    return VirtualAllocator(options.num_slots, page, pages, options.max_len, ranges, options.watermark)
 
 
 @dataclass(frozen=True)
@@ -113,6 +127,12 @@ ENGINES: dict[str, EngineSpec] = {
             "paged-prefix",
             "vLLM with prefix caching: computed prompt blocks shared by content, LRU eviction",
             _paged_prefix,
+            IterationScheduler,
+        ),
+        EngineSpec(
+            "vmm",
+            "vAttention: continuous batching, virtual ranges with physical pages mapped on demand",
+            _vmm,
             IterationScheduler,
         ),
     )

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from engines.allocator import SlotCopy
 from kvbench.sequence import Sequence
 
+DEFAULT_MAX_NUM_SEQS = 256  # continuous batching's cap on running sequences (vLLM's default)
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:

@@ -26,7 +26,7 @@ from bisect import insort
 from collections import deque
 
 from engines.allocator import KVAllocator, SlotCopy
-from engines.batch import Batch, SchedulerConfig
+from engines.batch import DEFAULT_MAX_NUM_SEQS, Batch, SchedulerConfig
 from engines.groups import Branches, admission_unit, branch, groups_in, seats_taken
 from engines.preemption import Preemption
 from kvbench.sequence import SeqStatus, Sequence
@@ -212,7 +212,7 @@ class IterationScheduler(Scheduler):
     """Continuous batching: admission at every step, memory freed at each finish."""
 
     def __init__(self, allocator: KVAllocator, config: SchedulerConfig) -> None:
-        super().__init__(allocator, config.max_num_seqs or 256, config.preemption)
+        super().__init__(allocator, config.max_num_seqs or DEFAULT_MAX_NUM_SEQS, config.preemption)
         self.token_cap = config.max_num_batched_tokens or math.inf
 
     def admission_open(self) -> bool:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.config import RunConfig
+from kvbench.occupancy import PAPER_OTHER
 from kvbench.paper import FIG2_OCCUPANCY, FIG13_BATCHED, FIG13_RATE, PAPER_NAMES
 from kvbench.results import write_json
 from kvbench.simulate import simulate, write_result
@@ -46,7 +47,7 @@ class DemoRow:
 def _row(s: dict) -> DemoRow:
     """A run's row of the side-by-side table, from its summary (in memory or summary.json)."""
     occ = s["occupancy_saturated"] or s["occupancy"]
-    other = occ["allocator_overhead"] + occ["external_frag"] + occ["free"]
+    other = sum(occ.get(c, 0.0) for c in PAPER_OTHER)  # results before mapped_idle lack it
     grouped = {
         "token_states": occ["token_states"],
         "reservation": occ["reservation"],

@@ -29,7 +29,7 @@ from kvbench.requests import Trace
 from kvbench.runner import Runner, step_ends
 from kvbench.sequence import Sequence, group_width, sequence_for
 
-_ZERO = Footprint(0.0, 0.0, 0.0, 0.0, 0.0)
+_ZERO = Footprint(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,7 @@ class StepRecord:
     reservation: int
     internal_frag: int
     allocator_overhead: int
+    mapped_idle: int
     external_frag: int
     free: int
     # slots the sequences' mappings count beyond the distinct slots held: what sharing saves

@@ -1,4 +1,4 @@
-"""KV occupancy: the six categories of DESIGN.md, and their exact time integrals.
+"""KV occupancy: the categories of DESIGN.md (and mapped idle pages), and their exact time integrals.
 
 An allocator reports a `Footprint`: four additive totals over the sequences it holds.
 Every category is a *linear* function of (footprint, external fragmentation, arena size),
@@ -15,8 +15,10 @@ How the categories split one sequence's slots (F = its final K/V length)::
              [ token_states  | reservation     | internal     | allocator |
                                                   frag          overhead
 
-and the arena's free slots split into `external_frag` (free, but in extents too small for
-the request waiting at the head of the queue) and `free`.
+Slots an allocator keeps for reuse under no sequence (a virtual-memory allocator's pages
+still mapped under the range of a finished request, `engines.vmm`) are `mapped_idle`. The
+arena's free slots split into `external_frag` (free, but in extents too small for the request
+waiting at the head of the queue) and `free`.
 
 Shared slots (forked sequences, prefix cache hits) count once, in every total. A prefix
 cache's blocks that no sequence references any more still hold K/V, but any allocation may
@@ -34,9 +36,12 @@ CATEGORIES = (
     "reservation",
     "internal_frag",
     "allocator_overhead",
+    "mapped_idle",
     "external_frag",
     "free",
 )
+# the paper's "External frag. & Others" (Figure 2): every category past internal fragmentation
+PAPER_OTHER = ("allocator_overhead", "mapped_idle", "external_frag", "free")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,7 @@ class Footprint:
     asked: float  # slots the reservation policy asked for
     granted: float  # slots the allocator handed out (asked + rounding)
     external: float = 0.0  # free slots unusable by the request waiting at the head
+    idle: float = 0.0  # slots kept for reuse under no sequence (mapped idle pages)
 
     def __add__(self, o: Footprint) -> Footprint:
         return Footprint(
@@ -56,6 +62,7 @@ class Footprint:
             self.asked + o.asked,
             self.granted + o.granted,
             self.external + o.external,
+            self.idle + o.idle,
         )
 
     def scaled(self, factor: float) -> Footprint:
@@ -65,30 +72,33 @@ class Footprint:
             self.asked * factor,
             self.granted * factor,
             self.external * factor,
+            self.idle * factor,
         )
 
 
 def categories(fp: Footprint, capacity: float) -> dict[str, float]:
-    """Split `capacity` slots (or slot-seconds) into the six categories; they sum to it."""
+    """Split `capacity` slots (or slot-seconds) into the categories; they sum to it."""
     return {
         "token_states": fp.tokens,
         "reservation": fp.target - fp.tokens,
         "internal_frag": fp.asked - fp.target,
         "allocator_overhead": fp.granted - fp.asked,
+        "mapped_idle": fp.idle,
         "external_frag": fp.external,
-        "free": capacity - fp.granted - fp.external,
+        "free": capacity - fp.granted - fp.idle - fp.external,
     }
 
 
 @dataclass(frozen=True, slots=True)
 class KVSnapshot:
-    """Occupancy of the arena at one instant, in slots; the six categories sum to num_slots."""
+    """Occupancy of the arena at one instant, in slots; the categories sum to num_slots."""
 
     num_slots: int
     token_states: int
     reservation: int
     internal_frag: int
     allocator_overhead: int
+    mapped_idle: int
     external_frag: int
     free: int
 
@@ -139,4 +149,5 @@ def segment_integral(
         asked=end.asked * total - asked_deficit,
         granted=end.granted * total - asked_deficit,
         external=end.external * total,
+        idle=end.idle * total,  # constant within a segment: see `KVAllocator.growth_horizon`
     )

@@ -15,6 +15,7 @@ import numpy as np
 
 from kvbench.errors import KvbenchError
 from kvbench.occupancy import CATEGORIES
+from kvbench.results import save_figure
 
 ENGINE_COLORS = {
     "static": "#7F7F7F",
@@ -33,6 +34,7 @@ CATEGORY_COLORS = {
     "reservation": "#8AB17D",
     "internal_frag": "#E9C46A",
     "allocator_overhead": "#F4A261",
+    "mapped_idle": "#B5838D",
     "external_frag": "#E76F51",
     "free": "#E8E8E8",
 }
@@ -41,6 +43,7 @@ CATEGORY_LABELS = {
     "reservation": "reservation",
     "internal_frag": "internal frag.",
     "allocator_overhead": "allocator overhead",
+    "mapped_idle": "mapped idle",
     "external_frag": "external frag.",
     "free": "free",
 }
@@ -83,7 +86,7 @@ def save(fig, out: Path) -> list[Path]:
     paths = [out.with_suffix(".png"), out.with_suffix(".svg")]
     with plt.rc_context({"svg.fonttype": "none"}):  # SVG text stays text: searchable, editable, smaller
         for path in paths:
-            fig.savefig(path, dpi=110)
+            save_figure(fig, path, dpi=110)
     plt.close(fig)
     return paths
 

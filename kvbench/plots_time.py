@@ -48,9 +48,12 @@ def _title(ax, name: str, color: str, extra: str = "") -> None:
     ax.set_title(f"{name}{extra}", loc="left", fontsize=10, color=color, fontweight="bold")
 
 
+_REQUIRED = tuple(c for c in CATEGORIES if c != "mapped_idle")  # runs written before it lack that one
+
+
 def plot_occupancy_timeline(runs: Iterable[Run | Path | str], out: Path) -> list[Path]:
-    """The six occupancy categories over time per run (stacked, % of the arena), running requests on top."""
-    runs = [r for r in ordered(runs) if _has(r, "start_s", "duration_s", *CATEGORIES)]
+    """The occupancy categories over time per run (stacked, % of the arena), running requests on top."""
+    runs = [r for r in ordered(runs) if _has(r, "start_s", "duration_s", *_REQUIRED)]
     if not runs:
         raise PlotSkipped("no run has steps.csv with the occupancy columns")
     shown, hidden = runs[:MAX_PANELS], len(runs) - MAX_PANELS
@@ -61,8 +64,9 @@ def plot_occupancy_timeline(runs: Iterable[Run | Path | str], out: Path) -> list
     handles = {}
     for ax, r, name in zip(axes, shown, names, strict=True):
         steps = r.steps
-        slots = sum(steps[c][0] for c in CATEGORIES)
-        stack = np.stack([steps[c] for c in CATEGORIES], axis=1) * (100.0 / slots)  # (rows, 6) %
+        columns = [steps[c] if c in steps else np.zeros(len(steps["start_s"])) for c in CATEGORIES]
+        slots = sum(column[0] for column in columns)
+        stack = np.stack(columns, axis=1) * (100.0 / slots)  # (rows, categories) %
         extra = np.stack([steps["num_running"]], axis=1) if "num_running" in steps else None
         x, y = step_series(steps["start_s"], steps["duration_s"], stack)
         top = np.cumsum(y, axis=1)

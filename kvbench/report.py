@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
+from kvbench.occupancy import PAPER_OTHER
 from kvbench.plots_data import Run, Sweep, label_runs, read_run, read_sweep
 from kvbench.plots_style import engine_rank
 
@@ -88,7 +89,7 @@ def _occ(category: str) -> Callable[[Run], str]:
     def get(run: Run) -> str:
         occupancy, _ = run.occupancy
         if category == "other":  # the paper's "External frag. & Others"
-            value = sum(occupancy.get(c, 0.0) for c in ("allocator_overhead", "external_frag", "free"))
+            value = sum(occupancy.get(c, 0.0) for c in PAPER_OTHER)
         else:
             value = occupancy.get(category)
         if value is None:

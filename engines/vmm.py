@@ -1,0 +1,325 @@
+"""Virtual-memory allocation (vAttention): a contiguous virtual range per request, physical
+pages mapped under it as it grows.
+
+Each request is handed one of `max_requests` virtual ranges, each long enough for the model's
+maximum length (virtual addresses are plentiful; physical memory is the budget). Physical
+memory comes in pages of `page_tokens` slots, mapped at the end of a range when the sequence
+needs the next one, so the K/V of a sequence stays contiguous in virtual memory and attention
+kernels read it with no block table. A page is all the physical memory that holds those
+tokens: with vAttention's layout (a virtual tensor per layer for K and one for V) one "page"
+here is a driver page in each of the 2 x layers tensors, so `page_tokens` is what one driver
+page holds of one layer.
+
+Reclamation is deferred, as in vAttention: a finished request's range keeps its pages mapped,
+and the next request given that range reuses them with no driver call. Pages mapped under
+ranges nobody holds are *mapped idle*, their own occupancy category. When a sequence needs a
+page and none is unmapped, an idle page is reclaimed (unmapped from its range and mapped
+under the one that needs it). With `deferred=False` a finished request's pages are unmapped
+at once.
+
+Admission gives the free range that needs the fewest driver calls: the smallest that already
+holds enough pages, else the largest (topped up); pages a range holds beyond what the request
+needs now go back to the unmapped pool, so a sequence holds exactly the pages its tokens need,
+as under paging. Page rounding (a last page beyond the final length) is internal
+fragmentation. Physical memory not divisible into whole pages is unusable by anyone:
+external fragmentation, as the tail past paged's last block is.
+
+Nothing is shared: a request with several outputs holds a range per output from admission
+(a fork copies the parent's K/V into the child's range), and preemption is by recompute
+(`can_swap_out` is False).
+
+Pages and ranges (page_tokens 4, 3 ranges of 2 pages, 5 physical pages)::
+
+    range 0: virtual slots 0-7    maps pages [3, 0]   held by a sequence
+    range 1: virtual slots 8-15   maps pages [4]      mapped idle (its request finished)
+    range 2: virtual slots 16-23  maps pages []       free
+    unmapped pool: [1, 2]
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence as Seq
+
+import numpy as np
+
+from engines.allocator import Extent, SlotCopy
+from kvbench.occupancy import Footprint, Growth
+from kvbench.requests import Request
+from kvbench.sequence import SeqGroup, Sequence, group_width, width_at_admission
+
+
+class VirtualAllocator:
+    """Virtual ranges with physical pages mapped on demand. See `KVAllocator`.
+
+    `num_pages` whole pages of `page_tokens` slots fit in the `num_slots` budget (the caller
+    computes it from bytes: a page's slot cost need not be a whole number of slots). `maps`
+    and `unmaps` count the driver calls made so far (per page); `reused` counts pages a
+    request found already mapped under its range.
+    """
+
+    def __init__(
+        self, num_slots: int, page_tokens: int, num_pages: int, max_len: int, max_requests: int,
+        watermark: float = 0.01, deferred: bool = True,
+    ) -> None:  # fmt: skip
+        assert page_tokens > 0 and 0 <= num_pages * page_tokens <= num_slots, "pages exceed the budget"
+        self.num_slots = num_slots
+        self.page_tokens = page_tokens
+        self.num_pages = num_pages
+        self.range_pages = -(-max_len // page_tokens)
+        self.range_slots = self.range_pages * page_tokens  # virtual slots per range
+        self.max_requests = max_requests
+        self.watermark_pages = int(watermark * num_pages)
+        self.deferred = deferred
+        self.maps = self.unmaps = self.reused = 0
+        self._unmapped: deque[int] = deque(range(num_pages))
+        self._mapped: list[list[int]] = [[] for _ in range(max_requests)]  # physical pages per range
+        self._free_ranges: set[int] = set(range(max_requests))  # held by no sequence and no group
+        self._idle = 0  # pages mapped under free ranges
+        self._held = 0  # pages mapped under held ranges
+        self._target = 0  # sum over held ranges of min(final length, mapped slots)
+        self._owner: dict[Sequence, int] = {}  # resident sequence -> its range
+        self._pools: dict[SeqGroup, list[int]] = {}  # a group's ranges no member holds now
+        self._resident: dict[SeqGroup, int] = {}  # members holding a range, per group
+        self._grown: list[tuple[int, Sequence]] = []  # last grow's (step, sequence), in order
+
+    # ------------------------------------------------------------------ capacity
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_tokens)
+
+    @property
+    def available_pages(self) -> int:
+        """Pages an allocation can get now: unmapped ones, and idle ones it may reclaim."""
+        return len(self._unmapped) + self._idle
+
+    def can_ever_hold(self, request: Request) -> bool:
+        width = group_width(request)
+        pages = self.pages_for(request.kv_len) * width
+        return (
+            request.kv_len <= self.range_slots
+            and width <= self.max_requests
+            and pages <= self.num_pages - self.watermark_pages
+        )
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        width = width_at_admission(seq)
+        need = self.pages_for(seq.num_tokens) * width
+        return len(self._free_ranges) >= width and self.available_pages - need >= self.watermark_pages
+
+    def can_allocate_all(self, seqs: Seq[Sequence]) -> bool:
+        need = sum([self.pages_for(seq.num_tokens) for seq in seqs])
+        return len(self._free_ranges) >= len(seqs) and self.available_pages - need >= self.watermark_pages
+
+    # ------------------------------------------------------------------ admission and release
+    def allocate(self, seq: Sequence) -> None:
+        """A range for `seq` mapped up to its tokens; for a group's leader at admission, one for
+        every member, each mapped for the prompt (the forks' copies land there)."""
+        assert seq not in self._owner, f"seq {seq.seq_id} is already resident"
+        width = width_at_admission(seq)
+        need = self.pages_for(seq.num_tokens)
+        ranges = [self._hold_range(need, seq.request) for _ in range(width)]
+        self._owner[seq] = ranges[0]
+        if seq.group is not None:
+            self._pools.setdefault(seq.group, []).extend(reversed(ranges[1:]))  # popped in order
+            self._resident[seq.group] = self._resident.get(seq.group, 0) + 1
+
+    def _hold_range(self, need: int, request: Request) -> int:
+        """Take the free range needing the fewest driver calls and map exactly `need` pages."""
+        enough = [r for r in self._free_ranges if len(self._mapped[r]) >= need]
+        if enough:
+            r = min(enough, key=lambda r: (len(self._mapped[r]), r))
+        else:
+            r = max(self._free_ranges, key=lambda r: (len(self._mapped[r]), -r))
+        self._free_ranges.remove(r)
+        pages = self._mapped[r]
+        self._idle -= len(pages)
+        self.reused += min(len(pages), need)
+        while len(pages) > need:  # more than the request needs now: back to the pool
+            self._unmapped.append(pages.pop())
+            self.unmaps += 1
+        while len(pages) < need:
+            pages.append(self._take_page())
+        self._held += need
+        self._target += self._target_of(request, need)
+        return r
+
+    def fork(self, parent: Sequence, child: Sequence) -> list[SlotCopy]:
+        """Give `child` a range of the group's pool; the parent's K/V is copied into it."""
+        assert child not in self._owner, f"seq {child.seq_id} is already resident"
+        r = self._pools[child.group].pop()
+        assert len(self._mapped[r]) >= self.pages_for(parent.num_computed), "a pooled range is short"
+        self._owner[child] = r
+        self._resident[child.group] += 1
+        return [(self._owner[parent] * self.range_slots, r * self.range_slots, parent.num_computed)]
+
+    def free(self, seq: Sequence) -> None:
+        r = self._owner.pop(seq)
+        group = seq.group
+        if group is None:
+            self._release_range(r, seq.request)
+            return
+        self._pools[group].append(r)
+        self._resident[group] -= 1
+        if not self._resident[group]:  # the group's last member: every range goes
+            del self._resident[group]
+            for pooled in self._pools.pop(group):
+                self._release_range(pooled, seq.request)
+
+    def _release_range(self, r: int, request: Request) -> None:
+        pages = self._mapped[r]
+        self._held -= len(pages)
+        self._target -= self._target_of(request, len(pages))
+        self._free_ranges.add(r)
+        if self.deferred:
+            self._idle += len(pages)
+            return
+        while pages:
+            self._unmapped.append(pages.pop())
+            self.unmaps += 1
+
+    # ------------------------------------------------------------------ growth
+    def can_append(self, seq: Sequence) -> bool:
+        return self.pages_for(seq.num_tokens) - len(self._mapped[self._owner[seq]]) <= self.available_pages
+
+    def append(self, seq: Sequence) -> list[tuple[int, int]]:
+        pages = self._mapped[self._owner[seq]]
+        need = self.pages_for(seq.num_tokens)
+        if len(pages) < need:
+            self._target += self._target_of(seq.request, need) - self._target_of(seq.request, len(pages))
+            self._held += need - len(pages)
+            while len(pages) < need:
+                pages.append(self._take_page())
+        return []
+
+    def append_all(self, seqs: Seq[Sequence]) -> list[tuple[int, int]] | None:
+        mapped, owner = self._mapped, self._owner
+        short = sum([max(self.pages_for(seq.num_tokens) - len(mapped[owner[seq]]), 0) for seq in seqs])
+        if short > self.available_pages:
+            return None
+        for seq in seqs:
+            self.append(seq)
+        return []
+
+    def _take_page(self) -> int:
+        """An unmapped page, else one reclaimed from the idle range holding the fewest."""
+        self.maps += 1
+        if self._unmapped:
+            return self._unmapped.popleft()
+        idle = [r for r in self._free_ranges if self._mapped[r]]
+        r = min(idle, key=lambda r: (len(self._mapped[r]), r))
+        self._idle -= 1
+        self.unmaps += 1
+        return self._mapped[r].pop()
+
+    def growth_horizon(self, seqs: Seq[Sequence], max_steps: int) -> int:
+        """Steps before a sequence needs a page the unmapped pool cannot give: reclaiming an idle
+        page changes the idle total, which a segment's occupancy integral holds constant, so a
+        segment stops where one would be needed and the next step's `append` reclaims it."""
+        firsts = self._first_crossings(seqs)
+        rounds, index = divmod(len(self._unmapped), len(firsts))
+        return min(max_steps, firsts[index][0] + rounds * self.page_tokens)
+
+    def grow(self, seqs: Seq[Sequence], num_steps: int) -> Growth | None:
+        firsts = self._first_crossings(seqs)
+        self._grown = []
+        if firsts[0][0] >= num_steps:
+            return None
+        asked = np.zeros(num_steps, dtype=np.int64)
+        target = np.zeros(num_steps, dtype=np.int64)
+        for offset in range(0, num_steps, self.page_tokens):
+            for first, index in firsts:
+                step = first + offset
+                if step >= num_steps:
+                    break
+                seq = seqs[index]
+                pages = self._mapped[self._owner[seq]]
+                added = self._page_target(seq.request, len(pages))
+                pages.append(self._unmapped.popleft())
+                self.maps += 1
+                self._held += 1
+                self._target += added
+                self._grown.append((step, seq))
+                asked[step] += self.page_tokens
+                target[step] += added
+        return Growth(asked=asked, target=target)
+
+    def trim(self, num_steps: int) -> None:
+        # grow took pages from the front of the pool in step order: handing the late ones back
+        # to the front in reverse order restores the pool exactly
+        while self._grown and self._grown[-1][0] >= num_steps:
+            _, seq = self._grown.pop()
+            pages = self._mapped[self._owner[seq]]
+            self._target -= self._page_target(seq.request, len(pages) - 1)
+            self._unmapped.appendleft(pages.pop())
+            self.maps -= 1
+            self._held -= 1
+        self._grown = []
+
+    def _first_crossings(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:
+        """Sorted `(step, batch index)` of each sequence's next page (as paged's next block)."""
+        size, mapped, owner = self.page_tokens, self._mapped, self._owner
+        return sorted((len(mapped[owner[seq]]) * size - seq.num_computed, i) for i, seq in enumerate(seqs))
+
+    # ------------------------------------------------------------------ swapping: never
+    def can_swap_out(self, seq: Sequence) -> bool:
+        return False  # preemption is by recompute
+
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        raise NotImplementedError("virtual ranges are never swapped")
+
+    def can_swap_in(self, seq: Sequence) -> bool:
+        return False
+
+    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
+        raise NotImplementedError("virtual ranges are never swapped")
+
+    # ------------------------------------------------------------------ accounting
+    def footprint(self) -> Footprint:
+        tokens = sum([seq.num_computed for seq in self._owner])
+        held = self._held * self.page_tokens
+        return Footprint(tokens, self._target, held, held, idle=self._idle * self.page_tokens)
+
+    def sharing_saved(self) -> int:
+        return 0  # every output holds its own copy
+
+    def external_frag(self, head: Sequence | None) -> int:
+        return self.num_slots - self.num_pages * self.page_tokens  # memory short of a whole page
+
+    def addressing(self, seq: Sequence) -> Extent:
+        r = self._owner[seq]
+        mapped = len(self._mapped[r]) * self.page_tokens
+        return Extent(r * self.range_slots, mapped, mapped)
+
+    def page_table(self, seq: Sequence) -> tuple[int, ...]:
+        """Physical pages under `seq`'s range, in virtual order (what the real arena maps)."""
+        return tuple(self._mapped[self._owner[seq]])
+
+    def _target_of(self, request: Request, num_pages: int) -> int:
+        return min(request.kv_len, num_pages * self.page_tokens)
+
+    def _page_target(self, request: Request, index: int) -> int:
+        """Slots of page `index` (0-based) below the request's final length."""
+        return self._target_of(request, index + 1) - self._target_of(request, index)
+
+    def check_integrity(self) -> None:
+        everywhere = [p for pages in self._mapped for p in pages] + list(self._unmapped)
+        assert sorted(everywhere) == list(range(self.num_pages)), "a page is lost or mapped twice"
+        held_ranges = list(self._owner.values()) + [r for pool in self._pools.values() for r in pool]
+        assert len(set(held_ranges)) == len(held_ranges), "a range is held twice"
+        assert set(held_ranges).isdisjoint(self._free_ranges), "a held range is also free"
+        assert len(held_ranges) + len(self._free_ranges) == self.max_requests, "a range is lost"
+        assert self._idle == sum(len(self._mapped[r]) for r in self._free_ranges), "idle count wrong"
+        assert self._held == sum(len(self._mapped[r]) for r in held_ranges), "held count wrong"
+        if not self.deferred:
+            assert self._idle == 0, "pages idle without deferred reclamation"
+        want = 0
+        for seq, r in self._owner.items():
+            n = len(self._mapped[r])
+            assert self.pages_for(seq.num_computed) <= n, f"seq {seq.seq_id} lost pages under its tokens"
+            want += self._target_of(seq.request, n)
+        for group, pool in self._pools.items():
+            resident = sum(member in self._owner for member in group.members)
+            assert resident == self._resident[group] > 0, "a group's resident count is wrong"
+            assert resident + len(pool) == group.width, "a group lost a range"
+            want += sum(self._target_of(group.members[0].request, len(self._mapped[r])) for r in pool)
+        assert self._target == want, "target total out of date"
