@@ -14,6 +14,7 @@ from engines.vmm import VirtualAllocator
 from kvbench.occupancy import Footprint
 from kvbench.requests import Request
 from kvbench.sequence import Sequence, sequence_for
+from tests.support import examples, steps
 
 
 def seq_of(request_id: int, prompt: int, output: int, **sharing) -> Sequence:
@@ -404,4 +405,4 @@ class VirtualMachine(RuleBasedStateMachine):
 
 
 TestVirtualMachine = VirtualMachine.TestCase
-TestVirtualMachine.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)
+TestVirtualMachine.settings = settings(max_examples=examples(150), stateful_step_count=steps(50))
