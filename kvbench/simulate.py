@@ -15,6 +15,7 @@ from kvbench.latency_stats import ItlTable
 from kvbench.metrics import RequestRecord, request_record, summarize
 from kvbench.results import environment, write_csv, write_json, write_run_atomically
 from kvbench.runner import Runner
+from workloads.spec import dropped
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ def execute(
         "kv_budget_bytes": prepared.budget.budget_bytes,
         "kv_budget_source": prepared.budget.source,
         "kv_bytes_per_token": prepared.model.kv_bytes_per_token,
+        **dropped(prepared.trace),  # what --max-total-len removed from the trace
         **(extra or {}),
         **summarize(run, records, itls, percentiles=config.percentiles, slo=config.slo),
     }

@@ -21,19 +21,27 @@ def numbers(
 ) -> np.ndarray:
     """Text cells (n,) as an (n,) int64 array when all are integers, else float64.
 
-    With `blank_ok`, blank cells become NaN (``Columns``' mark for "take the default"). Range
-    and whole-number checks are left to ``to_trace``; only unparseable text is caught here.
+    With `blank_ok`, blank cells become NaN (``Columns``' mark for "take the default"), so a
+    cell that says ``nan`` is refused here: it would otherwise pass for a blank. Range and
+    whole-number checks are left to ``to_trace``; only unparseable text is caught here.
     """
     try:
         return np.array(cells, dtype=np.int64)
     except (ValueError, OverflowError):
         pass
+    text = cells
     if blank_ok:
         cells = [cell if cell.strip() else "nan" for cell in cells]
     try:
-        return np.array(cells, dtype=np.float64)
+        values = np.array(cells, dtype=np.float64)  # (n,)
     except ValueError:
-        pass
+        values = None
+    if values is not None:
+        if blank_ok and np.isnan(values).any():
+            for cell, line in zip(text, lines.tolist(), strict=True):
+                if cell.strip() and np.isnan(float(cell)):
+                    fail(where, line, column, f"must be a number or blank, got {cell!r}")
+        return values
     for cell, line in zip(cells, lines.tolist(), strict=True):
         try:
             np.array([cell], dtype=np.float64)
@@ -54,7 +62,12 @@ def json_numbers(
             pass
     allowed = {int, float} if required else {int, float, type(None)}
     if kinds <= allowed:
-        return np.array(values, dtype=np.float64)
+        array = np.array(values, dtype=np.float64)  # (n,)
+        if not required and np.isnan(array).any():  # NaN marks a missing value: a written NaN is not one
+            for value, line in zip(values, lines.tolist(), strict=True):
+                if value is not None and value != value:
+                    fail(where, line, column, f"must be a number or absent, got {value!r}")
+        return array
     for value, line in zip(values, lines.tolist(), strict=True):
         if type(value) not in allowed:
             fail(where, line, column, "missing" if value is None else f"must be a number, got {value!r}")

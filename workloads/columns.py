@@ -20,6 +20,7 @@ from kvbench.requests import Request, Trace
 OPTIONAL_INT = ("prefix_len", "turn", "n", "beam_width")
 OPTIONAL_TEXT = ("prefix_group", "conversation_id")
 OPTIONAL_LISTS = ("prompt_ids", "block_hashes")
+INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 
 @dataclass
@@ -129,15 +130,7 @@ def to_trace(cols: Columns, name: str, where: str | Where, *, hash_block_size: i
     texts = {k: getattr(cols, k) or [None] * count for k in OPTIONAL_TEXT}
     lists = {k: getattr(cols, k) or [None] * count for k in OPTIONAL_LISTS}
     if cols.prompt_ids is not None:
-        lengths = np.array([-1 if ids_ is None else len(ids_) for ids_ in cols.prompt_ids])
-        _fail_if(
-            (lengths >= 0) & (lengths != prompt),
-            where,
-            cols,
-            "prompt_ids",
-            "length must equal prompt_len",
-            lengths,
-        )
+        _check_prompt_ids(cols.prompt_ids, prompt, where, cols)
     requests = tuple(
         Request(
             request_id=rid, arrival_s=t, prompt_len=p, output_len=o, prompt_ids=pids,
@@ -152,6 +145,47 @@ def to_trace(cols: Columns, name: str, where: str | Where, *, hash_block_size: i
         )
     )  # fmt: skip
     return Trace(name, requests, source=where.source, hash_block_size=hash_block_size, meta=dict(cols.extra))
+
+
+def _check_prompt_ids(prompt_ids: list, prompt: np.ndarray, where: Where, cols: Columns) -> None:
+    """Each row's token ids: as many as `prompt_len`, each a 64-bit integer (the format's type;
+    whether a model can embed them is `check_vocabulary`'s, once the model is known)."""
+    lengths = np.array([-1 if ids is None else len(ids) for ids in prompt_ids], dtype=np.int64)  # (N,)
+    _fail_if(
+        (lengths >= 0) & (lengths != prompt),
+        where,
+        cols,
+        "prompt_ids",
+        "length must equal prompt_len",
+        lengths,
+    )
+    worst = [_out_of_range(ids) for ids in prompt_ids]  # (N,) the first bad id of each row, or None
+    bad = np.array([w is not None for w in worst], dtype=bool)
+    _fail_if(
+        bad, where, cols, "prompt_ids", "token ids must be 64-bit integers", np.array(worst, dtype=object)
+    )
+
+
+def _out_of_range(ids: tuple[int, ...] | None) -> int | None:
+    if not ids or (min(ids) >= INT64_MIN and max(ids) <= INT64_MAX):
+        return None
+    return next(i for i in ids if not INT64_MIN <= i <= INT64_MAX)
+
+
+def check_vocabulary(trace: Trace, vocab: int, model: str) -> None:
+    """Refuse prompt token ids that `model` (with `vocab` ids) cannot embed, before a real run.
+
+    A trace tokenized for another model would otherwise fail deep in the first prefill with an
+    index error. Requests are named by `request_id`, the row's own id in the trace file (files
+    without an id column number their rows 0, 1, ... in file order).
+    """
+    for request in trace.requests:
+        if request.prompt_ids and not (min(request.prompt_ids) >= 0 and max(request.prompt_ids) < vocab):
+            token = next(i for i in request.prompt_ids if not 0 <= i < vocab)
+            raise KvbenchError(
+                f"{trace.source or trace.name}: request_id {request.request_id}, column prompt_ids: token "
+                f"id {token} is outside --model {model}'s vocabulary of {vocab} ids (0..{vocab - 1})"
+            )
 
 
 def _fail_if(bad: np.ndarray, where: Where, cols: Columns, column: str, why: str, values: np.ndarray) -> None:

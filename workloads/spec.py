@@ -90,22 +90,49 @@ def build_trace(spec: WorkloadSpec) -> Trace:
     return replace(trace, meta={**trace.meta, "workload": _describe(spec)})
 
 
+FLAG_NAMES = {
+    "source": "--trace",
+    "window_start_s": "--window-start",
+    "window_duration_s": "--window-duration",
+}
+"""The command-line flag of each `WorkloadSpec` field spelled otherwise than `--<field-with-dashes>`."""
+
+
+def flag(field: str) -> str:
+    """The flag that sets `field`: errors name what the user typed, not the field behind it."""
+    return FLAG_NAMES.get(field, "--" + field.replace("_", "-"))
+
+
 def _check(spec: WorkloadSpec) -> None:
+    """Refuse every bad value up front, naming its flag (the helpers below name their own
+    parameters, `start_s` or `max_prompt_len`, which a command-line user never typed)."""
     if spec.num_requests is not None and spec.num_requests < 1:
         raise KvbenchError(f"--num-requests must be an integer >= 1, got {spec.num_requests}")
+    if spec.seed < 0:
+        raise KvbenchError(f"--seed must be an integer >= 0, got {spec.seed}")
     if spec.arrivals is not None and spec.arrivals not in ARRIVALS:
         raise KvbenchError(f"unknown --arrivals {spec.arrivals!r}; choose one of: {', '.join(ARRIVALS)}")
-    for flag, value in (
-        ("--n", spec.n),
-        ("--beam-width", spec.beam_width),
-        ("--prefix-groups", spec.prefix_groups),
+    if spec.rate is not None:
+        arrivals.check_rate(spec.rate)
+        if math.isinf(spec.rate) and spec.arrivals in ("gamma", "constant"):
+            raise KvbenchError(f"--rate inf: --arrivals {spec.arrivals} needs a finite rate")
+    for field, value in (
+        ("n", spec.n),
+        ("beam_width", spec.beam_width),
+        ("prefix_groups", spec.prefix_groups),
+        ("chat_turns", 1 if spec.chat_turns is None else spec.chat_turns),
+        ("max_history", spec.max_history),
     ):
         if value < 1:
-            raise KvbenchError(f"{flag} must be >= 1, got {value}")
-    if spec.chat_turns is not None and spec.chat_turns < 1:
-        raise KvbenchError(f"--chat-turns must be >= 1, got {spec.chat_turns}")
-    if spec.time_scale <= 0 or not math.isfinite(spec.time_scale):
-        raise KvbenchError(f"--time-scale must be positive, got {spec.time_scale}")
+            raise KvbenchError(f"{flag(field)} must be >= 1, got {value}")
+    if spec.max_total_len is not None and spec.max_total_len < 2:
+        raise KvbenchError(f"--max-total-len must be >= 2 (prompt and output), got {spec.max_total_len}")
+    for field in ("burstiness", "time_scale", "window_duration_s"):
+        value = getattr(spec, field)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise KvbenchError(f"{flag(field)} must be a finite number > 0, got {value}")
+    if not (math.isfinite(spec.window_start_s) and spec.window_start_s >= 0):
+        raise KvbenchError(f"--window-start must be a finite number >= 0, got {spec.window_start_s}")
 
 
 def _lengths(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[Columns, bool, int | None]:
@@ -185,16 +212,36 @@ def _generated(source: synthetic.LengthSource, count: int, rng: np.random.Genera
 
 
 def _drop_longer(cols: Columns, limit: int) -> Columns:
-    """Keep requests with prompt + output <= limit; the count dropped goes to `Trace.meta`."""
-    if limit < 2:
-        raise KvbenchError(f"--max-total-len must be >= 2, got {limit}")
+    """Keep requests with prompt + output <= limit; what was dropped goes to `Trace.meta`."""
     keep = np.flatnonzero(cols.prompt_len + cols.output_len <= limit)  # (K,) rows kept
     if len(keep) == 0:
-        raise KvbenchError(f"--max-total-len {limit}: no request is that short")
+        raise KvbenchError(f"--max-total-len {limit}: every one of the {len(cols)} requests is longer")
     dropped = len(cols) - len(keep)
-    cols = cols.take(keep) if dropped else cols
-    cols.extra = {**cols.extra, "dropped_longer_than": limit, "dropped_requests": dropped}
-    return cols
+    out = cols.take(keep) if dropped else cols
+    out.extra = {
+        **cols.extra, "dropped_longer_than": limit, "dropped_requests": dropped, "dropped_of": len(cols)
+    }  # fmt: skip
+    return out
+
+
+DROP_KEYS = ("dropped_requests", "dropped_of", "dropped_longer_than")
+"""What `--max-total-len` removed, as `Trace.meta` and a run's summary.json record it."""
+
+
+def dropped(trace: Trace) -> dict:
+    """The `DROP_KEYS` of `trace` (empty without `--max-total-len`), for a run's summary."""
+    return {key: trace.meta[key] for key in DROP_KEYS if key in trace.meta}
+
+
+def dropped_line(record: dict) -> str | None:
+    """One line saying how many requests `--max-total-len` dropped and why, from `dropped`'s keys."""
+    if "dropped_requests" not in record:
+        return None
+    limit, count = record["dropped_longer_than"], record["dropped_requests"]
+    of = f" of {record['dropped_of']}" if "dropped_of" in record else ""
+    return (
+        f"--max-total-len {limit}: dropped {count}{of} requests longer than {limit} tokens (prompt + output)"
+    )
 
 
 def _prefix_tokens(prefix: str) -> int:
@@ -213,6 +260,14 @@ def _prefix_tokens(prefix: str) -> int:
 def _arrivals(spec: WorkloadSpec, cols: Columns, timestamps: bool, rng: np.random.Generator) -> Columns:
     """Set arrival times; for replays, cut the window and the request count."""
     kind = spec.arrivals or ("replay" if timestamps else "poisson")
+    replay_only = [
+        f
+        for f in ("time_scale", "window_start_s", "window_duration_s")
+        if spec.__dict__[f] != getattr(WorkloadSpec, f)
+    ]
+    if replay_only and kind != "replay":  # ignoring them would silently run another workload
+        why = f"--arrivals {kind}" if spec.arrivals else f"{spec.source}, which has no timestamps"
+        raise KvbenchError(f"{flag(replay_only[0])} applies to replayed timestamps, not to {why}")
     if kind == "replay":
         if not timestamps:
             raise KvbenchError(f"--arrivals replay: {spec.source} has no timestamps; give --rate instead")

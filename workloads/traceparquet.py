@@ -118,4 +118,9 @@ def _column(pa: pyarrow, table: pyarrow.Table, name: str, where: str) -> np.ndar
         row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0]) + 1
         raise KvbenchError(f"{where}: row {row}, column {name}: missing value")
     values = column.to_numpy()  # (N,): int64/float64; NaN where null
+    if pa.types.is_floating(kind):  # a stored NaN (not a null) would pass for "the default"
+        stored_nan = np.isnan(values) & ~column.is_null().to_numpy(zero_copy_only=False)
+        if stored_nan.any():
+            row = int(np.flatnonzero(stored_nan)[0]) + 1
+            raise KvbenchError(f"{where}: row {row}, column {name}: must be a number, got nan")
     return values.astype(np.float64) if column.null_count else values
