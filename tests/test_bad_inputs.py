@@ -176,6 +176,11 @@ CONFIG_CASES = {  # id: (family, change, names the error line must hold)
     "projected-embedding": ("opt", set_keys(word_embed_proj_dim=16), ["config.json", "word_embed_proj_dim"]),
     "post-layernorm": ("opt", set_keys(do_layer_norm_before=False), ["config.json", "do_layer_norm_before"]),
     "flag-not-bool": ("opt", set_keys(enable_bias="yes"), ["config.json", "enable_bias"]),
+    "enormous-vocab": (
+        "llama",
+        set_keys(vocab_size=10**9),
+        ["config.json", "64,000,018,592 parameters", "hold 25,056"],
+    ),
     "opt-activation": ("opt", set_keys(activation_function="gelu"), ["config.json", "activation_function"]),
 }
 

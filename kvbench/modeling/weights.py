@@ -64,8 +64,14 @@ def load_checkpoint(path: Path, dtype: torch.dtype, device: torch.device) -> Cau
     the weights file it came from.
     """
     spec = read_checkpoint_spec(path)
-    model = empty_model(spec, dtype, device)
     tensors, files = _read_tensors(path)
+    held = sum(tensor.numel() for tensor in tensors.values())
+    if held < spec.num_params - spec.vocab * spec.hidden:  # the LM head may be tied (not stored)
+        raise KvbenchError(  # before allocating a model a mistyped size may make enormous
+            f"--model {path}: config.json describes {spec.num_params:,} parameters, "
+            f"the weights files hold {held:,}"
+        )
+    model = empty_model(spec, dtype, device)
     for name, param in model.named_parameters():
         if name == "lm_head.weight" and name not in tensors and spec.family == "opt":
             continue  # tied to the embedding
