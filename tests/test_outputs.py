@@ -151,6 +151,16 @@ def test_demo_and_report_regenerate_their_own_output(run_folder, tmp_path):
     assert not [p for p in tmp_path.rglob(".*")]  # no temporaries left anywhere
 
 
+def test_calibrate_regenerates_its_own_file(umask_027, run_folder, tmp_path):
+    out = tmp_path / "cost.json"
+    for _ in range(2):
+        result = kvbench("calibrate", str(run_folder), "--out", str(out))
+        assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["model"] == "opt-13b"
+    assert [p.name for p in tmp_path.iterdir()] == ["cost.json"]
+    assert out.stat().st_mode & 0o777 == 0o640
+
+
 def test_a_trace_plot_replaces_its_own_files_only(tmp_path):
     out = tmp_path / "trace.png"
     for _ in range(2):
