@@ -18,6 +18,7 @@ waited for admission), the setting of the paper's Figure 2.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from collections.abc import Sequence
@@ -26,8 +27,9 @@ from pathlib import Path
 
 from kvbench.config import RunConfig
 from kvbench.occupancy import PAPER_OTHER
+from kvbench.outputs import prepare_out
 from kvbench.paper import FIG2_OCCUPANCY, FIG13_BATCHED, FIG13_RATE, PAPER_NAMES
-from kvbench.results import write_json
+from kvbench.results import write_json, write_run_atomically, write_text
 from kvbench.simulate import simulate, write_result
 from kvbench.sweep_cell import config_differences
 from workloads.spec import WorkloadSpec
@@ -79,8 +81,8 @@ def run_summary(config: RunConfig, out: Path, real: bool, reuse: Sequence[Path] 
     """
     for folder in reuse:
         if (folder / "summary.json").is_file() and not config_differences(config, folder):
-            if folder != out:
-                shutil.copytree(folder, out, dirs_exist_ok=True)
+            if folder != out:  # whole or not at all, like a run written here
+                write_run_atomically(out, functools.partial(_copy_into, folder))
             return json.loads((folder / "summary.json").read_text())
     if real:
         from kvbench.real_run import run_real
@@ -92,12 +94,19 @@ def run_summary(config: RunConfig, out: Path, real: bool, reuse: Sequence[Path] 
     return result.summary
 
 
+def _copy_into(source: Path, folder: Path) -> None:
+    shutil.copytree(source, folder, dirs_exist_ok=True)
+
+
 REAL = {"model": "opt-1.3b", "kv_cache_gib": 3.0, "rate": 64.0}  # see the module docstring
 
 
 def run_demo(
     out: Path, num_requests: int = 1000, seed: int = 0, trace: str = "sharegpt-paper", real: bool = False
 ) -> list[DemoRow]:
+    """Every engine into `out/<engine>`, then demo.json and demo.md; a previous demo there is
+    replaced (`kvbench.outputs`), anything else refused before the first run."""
+    prepare_out(out, "demo")
     rows = []
     for engine in DEMO_ENGINES:
         if real:
@@ -111,7 +120,7 @@ def run_demo(
             config = RunConfig(engine=engine, workload=workload, kv_cache_gib=12.0)
         rows.append(run_engine(config, out / engine, real))
     write_json(out / "demo.json", {"rows": [row.__dict__ for row in rows]})
-    (out / "demo.md").write_text(format_table(rows, trace) + "\n")
+    write_text(out / "demo.md", format_table(rows, trace) + "\n")
     return rows
 
 

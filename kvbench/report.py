@@ -20,8 +20,10 @@ from pathlib import Path
 
 from kvbench.errors import KvbenchError
 from kvbench.occupancy import PAPER_OTHER
+from kvbench.outputs import MARKER, prepare_out
 from kvbench.plots_data import Run, Sweep, label_runs, read_run, read_sweep
 from kvbench.plots_style import engine_rank
+from kvbench.results import write_json, write_run_atomically, write_text
 
 
 def not_results(path: Path) -> KvbenchError:
@@ -261,24 +263,31 @@ def default_out(paths: Sequence[Path]) -> Path:
 
 
 def write_report(paths: Sequence[Path], out: Path | None = None) -> tuple[Path, Path]:
-    """Build the figures, the HTML page and report.md under `out`; returns (html, markdown)."""
+    """Build the figures, the HTML page and report.md under `out`; returns (html, markdown).
+
+    The report folder appears whole (drawn into a temporary folder, then renamed): a previous
+    report there is replaced, anything else at `out` refused before drawing (`kvbench.outputs`).
+    """
     from kvbench.plots import figures_of_runs, figures_of_sweep
     from kvbench.report_html import render_html, render_markdown
 
     results = discover(paths)
     for run in results.runs:  # read every file before drawing anything: a broken one stops us early
         run.steps, run.requests  # noqa: B018
-    out = Path(out) if out is not None else default_out(paths)
-    plots = out / "plots"
-    plots.mkdir(parents=True, exist_ok=True)
-    figures = figures_of_runs(results.runs, plots) if results.runs else []
-    sweep_figures = [
-        figures_of_sweep(sweep, plots, prefix=f"sweep{i}_" if len(results.sweeps) > 1 else "sweep_")
-        for i, sweep in enumerate(results.sweeps, 1)
-    ]
+    out = prepare_out(out if out is not None else default_out(paths), "report")
     created = datetime.now(UTC).isoformat(timespec="seconds")
-    html = out / "report.html"
-    md = out / "report.md"
-    html.write_text(render_html(results, figures, sweep_figures, out, created))
-    md.write_text(render_markdown(results, figures, sweep_figures, out, created))
-    return html, md
+
+    def write(folder: Path) -> None:  # links inside the page are relative: the same after the rename
+        plots = folder / "plots"
+        plots.mkdir()
+        figures = figures_of_runs(results.runs, plots) if results.runs else []
+        sweep_figures = [
+            figures_of_sweep(sweep, plots, prefix=f"sweep{i}_" if len(results.sweeps) > 1 else "sweep_")
+            for i, sweep in enumerate(results.sweeps, 1)
+        ]
+        write_text(folder / "report.html", render_html(results, figures, sweep_figures, folder, created))
+        write_text(folder / "report.md", render_markdown(results, figures, sweep_figures, folder, created))
+        write_json(folder / MARKER, {"kind": "report"})
+
+    write_run_atomically(out, write)
+    return out / "report.html", out / "report.md"
