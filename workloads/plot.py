@@ -10,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from kvbench.outputs import PLOT_TAG
 from kvbench.plots_style import pyplot
 from kvbench.requests import Trace
+from kvbench.results import save_figure
 
 
 def plot_trace(trace: Trace, out: Path) -> list[Path]:
@@ -22,7 +24,7 @@ def plot_trace(trace: Trace, out: Path) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     paths = [out.with_suffix(".png"), out.with_suffix(".svg")]
     for path in paths:
-        fig.savefig(path, dpi=120)
+        save_figure(fig, path, dpi=120, metadata={"Title": f"{PLOT_TAG}: {trace.name}"})  # kvbench.outputs
     plt.close(fig)
     return paths
 
