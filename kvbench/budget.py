@@ -24,11 +24,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvbench.errors import KvbenchError
 from kvbench.models import ModelSpec
 
 GIB = 1 << 30
+# the most token slots one arena may have: 16.8 M, four times what any preset needs on a 141 GB
+# GPU (Llama-1B-ref: 3.9 M); beyond it a typo (`--kv-cache-gib 1e30`) would build free lists for
+# minutes, or exhaust the host's memory, before the first step
+MAX_SLOTS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -70,13 +75,51 @@ def activation_reserve(model: ModelSpec, max_num_batched_tokens: int, max_num_se
 
 
 def _budget(budget_bytes: float, model: ModelSpec, source: str, param: str) -> KVBudget:
+    if model.kv_bytes_per_token <= 0:  # a broken checkpoint config: blame it, not the budget
+        raise KvbenchError(
+            f"--model {model.name}: {model.kv_bytes_per_token} bytes of K/V per token; its layers, "
+            "KV heads and head size must be positive"
+        )
     num_slots = int(budget_bytes // model.kv_bytes_per_token)
     if num_slots < 1:
         raise KvbenchError(
             f"{param} leaves {budget_bytes / GIB:.3g} GiB for the KV cache of {model.name}, "
             f"less than one token ({model.kv_bytes_per_token} bytes)"
         )
+    if num_slots > MAX_SLOTS:
+        raise KvbenchError(
+            f"{param} gives {model.name} {num_slots:,} token slots, more than kvbench's limit of "
+            f"{MAX_SLOTS:,} (kvbench.budget.MAX_SLOTS); give a smaller --kv-cache-gib"
+        )
     return KVBudget(int(budget_bytes), num_slots, source)
+
+
+def check_device_memory(budget: KVBudget, device, ranks: int = 1) -> None:
+    """Refuse an arena the device cannot hold, before allocating it: free CUDA memory (after the
+    weights), or the host's available memory on the CPU, where an oversized allocation would
+    not fail but swap or be killed. `ranks`: GPUs the arena is split over (each holds a share)."""
+    share = budget.budget_bytes // ranks
+    if device.type == "cuda":
+        import torch
+
+        free = torch.cuda.mem_get_info(device)[0]
+        where = f"{device} has {free / GIB:.3g} GiB free"
+    else:
+        free = host_available_bytes()
+        where = f"the host has {free / GIB:.3g} GiB available" if free is not None else ""
+    if free is not None and share > free:
+        raise KvbenchError(
+            f"the KV budget ({budget.source}) needs {share / GIB:.3g} GiB but {where}; lower --kv-cache-gib"
+        )
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (free and reclaimable memory), None where there is none."""
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+        return next((int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:")), None)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def budget_from_gib(gib: float, model: ModelSpec) -> KVBudget:

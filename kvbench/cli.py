@@ -6,6 +6,7 @@ traceback means a kvbench bug.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -17,12 +18,12 @@ from engines import ENGINES
 from kvbench import cli_calibrate, cli_kernels, cli_report, cli_reproduce, cli_sweep, cli_trace
 from kvbench import cli_options as opt
 from kvbench.budget import GPUS
-from kvbench.config import DEFAULT_GPU, RunConfig
+from kvbench.config import DEFAULT_GPU, RunConfig, check_real_options
 from kvbench.errors import KvbenchError
 from kvbench.external import EXTERNAL
 from kvbench.models import MODELS
 from workloads.presets import PRESETS
-from workloads.spec import WorkloadSpec
+from workloads.spec import WorkloadSpec, dropped_line
 
 app = typer.Typer(
     help="Measure how KV-cache allocation strategies change what one GPU can serve.",
@@ -91,9 +92,11 @@ def _job(
         str | None,
         typer.Option(help="Goodput: seconds per objective, e.g. ttft=0.5,tpot=0.05,e2el=20 (all must hold)."),
     ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace the kvbench run already in --out.")] = False,
 ) -> None:
     """Drive a trace through one engine: simulated (cost model) or real (the model on a device)."""
     from kvbench.metrics import parse_percentiles, parse_slo
+    from kvbench.outputs import prepare_out
     from kvbench.simulate import simulate as run_simulation
     from kvbench.simulate import write_result
 
@@ -110,26 +113,44 @@ def _job(
         cost_per_kv_token_s=cost_per_kv_token_s,
         percentiles=parse_percentiles(percentiles), slo=parse_slo(slo), **(asdict(real) if real else {}),
     )  # fmt: skip
+    prepare_out(out, "run", overwrite)  # before the work: a bad --out fails now, not after it
     start = time.perf_counter()
     if real is None:
         result = run_simulation(config, coalesce=not step_by_step)
     else:
         from kvbench.real_run import run_real
 
+        check_real_options(config)  # before the model loads (prepare checks it again)
         result = run_real(config, coalesce=not step_by_step)
     write_result(result, out)
     s = result.summary
-    occ = "  ".join(f"{k} {100 * v:.1f}%" for k, v in s["occupancy"].items())
     typer.echo(
         f"{engine}: {s['completed']}/{s['num_requests']} requests in {s['makespan_s']:.1f} s {s['mode']} "
         f"({time.perf_counter() - start:.2f} s wall), {s['request_throughput']:.2f} req/s, "
         f"{s['mean_batched_requests']:.1f} batched, "
         f"normalized latency {s['normalized_latency_s']:.3f} s/token, "
-        f"{s.get('num_preemptions') or 0} preemptions\n  occupancy: {occ or 'not observable'}\n"
+        f"{s.get('num_preemptions') or 0} preemptions\n{_occupancy_lines(s)}\n"
         f"  results: {out}"
     )
     if "goodput" in s:
         typer.echo(f"  goodput: {s['goodput']:.2f} req/s ({100 * s['goodput_fraction']:.1f}% met {slo})")
+    if dropped_line(s):
+        typer.echo(f"  {dropped_line(s)}")
+
+
+def _occupancy_lines(summary: dict) -> str:
+    """Both weightings of the occupancy, each labelled: over the busy time, and over the time some
+    request waited for memory (Figure 2's, which `compare` and the report show)."""
+
+    def line(label: str, key: str, absent: str) -> str:
+        shares = summary.get(key) or {}
+        text = "  ".join(f"{k} {100 * v:.1f}%" for k, v in shares.items())
+        return f"  occupancy, {label}: {text or absent}"
+
+    return "\n".join((
+        line("busy-weighted", "occupancy", "not observable"),
+        line("saturated-weighted (while requests wait for memory)", "occupancy_saturated", "never saturated"),
+    ))  # fmt: skip
 
 
 app.command(
@@ -161,9 +182,8 @@ def demo(
     if mode not in ("auto", "simulate", "real"):
         raise KvbenchError(f"--mode {mode!r}: choose auto, simulate or real")
     real = mode == "real" or (mode == "auto" and _has_cuda())
-    count = num_requests or (100 if real else 1000)
-    if count < 1:
-        raise KvbenchError(f"--num-requests must be at least 1, got {count}")
+    default = 100 if real else 1000
+    count = default if num_requests is None else num_requests  # 0 is refused (flag_ranges), not replaced
     if real:
         typer.echo(
             f"Real decoding on the GPU: {count} sharegpt-paper requests at {REAL['rate']:g} req/s, "
@@ -205,8 +225,22 @@ cli_reproduce.register(app)
 cli_calibrate.register(app)
 
 
+# click's own usage errors (an unknown option, `--seed abc`), found by walking up from a class
+# typer exports: typer vendors click in some versions and re-exports it in others
+_USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
 def main() -> None:
-    app()
+    """The `kvbench` script: click's usage errors, too, become one `error:` line and exit code 2."""
+    try:
+        code = app(standalone_mode=False)
+    except _USAGE_ERROR as error:
+        typer.echo(f"error: {' '.join(error.format_message().split())}", err=True)
+        sys.exit(2)
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

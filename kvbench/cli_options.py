@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import check_flags, check_workload
 from workloads.presets import PRESETS
 from workloads.spec import ARRIVALS, WorkloadSpec
 
@@ -139,6 +140,8 @@ def _with_group(command, name: str, cls: type, flags: tuple[_Flag, ...], source_
     @functools.wraps(command)
     def wrapper(**kwargs):
         group = cls(**{fields[key]: kwargs.pop(key) for key in fields})
+        if isinstance(group, WorkloadSpec):
+            check_workload(group)  # flags one another would silently undo (--arrivals all --rate 5)
         return command(**{name: group}, **kwargs)
 
     kept = [p for p in own.parameters.values() if p.name != name]
@@ -193,11 +196,13 @@ def without(command, **fixed):
 
 
 def user_errors(command):
-    """Turn a KvbenchError into `error: <one line>` on stderr and exit code 2."""
+    """Check every numeric flag's range (`kvbench.flag_ranges`) before the command runs, and
+    turn a KvbenchError into `error: <one line>` on stderr and exit code 2."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
+            check_flags(kwargs)
             return command(*args, **kwargs)
         except KvbenchError as error:
             typer.echo(f"error: {error}", err=True)

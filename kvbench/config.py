@@ -7,15 +7,17 @@ nothing downstream has to re-check user input.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+import os
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from engines import ARENAS, EngineOptions, get_engine
 from engines.scheduler import SchedulerConfig
-from kvbench.budget import GIB, KVBudget, budget_emulating, budget_from_gib, get_gpu
+from kvbench.budget import GIB, MAX_SLOTS, KVBudget, budget_emulating, budget_from_gib, get_gpu
 from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
 from kvbench.external import check_options, is_external
+from kvbench.flag_ranges import check_flags, check_workload
 from kvbench.metrics import DEFAULT_PERCENTILES, Slo, check_metric_options
 from kvbench.models import ModelSpec, get_model
 from kvbench.parallel.sizes import check_tensor_parallel
@@ -89,6 +91,9 @@ def prepare(
     config: RunConfig, *, weight_bytes: int | None = None, activation_bytes: int | None = None
 ) -> Prepared:
     """Resolve and validate `config`; for emulated budgets, what the loaded model measured."""
+    check_flags({f.name: getattr(config, f.name) for f in fields(config)})  # each flag's range
+    check_workload(config.workload)
+    check_real_options(config)
     spec = None if is_external(config.engine) else get_engine(config.engine)  # external: transformers'
     if spec is None:
         check_options(config)
@@ -134,6 +139,11 @@ def prepare(
     if not math.isfinite(config.swap_space_gib) or config.swap_space_gib < 0:
         raise KvbenchError(f"--swap-space-gib must be a number >= 0, got {config.swap_space_gib}")
     host_blocks = int(config.swap_space_gib * GIB // (bs * model.kv_bytes_per_token))
+    if config.preemption == "swap" and host_blocks * bs > MAX_SLOTS:  # each block is a free-list entry
+        raise KvbenchError(
+            f"--swap-space-gib {config.swap_space_gib:g} holds {host_blocks * bs:,} token slots of "
+            f"{model.name}, more than kvbench's limit of {MAX_SLOTS:,}"
+        )
     roofline = CostModel.roofline(model, gpu, bs)
     base = roofline
     if config.cost_model is not None:  # fitted to real runs by `kvbench calibrate`
@@ -171,6 +181,16 @@ def prepare(
     if spec is not None:
         spec.build(options)  # fail now, not mid-sweep, if the engine cannot be built
     return Prepared(config, model, budget, options, cost, trace)
+
+
+def check_real_options(config: RunConfig) -> None:
+    """Real-run flags that contradict one another: checked before a model is loaded."""
+    on_cuda = config.device.startswith("cuda")
+    if config.attention == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise KvbenchError(
+            f"--attention triton needs a CUDA --device, not {config.device} (--attention torch runs "
+            "there; TRITON_INTERPRET=1 runs the kernels in Triton's interpreter)"
+        )
 
 
 def resolve_model(name: str) -> ModelSpec:

@@ -1,0 +1,192 @@
+"""Every numeric command-line flag's admissible range, checked in one place.
+
+typer parses `nan`, `inf`, `-1` and `10000000000` as valid numbers, and a value outside a
+flag's range does not fail where it is typed: it fails downstream (numpy refusing a seed, NaN
+sampling, a 70 GiB array) with a message naming an internal parameter, or not at all. So
+every command checks its numeric flags, by parameter name, against `RANGES` before it does
+anything (`cli_options.user_errors` calls `check_flags`), and a test asserts that every
+numeric flag of every command has an entry: a new flag cannot be added unchecked.
+
+A name means the same quantity in every command that has it (`--seed`, `--num-requests`),
+so one table serves them all. Upper bounds are sanity limits, documented here:
+
+- `MAX_REQUESTS`: 10 million requests in one trace (a trace's arrays cost about 100 bytes a
+  request; the largest public traces are a few million rows).
+- `MAX_SEED`: seeds are 32-bit (numpy and torch both take them; larger ones only alias).
+- `MAX_WIDTH`: 1,024 parallel samples or beams per request.
+- `MAX_INT`: every other count stays below 2**31.
+
+`check_workload` adds the combinations of workload flags that one flag would silently undo.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from kvbench.errors import KvbenchError
+
+MAX_REQUESTS = 10_000_000
+MAX_SEED = 2**32 - 1
+MAX_WIDTH = 1024
+MAX_INT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Range:
+    """Where a number may lie: [low, high], either end open or absent; finite unless `allow_inf`."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # low itself refused (a positive quantity)
+    high_open: bool = False
+    allow_inf: bool = False  # +inf is meaningful (`--rate inf`: everything at once)
+    zero_ok: bool = False  # 0 is accepted besides [low, high] (`--temperature 0`: greedy)
+
+    def admits(self, value: float) -> bool:
+        if math.isnan(value) or (math.isinf(value) and not (self.allow_inf and value > 0)):
+            return False
+        if self.zero_ok and value == 0:
+            return True
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        if math.isinf(value):
+            return True
+        return self.high is None or value < self.high or (value == self.high and not self.high_open)
+
+    def describe(self, integer: bool) -> str:
+        """`positive`, `an integer in 0..4294967295`, `a number in [0, 1)`, ..."""
+        kind = "an integer" if integer else "a finite number"
+        low, high = self.low, self.high
+        if integer and low == 1:
+            text = "a positive integer" + (f" up to {_plain(high)}" if high is not None else "")
+        elif integer and low is not None and high is not None:
+            text = f"{kind} in {_plain(low)}..{_plain(high)}"
+        elif low is not None and high is not None:
+            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            text = f"{kind} in {left}{_plain(low)}, {_plain(high)}{right}"
+        elif low == 0 and self.low_open:
+            text = "positive" if not integer else "a positive integer"
+        elif low is not None:
+            text = f"{kind} {'>' if self.low_open else '>='} {_plain(low)}"
+        else:
+            text = kind
+        if self.zero_ok:
+            text = f"0 or {text}"
+        return text + (" (or inf)" if self.allow_inf else "")
+
+
+def _plain(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
+POSITIVE = Range(0, low_open=True)
+NON_NEGATIVE = Range(0)
+FRACTION = Range(0, 1, low_open=True)  # (0, 1]: a share of memory
+COUNT = Range(1, MAX_INT)
+SEED = Range(0, MAX_SEED)
+
+# parameter name (the flag without its dashes, `-` as `_`) -> its range
+RANGES: dict[str, Range] = {
+    # simulate, run, sweep: the budget, the scheduler and the cost model
+    "gpu_memory_utilization": FRACTION,
+    "max_num_seqs": COUNT,
+    "max_num_batched_tokens": COUNT,
+    "watermark": Range(0, 1, high_open=True),
+    "swap_space_gib": NON_NEGATIVE,
+    "cost_fixed_s": NON_NEGATIVE,
+    "cost_per_token_s": NON_NEGATIVE,
+    "cost_per_kv_token_s": NON_NEGATIVE,
+    # run: real decoding (below 1e-4 a temperature divides float32 logits into inf and NaN)
+    "temperature": Range(1e-4, 100, zero_ok=True),
+    "weights_seed": SEED,
+    "tensor_parallel": COUNT,
+    "hf_batch_size": COUNT,
+    "hf_block_size": Range(4, MAX_INT),  # transformers' minimum
+    "hf_memory": FRACTION,
+    # the workload (simulate, run, sweep, trace make, demo, reproduce)
+    "num_requests": Range(1, MAX_REQUESTS),
+    "seed": SEED,
+    "rate": Range(0, low_open=True, allow_inf=True),
+    "burstiness": POSITIVE,
+    "time_scale": POSITIVE,
+    "window_start": NON_NEGATIVE,
+    "window_duration": POSITIVE,
+    "max_total_len": Range(2, MAX_INT),
+    "n": Range(1, MAX_WIDTH),
+    "beam_width": Range(1, MAX_WIDTH),
+    "prefix_groups": Range(1, MAX_REQUESTS),
+    "chat_turns": Range(1, MAX_REQUESTS),
+    "max_history": COUNT,
+    # kernels
+    "kv_heads": COUNT,
+    "head_dim": COUNT,  # and a power of two in 16..256 (cli_kernels)
+    "repeats": COUNT,  # kernels: timed calls per cell; sweep: runs per cell
+    "warmup": Range(0, MAX_INT),
+    "max_gib": POSITIVE,
+    # sweep
+    "cell_timeout": POSITIVE,
+    "latency_threshold": POSITIVE,
+    "threshold_multiple": POSITIVE,
+    "bisect": Range(0, 64),  # each is one more rate per engine
+    "baseline_rate": POSITIVE,
+    "baseline_requests": Range(1, MAX_REQUESTS),
+    "parallel_gpus": COUNT,
+    "ray_retries": Range(0, 1000),
+}
+
+
+# numeric parameters whose whole range a more specific check owns (its message says more)
+CHECKED_ELSEWHERE: dict[str, str] = {
+    "kv_cache_gib": "kvbench.budget.budget_from_gib: positive, and at most budget.MAX_SLOTS token slots",
+    "block_size": "kvbench.config.prepare: a power of two, at most the arena's slots",
+}
+
+
+def flag_name(name: str) -> str:
+    """The flag a parameter is typed as: `cell_timeout` -> `--cell-timeout`."""
+    return "--" + name.replace("_", "-")
+
+
+def check_flag(name: str, value: Any) -> None:
+    """Refuse `value` for parameter `name` if it is a number outside its range (unlisted
+    numbers must at least be finite)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or name in CHECKED_ELSEWHERE:
+        return
+    allowed = RANGES.get(name, Range())
+    if not allowed.admits(float(value)):
+        raise KvbenchError(
+            f"{flag_name(name)} must be {allowed.describe(isinstance(value, int))}, got {value!r}"
+        )
+
+
+def check_flags(values: dict[str, Any]) -> None:
+    """`check_flag` for every parameter of a command (numbers only; None is a flag not given)."""
+    for name, value in values.items():
+        check_flag(name, value)
+
+
+def check_workload(spec) -> None:
+    """Refuse workload flags that another flag would silently ignore, naming both.
+
+    `spec` is a `workloads.spec.WorkloadSpec`; its numbers are checked by their flags' ranges.
+    (Replay-only flags on a trace that is not replayed are refused by `workloads.spec`, which
+    knows whether the source has timestamps.)
+    """
+    fields = {"window_start": spec.window_start_s, "window_duration": spec.window_duration_s}
+    fields |= {name: getattr(spec, name) for name in (
+        "num_requests", "seed", "rate", "burstiness", "time_scale", "max_total_len", "n", "beam_width",
+        "prefix_groups", "chat_turns", "max_history")}  # fmt: skip
+    check_flags({name: value for name, value in fields.items() if value is not None})
+    arrivals = spec.arrivals
+    if spec.rate is not None and arrivals in ("all", "replay"):
+        raise KvbenchError(
+            f"--rate {spec.rate:g} and --arrivals {arrivals} contradict each other: --arrivals {arrivals} "
+            "uses no rate; give only one of them"
+        )
+    if spec.burstiness != 1.0 and arrivals != "gamma":
+        raise KvbenchError(
+            f"--burstiness {spec.burstiness:g} shapes --arrivals gamma only, "
+            f"not --arrivals {arrivals or 'poisson/replay (the default)'}"
+        )
