@@ -14,6 +14,7 @@ from dataclasses import replace
 import torch
 
 from kvbench.activations import measure_activation_bytes
+from kvbench.budget import check_device_memory
 from kvbench.collectors import CollectingRunner, build_collectors, parse_collectors
 from kvbench.config import Prepared, RunConfig, batched_tokens, prepare, resolve_model
 from kvbench.errors import KvbenchError
@@ -97,6 +98,7 @@ def run_real(
     # an emulated GPU's budget subtracts the weights as loaded (dtype included) and the
     # activations as measured
     prepared = prepared or prepare(config, weight_bytes=weight_bytes, activation_bytes=activation_bytes)
+    check_device_memory(prepared.budget, device, session.size)  # before allocating, not by OOM
     try:
         arena = session.arena(prepared.budget.num_slots)
     except torch.OutOfMemoryError:
