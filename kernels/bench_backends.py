@@ -1,12 +1,14 @@
 """The kernel benchmark's backends: each builds one callable per input copy of a cell.
 
-kvbench's kernel (paged and contiguous), PyTorch SDPA on a padded contiguous cache, compiled
-FlexAttention over the paged arena, and FlashInfer's paged decode when it is importable.
+kvbench's kernel (paged, contiguous, and contiguous over CUDA virtual memory as vAttention lays
+it out), PyTorch SDPA on a padded contiguous cache, compiled FlexAttention over the paged arena,
+and FlashInfer's paged decode when it is importable.
 """
 
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 from functools import partial
 
@@ -36,6 +38,64 @@ def _build_kvbench(addressing: str):
         return Built(calls, addressing, note=note)
 
     return build
+
+
+def _build_virtual(cell: Cell, layout: Layout, inputs: list[Copy], context: Context) -> Built:
+    """kvbench's contiguous kernel over K and V in CUDA virtual memory, laid out as vAttention
+    lays out a layer: sequence b at the start of its own range (as long as the longest sequence,
+    in whole pages), only the pages under its tokens mapped. The bytes are each copy's own, so
+    the output must equal the contiguous backend's."""
+    if context.device.type != "cuda":
+        raise RuntimeError("kvbench-virtual needs CUDA (the driver's virtual-memory calls)")
+    from kernels.decode_attention import decode_attention
+    from kernels.splits import choose_num_splits
+    from kvbench.vmm.driver import Driver, VirtualBuffer, range_tokens
+
+    driver = Driver(context.device.index or 0)
+    row = cell.kv_heads * cell.head_dim * DTYPES[cell.dtype].itemsize  # bytes of one token's K (or V)
+    stride = range_tokens(layout.max_len, row, driver.granularity())
+    lens, starts = layout.lens.tolist(), layout.starts.tolist()
+    virtual_starts = torch.arange(cell.batch, dtype=torch.int32, device=context.device) * stride  # [B]
+    splits = choose_num_splits(cell.batch, cell.kv_heads, layout.max_len, context.device)
+    calls, buffers = [], []
+    for c in inputs:
+        pair = []
+        for source in (c.k, c.v):
+            buffer = VirtualBuffer(driver, cell.batch * stride * row)
+            buffers.append(buffer)
+            for b, length in enumerate(lens):
+                buffer.map(b * stride * row, length * row)
+            arena = buffer.tensor((cell.batch * stride, cell.kv_heads, cell.head_dim), DTYPES[cell.dtype])
+            for b, (length, start) in enumerate(zip(lens, starts, strict=True)):
+                arena[b * stride : b * stride + length] = source[start : start + length]  # [len, Hkv, D]
+            pair.append(arena)
+        calls.append(
+            partial(
+                decode_attention, c.q, *pair, out=c.out, context_lens=layout.lens, starts=virtual_starts,
+                scale=scale_of(cell), num_splits=splits,
+            )
+        )  # fmt: skip
+    mapped = sum(b.mapped_bytes for b in buffers) // len(inputs)
+    used = 2 * sum(lens) * row
+    holder = _Pages(buffers)
+    weakref.finalize(holder, _close_all, buffers)  # pages go back when the calls are dropped
+    for call in calls:
+        call.pages = holder
+    note = f"{splits} KV splits; {mapped >> 20} MiB of 2 MiB pages mapped for {used >> 20} MiB of K/V"
+    return Built(tuple(calls), "contiguous", note=note)
+
+
+class _Pages:
+    """Owns a backend's virtual buffers for as long as its calls live."""
+
+    def __init__(self, buffers: list) -> None:
+        self.buffers = buffers
+
+
+def _close_all(buffers: list) -> None:
+    torch.cuda.synchronize()  # no kernel may still read a page being unmapped
+    for buffer in buffers:
+        buffer.close()
 
 
 def _build_sdpa(cell: Cell, layout: Layout, inputs: list[Copy], context: Context) -> Built:
@@ -188,6 +248,7 @@ def _build_flashinfer(tensor_cores: bool):
 BUILDERS = {
     "kvbench-paged": _build_kvbench("paged"),
     "kvbench-contiguous": _build_kvbench("contiguous"),
+    "kvbench-virtual": _build_virtual,
     "torch-sdpa": _build_sdpa,
     "flex-paged": _build_flex,
     "flashinfer-cuda-cores": _build_flashinfer(tensor_cores=False),

@@ -9,7 +9,7 @@ from types import ModuleType
 import torch
 
 BACKENDS = (  # every backend, in the order of the CSV; BUILDERS (at the end) builds each
-    "kvbench-paged", "kvbench-contiguous", "torch-sdpa", "flex-paged",
+    "kvbench-paged", "kvbench-contiguous", "kvbench-virtual", "torch-sdpa", "flex-paged",
     "flashinfer-cuda-cores", "flashinfer-tensor-cores",
 )  # fmt: skip
 CPU_BACKENDS = ("kvbench-paged", "kvbench-contiguous", "torch-sdpa")  # the interpreter smoke test's

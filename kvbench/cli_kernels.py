@@ -17,7 +17,7 @@ from kvbench import cli_options as opt
 from kvbench.errors import KvbenchError
 
 _BACKENDS = (  # kernels.bench.BACKENDS, spelled here so that checking options needs no torch
-    "kvbench-paged", "kvbench-contiguous", "torch-sdpa", "flex-paged",
+    "kvbench-paged", "kvbench-contiguous", "kvbench-virtual", "torch-sdpa", "flex-paged",
     "flashinfer-cuda-cores", "flashinfer-tensor-cores",
 )  # fmt: skip
 SHORT_HELP = "Time decode attention: paged vs contiguous, beside SDPA, FlexAttention, FlashInfer."

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import math
 from dataclasses import dataclass
 
 _SUCCESS = 0
@@ -179,3 +180,50 @@ def view(address: int, shape: tuple[int, ...], dtype) -> object:
     if name == "bfloat16":
         return torch.as_tensor(_ArrayInterface(address, shape, "<i2"), device="cuda").view(torch.bfloat16)
     return torch.as_tensor(_ArrayInterface(address, shape, _TYPESTR[name]), device="cuda")
+
+
+def range_tokens(max_len: int, row_bytes: int, page: int) -> int:
+    """Token rows in a virtual range that holds `max_len` rows of `row_bytes` and starts and ends
+    on a page boundary, so that every range of a tensor starts on one too (a row may straddle
+    two pages; the range's length is whole pages and whole rows)."""
+    unit = row_bytes // math.gcd(row_bytes, page)  # pages in the shortest such span
+    pages = -(-max_len * row_bytes // page)
+    return -(-pages // unit) * unit * page // row_bytes
+
+
+class VirtualBuffer:
+    """A span of virtual memory with a page created and mapped wherever asked; `close` unmaps and
+    releases every page and frees the span. Pages are one handle each, as an allocator that
+    maps a sequence's growth page by page holds them."""
+
+    def __init__(self, driver: Driver, size: int) -> None:
+        self.driver = driver
+        self.page = driver.granularity()
+        self.size = -(-size // self.page) * self.page
+        self.address = driver.reserve(self.size, self.page)
+        self._handles: dict[int, int] = {}  # page index -> handle
+
+    @property
+    def mapped_bytes(self) -> int:
+        return len(self._handles) * self.page
+
+    def map(self, offset: int, size: int) -> None:
+        """Back bytes `[offset, offset + size)`, a page at a time (pages already mapped stay)."""
+        for index in range(offset // self.page, -(-(offset + size) // self.page)):
+            if index not in self._handles:
+                handle = self.driver.create(self.page)
+                self.driver.map(self.address + index * self.page, self.page, handle)
+                self._handles[index] = handle
+
+    def tensor(self, shape: tuple[int, ...], dtype) -> object:
+        """The whole span as a tensor; only its mapped pages may be touched."""
+        return view(self.address, shape, dtype)
+
+    def close(self) -> None:
+        for index, handle in self._handles.items():
+            self.driver.unmap(self.address + index * self.page, self.page)
+            self.driver.release(handle)
+        self._handles.clear()
+        if self.address:
+            self.driver.free(self.address, self.size)
+            self.address = 0
