@@ -16,7 +16,7 @@ PAPER_NAMES = {
 }
 
 # Figure 2: KV memory breakdown, % of the KV cache. "other" is the paper's
-# "External frag. & Others" = kvbench's allocator_overhead + external_frag + free.
+# "External frag. & Others" = the sum of kvbench's `occupancy.PAPER_OTHER` categories.
 FIG2_OCCUPANCY = {
     "orca-max": {"token_states": 20.4, "reservation": 13.3, "internal_frag": 57.3, "other": 8.9},
     "orca-pow2": {"token_states": 26.8, "reservation": 17.9, "internal_frag": 13.6, "other": 41.6},
