@@ -143,6 +143,7 @@ def test_static_occupancy_and_batching_busy_and_while_waiting():
             "reservation": (sum(target) - sum(tokens)) / capacity,
             "internal_frag": (sum(asked) - sum(target)) / capacity,
             "allocator_overhead": 0.0,
+            "mapped_idle": 0.0,
             "external_frag": 0.0,
             "free": (capacity - sum(asked)) / capacity,
         },
@@ -156,6 +157,7 @@ def test_static_occupancy_and_batching_busy_and_while_waiting():
             "reservation": (sum(target[waiting]) - sum(tokens[waiting])) / capacity,
             "internal_frag": (sum(asked[waiting]) - sum(target[waiting])) / capacity,
             "allocator_overhead": 0.0,
+            "mapped_idle": 0.0,
             "external_frag": 0.0,
             "free": (capacity - sum(asked[waiting])) / capacity,
         },
@@ -179,6 +181,7 @@ def test_oracle_overhead_and_external_fragmentation():
         "reservation": target - tokens + 4 * 13 - (10 + 11 + 12 + 13),
         "internal_frag": 0,
         "allocator_overhead": granted - target + 4 * (16 - 13),
+        "mapped_idle": 0,
         "external_frag": external,
         "free": 0,
     }
@@ -188,6 +191,7 @@ def test_oracle_overhead_and_external_fragmentation():
         "reservation": target - tokens,
         "internal_frag": 0,
         "allocator_overhead": granted - target,
+        "mapped_idle": 0,
         "external_frag": external,
         "free": 0,
     }
