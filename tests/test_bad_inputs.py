@@ -332,6 +332,7 @@ TRACE_CASES = {  # id: (file name, contents, names the line must hold beside the
     "header-only": ("t.csv", [CSV_HEAD], ["no requests"]),
     "missing-column": ("t.csv", ["request_id,arrival_s,prompt_len", "0,0,4"], ["line 1", "output_len"]),
     "missing-cell": ("t.csv", [CSV_HEAD, "0,0,4"], ["line 2"]),
+    "beyond-float-precision": ("t.csv", [CSV_HEAD, "0,0,1e20,2"], ["line 2", "prompt_len", "2**53"]),
     "text-in-number": ("t.csv", [CSV_HEAD, "0,0,four,2"], ["line 2", "prompt_len", "four"]),
 }
 
@@ -387,6 +388,16 @@ def test_a_valid_trace_file_still_simulates(tmp_path):
         result = simulate(trace, out)
         assert result.exit_code == 0, result.output
         assert json.loads((out / "summary.json").read_text())["completed"] == count
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_request_ids_above_2_to_the_53_are_read_exactly(suffix, tmp_path):
+    """An integer id is kept as an integer: through a float it would become its neighbour."""
+    big = 2**53 + 1
+    lines = [HEADER, row(request_id=big)] if suffix == ".jsonl" else [CSV_HEAD, f"{big},0,4,2"]
+    path = write_trace_file(tmp_path, "t" + suffix, lines)
+    trace = build_trace(WorkloadSpec(str(path), arrivals="all"))
+    assert [r.request_id for r in trace.requests] == [big]
 
 
 # --- prompt token ids against the model's vocabulary --------------------------------------------

@@ -21,6 +21,7 @@ OPTIONAL_INT = ("prefix_len", "turn", "n", "beam_width")
 OPTIONAL_TEXT = ("prefix_group", "conversation_id")
 OPTIONAL_LISTS = ("prompt_ids", "block_hashes")
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+EXACT_FLOAT = 2.0**53  # above it, float64 skips integers
 
 
 @dataclass
@@ -194,11 +195,27 @@ def _fail_if(bad: np.ndarray, where: Where, cols: Columns, column: str, why: str
 
 
 def _ints(values: np.ndarray, where: Where, cols: Columns, column: str, minimum: int) -> np.ndarray:
-    """`values` as int64, refusing fractions, NaN and values below `minimum`."""
-    as_float = np.asarray(values, dtype=np.float64)
+    """`values` as int64, refusing fractions, NaN and values below `minimum`.
+
+    Integers stay integers (a round trip through float64 would change ids above 2**53); a
+    column that holds floats must keep below 2**53, where a float still names one integer.
+    """
+    values = np.asarray(values)
+    if values.dtype.kind == "i":
+        _fail_if(values < minimum, where, cols, column, f"must be >= {minimum}", values)
+        return values.astype(np.int64)
+    as_float = values.astype(np.float64)
     _fail_if(~np.isfinite(as_float), where, cols, column, "must be a number", as_float)
     _fail_if(as_float != np.floor(as_float), where, cols, column, "must be a whole number", as_float)
     _fail_if(as_float < minimum, where, cols, column, f"must be >= {minimum}", as_float)
+    _fail_if(
+        as_float > EXACT_FLOAT,
+        where,
+        cols,
+        column,
+        "must be at most 2**53 unless written as an integer",
+        as_float,
+    )
     return as_float.astype(np.int64)
 
 
@@ -217,7 +234,7 @@ def _optional(
     as_float = np.asarray(values, dtype=np.float64)
     blank = np.isnan(as_float)
     if not blank.any():
-        return _ints(as_float, where, cols, column, minimum)
+        return _ints(values, where, cols, column, minimum)
     present = _ints(np.where(blank, minimum, as_float), where, cols, column, minimum)
     return np.where(blank, default, present)
 
