@@ -24,6 +24,7 @@ from kvbench.modeling.attention import BACKENDS, resolve_backend
 from kvbench.parallel.session import Session, open_session
 from kvbench.parallel.sizes import check_tensor_parallel
 from kvbench.simulate import RunResult, execute
+from workloads.columns import check_vocabulary
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -98,6 +99,7 @@ def run_real(
     # an emulated GPU's budget subtracts the weights as loaded (dtype included) and the
     # activations as measured
     prepared = prepared or prepare(config, weight_bytes=weight_bytes, activation_bytes=activation_bytes)
+    check_vocabulary(prepared.trace, spec.vocab, config.model)  # before any step: ids the model can embed
     check_device_memory(prepared.budget, device, session.size)  # before allocating, not by OOM
     try:
         arena = session.arena(prepared.budget.num_slots)
