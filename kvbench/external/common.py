@@ -12,6 +12,7 @@ from kvbench.config import Prepared, RunConfig, prepare
 from kvbench.external.hf_weights import load_hf_model, transformers_module
 from kvbench.model_runner import prompt_token_ids
 from kvbench.real_run import resolve_device, resolve_dtype
+from workloads.columns import check_vocabulary
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Setup:
 def set_up(config: RunConfig, prepared: Prepared | None, attn_implementation: str) -> Setup:
     """Validate the config, then build transformers' model with kvbench's weights on the device."""
     prepared = prepared or prepare(config)
+    check_vocabulary(prepared.trace, prepared.model.vocab, config.model)  # as kvbench's engines do
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     start = time.perf_counter()
