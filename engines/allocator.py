@@ -142,6 +142,12 @@ class KVAllocator(Protocol):
         ...
 
 
+def address_slots(allocator: KVAllocator) -> int:
+    """Slots the KV arena's addresses must span: the budget, except for a virtual-memory
+    allocator, whose ranges span more addresses than the physical pages behind them."""
+    return getattr(allocator, "virtual_slots", allocator.num_slots)
+
+
 def measure(allocator: KVAllocator, head: Sequence | None) -> Footprint:
     """The allocator's footprint, with external fragmentation as `head` (first waiter) sees it."""
     return replace(allocator.footprint(), external=allocator.external_frag(head))

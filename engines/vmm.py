@@ -83,6 +83,11 @@ class VirtualAllocator:
         self._resident: dict[SeqGroup, int] = {}  # members holding a range, per group
         self._grown: list[tuple[int, Sequence]] = []  # last grow's (step, sequence), in order
 
+    @property
+    def virtual_slots(self) -> int:
+        """Slots the ranges span together: what an arena emulating them must address."""
+        return self.max_requests * self.range_slots
+
     # ------------------------------------------------------------------ capacity
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_tokens)
