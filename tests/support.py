@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,3 +50,53 @@ def error_of(path: Path) -> str:
 def write(path: Path, *lines: str) -> Path:
     path.write_text("".join(line + "\n" for line in lines))
     return path
+
+
+# A sweep that stops itself (SIGSTOP) at its first file rename once a cell of OUT is finished:
+# in a local sweep that is before the next cell lands (cells, sweep.csv and every file are
+# written beside and renamed into place), through Ray before the driver writes another result.
+# An audit hook sees every rename (`os.replace` raises "os.rename") before it happens.
+_STOP_AFTER_FIRST_CELL = """
+import os, signal, sys
+from pathlib import Path
+
+cells = Path(sys.argv.pop(1)) / "cells"
+
+def stop(event, args):
+    if event == "os.rename" and any(not f.parent.name.startswith(".") for f in cells.glob("*/summary.json")):
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+sys.addaudithook(stop)
+from kvbench.cli import main
+main()
+"""
+
+
+def sweep_stopped_after_its_first_cell(
+    args: list[str], out: Path, cwd: Path, timeout_s: float = 600.0
+) -> None:
+    """Run `kvbench sweep ARGS` (writing to `out`) until it stops itself with exactly one cell
+    finished, then SIGKILL it: a sweep killed between two cells, at a point chosen by state, not
+    by timing (a fast machine could finish every cell, a loaded one none, before a timed kill).
+    `timeout_s` is only a safety net; the sweep is killed whatever happens."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STOP_AFTER_FIRST_CELL, str(out), *args],
+        cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and proc_state(proc.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proc_state(proc.pid) == "T", "the sweep never stopped after its first cell"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def proc_state(pid: int) -> str | None:
+    """A process's state letter (R, S, T for stopped, Z for a zombie...), None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]

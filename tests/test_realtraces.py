@@ -85,9 +85,11 @@ def test_mooncake_loads_fast():
     path = SHARED / MOONCAKE
     if not path.is_file():
         pytest.skip(f"{path} not present")
-    start = time.perf_counter()
+    # CPU time, not wall time: other jobs on a loaded machine do not count (measured on the 2-core
+    # CI box at load 15: 0.25 s of CPU, 3.7-4.3 s of wall time); the bound is the point here
+    start = time.process_time()
     read_trace(path)
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 def mooncake_row(timestamp: int, input_length: int = 600, output_length: int = 10) -> str:

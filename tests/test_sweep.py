@@ -6,11 +6,6 @@ import csv
 import io
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +31,7 @@ from kvbench.sweep_grid import (
 )
 from kvbench.sweep_progress import Progress
 from kvbench.sweep_stats import bisect_rate, mean_ci95, sustained_rate, t975
+from tests.support import sweep_stopped_after_its_first_cell
 from tests.test_cli import kvbench
 from workloads.spec import WorkloadSpec
 
@@ -311,22 +307,13 @@ def test_bad_sweep_input_is_one_line(tmp_path, args, message):
 
 def test_a_killed_sweep_resumes_without_redoing_or_losing_a_cell(tmp_path):
     out = tmp_path / "s"
-    args = [sys.executable, "-m", "kvbench.cli", "sweep", "--engines", "paged", "--rates", "4,6,8,10,12,16",
-            "--latency-threshold", "0.1", "--kv-cache-gib", "4", "--num-requests", "600",
-            "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def finished() -> list[Path]:  # a cell being written sits in a hidden temporary folder beside them
-        return [f for f in out.glob("cells/*/summary.json") if not f.parent.name.startswith(".")]
-
-    deadline = time.monotonic() + 60
-    while not finished() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    done = {f: f.stat().st_mtime_ns for f in finished()}
-    assert 1 <= len(done) < 6, "the sweep must be killed between its first and its last cell"
-    resumed = kvbench(*args[3:], "--resume")
+    args = ["sweep", "--engines", "paged", "--rates", "4,6,8,10,12,16", "--latency-threshold", "0.1",
+            "--kv-cache-gib", "4", "--num-requests", "600", "--out", str(out)]  # fmt: skip
+    sweep_stopped_after_its_first_cell(args, out, ROOT)  # SIGKILLed between its first and second cell
+    finished = [f for f in out.glob("cells/*/summary.json") if not f.parent.name.startswith(".")]
+    done = {f: f.stat().st_mtime_ns for f in finished}
+    assert len(done) == 1
+    resumed = kvbench(*args, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert f"6 cells ({6 - len(done)} run, {len(done)} resumed, 0 failed)" in resumed.stdout
     assert {f: f.stat().st_mtime_ns for f in done} == done  # not redone

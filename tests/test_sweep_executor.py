@@ -26,6 +26,7 @@ from kvbench.sweep import SustainedOptions, run_sweep
 from kvbench.sweep_cell import Outcome
 from kvbench.sweep_executor import CellJob, LocalExecutor, Started, gpu_devices
 from kvbench.sweep_progress import Progress
+from tests.support import proc_state
 from tests.test_cli import kvbench
 from tests.test_sweep import plan, rows_of
 
@@ -95,7 +96,9 @@ class ChildWatch:
             if b"kvbench.cli" in argv and folders:
                 seen[folders[0]] = int(proc.name), env.get(b"CUDA_VISIBLE_DEVICES", b"").decode()
         # a scan takes a while: keep the processes still alive after it, alive together now
-        return {cell: (pid, gpu) for cell, (pid, gpu) in seen.items() if _alive(pid)}
+        return {
+            cell: (pid, gpu) for cell, (pid, gpu) in seen.items() if proc_state(pid) not in (None, "Z", "X")
+        }
 
     def _watch(self) -> None:
         while not self.stop.is_set():
@@ -131,15 +134,6 @@ class ChildWatch:
         self.thread.join()
         self._resume()
         return self.samples
-
-
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 def test_several_cells_at_once_one_gpu_each_give_the_same_sweep(tmp_path, monkeypatch):
