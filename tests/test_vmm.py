@@ -406,3 +406,27 @@ class VirtualMachine(RuleBasedStateMachine):
 
 TestVirtualMachine = VirtualMachine.TestCase
 TestVirtualMachine.settings = settings(max_examples=examples(150), stateful_step_count=steps(50))
+
+
+# ---------------------------------------------------------------- page geometry
+
+
+def test_page_geometry_of_both_layouts_on_real_shapes():
+    from kvbench.models import get_model
+    from kvbench.vmm.pages import page_geometry
+
+    gib, mib = 1 << 30, 1 << 20
+    llama = page_geometry(get_model("llama-3-8b"), 12 * gib, "per-layer", 2 * mib)
+    # 8 KV heads x 128 x 2 bytes = 2 KiB per token and layer: a 2 MiB page holds 1,024 tokens,
+    # and growing a request maps one in each of 2 x 32 tensors (128 MiB)
+    assert (llama.driver_pages_per_page, llama.page_tokens, llama.page_bytes) == (1, 1024, 64 * 2 * mib)
+    assert llama.num_pages == 96
+    opt = page_geometry(get_model("opt-13b"), 12 * gib, "per-layer", 2 * mib)
+    # 40 x 128 x 2 = 10 KiB: whole tokens need 5 pages (1,024 tokens); 80 tensors x 10 MiB per unit
+    assert (opt.driver_pages_per_page, opt.page_tokens, opt.page_bytes) == (5, 1024, 80 * 10 * mib)
+    assert opt.num_pages == 15  # 12 GiB / 800 MiB
+    small = page_geometry(get_model("opt-13b"), 12 * gib, "per-layer", 64 << 10)
+    assert (small.page_tokens, small.num_pages) == (32, 491)  # vAttention's 64 KiB pages, simulated
+    whole = page_geometry(get_model("opt-13b"), 12 * gib, "per-request", 2 * mib)
+    # 800 KiB per token of all layers: 25 pages hold 64 tokens
+    assert (whole.driver_pages_per_page, whole.page_tokens, whole.num_pages) == (25, 64, 245)
