@@ -108,15 +108,9 @@ def test_hf_generate_gives_the_paged_engine_greedy_tokens(runs, model):
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-opt"])
 def test_hf_cb_gives_the_paged_engine_greedy_tokens(runs, model):
-    """transformers 5.24's continuous batching fails on OPT (its forward asks the paged cache for a
-    sequence length); that must surface as one line naming the version, never as wrong tokens."""
-    try:
-        hf = runs("hf-cb", model)
-    except KvbenchError as error:
-        message = str(error)
-        assert "\n" not in message and f"transformers {transformers.__version__}" in message
-        assert model == "tiny-opt", message
-        return
+    """On every tested transformers (5.17 to 5.24: pyproject's dev extra); from 5.24 OPT's forward
+    asks the paged cache for a length it has no method for (`hf_cb._cache_length_hook`)."""
+    hf = runs("hf-cb", model)
     for seq in hf.run.sequences:
         assert len(seq.output_ids) == seq.request.output_len
     assert output_ids(hf) == output_ids(runs("paged", model))
@@ -234,9 +228,9 @@ def test_attention_names():
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"hf_batch_size": 0}, "--hf-batch-size must be a positive integer, got 0"),
-        ({"hf_block_size": 2}, "--hf-block-size must be an integer >= 4"),
-        ({"hf_memory": 1.5}, "--hf-memory must be a fraction in (0, 1], got 1.5"),
+        ({"hf_batch_size": 0}, "--hf-batch-size must be a positive integer up to 2147483647, got 0"),
+        ({"hf_block_size": 2}, "--hf-block-size must be an integer in 4..2147483647, got 2"),
+        ({"hf_memory": 1.5}, "--hf-memory must be a finite number in (0, 1], got 1.5"),
         ({"hf_attn": "paged|flex"}, "unknown --hf-attn 'paged|flex'"),
     ],
 )

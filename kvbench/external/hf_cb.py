@@ -17,6 +17,8 @@ every request at once, so it cannot honour arrival times. The loop here:
 
 transformers' API moved between 5.17 and 5.24 (`block_size` became `page_size`; "paged|sdpa"
 became "sdpa" with `auto_switch_to_flash=False`); `cb_api` finds which one is installed.
+From 5.24 OPT's forward takes the paged cache as `cache` and asks it for a sequence length it
+has no method for; `_cache_length_hook` answers 0 (the manager passes every position itself).
 Preemptions, scheduler steps and the cache's occupancy are inside transformers: requests.csv
 leaves `num_preemptions` empty and steps.csv has no rows.
 """
@@ -120,6 +122,7 @@ def run_cb(config: RunConfig, prepared: Prepared | None = None) -> RunResult:
         manager = model.init_continuous_batching(
             generation_config=generation, continuous_batching_config=api.config_class(**sizes)
         )
+        hook = model.register_forward_pre_hook(_cache_length_hook, with_kwargs=True)
         try:
             reset_peak_memory(device)
             try:
@@ -136,6 +139,7 @@ def run_cb(config: RunConfig, prepared: Prepared | None = None) -> RunResult:
             num_blocks = getattr(cache, "num_blocks", sizes.get("num_blocks"))
         finally:
             manager.stop(block=True)
+            hook.remove()
     extra = setup.summary() | peak_memory(device)
     extra |= {"hf_block_size": block, "hf_num_blocks": num_blocks, "hf_memory": config.hf_memory,
               "hf_max_batch_tokens": sizes["max_batch_tokens"], "hf_warmup_s": warmup_s}  # fmt: skip
@@ -145,6 +149,23 @@ def run_cb(config: RunConfig, prepared: Prepared | None = None) -> RunResult:
         prepared, observed, num_slots=num_slots, kv_source=f"transformers cache sized by {source}",
         preemptions_observed=False, extra=extra,
     )  # fmt: skip
+
+
+def _cache_length_hook(module, args: tuple, kwargs: dict) -> None:
+    """Give the paged cache a `get_seq_length` where it has none (transformers 5.24's OPT).
+
+    OPT's forward calls `cache.get_seq_length()` for the length already cached, which only
+    matters when no positions are given; continuous batching always gives them (one flat row
+    of many requests' tokens, so no single length would be right anyway). Answering 0 leaves
+    the positions the manager passed untouched. Set on the run's own cache object only.
+    """
+    cache = kwargs.get("cache")
+    if cache is not None and not hasattr(cache, "get_seq_length"):
+        cache.get_seq_length = _no_cached_length
+
+
+def _no_cached_length(layer_idx: int = 0) -> int:
+    return 0
 
 
 def _warm_up(manager) -> float:
