@@ -151,14 +151,23 @@ def test_demo_and_report_regenerate_their_own_output(run_folder, tmp_path):
     assert not [p for p in tmp_path.rglob(".*")]  # no temporaries left anywhere
 
 
-def test_calibrate_regenerates_its_own_file(umask_027, run_folder, tmp_path):
-    out = tmp_path / "cost.json"
-    for _ in range(2):
-        result = kvbench("calibrate", str(run_folder), "--out", str(out))
-        assert result.exit_code == 0, result.output
-    assert json.loads(out.read_text())["model"] == "opt-13b"
-    assert [p.name for p in tmp_path.iterdir()] == ["cost.json"]
-    assert out.stat().st_mode & 0o777 == 0o640
+def test_calibrate_takes_its_own_file_as_out_and_refuses_a_users(run_folder, tmp_path):
+    from kvbench.calibrate import Calibration
+    from kvbench.cost_model import CostModel
+    from kvbench.results import write_json
+
+    ours, users = tmp_path / "cost.json", tmp_path / "mine.json"
+    fitted = Calibration(CostModel(0.02, 1e-4, 1e-6), "opt-13b", ("runs/a",), 61, 0.01, 0.02)
+    write_json(ours, fitted.to_dict())  # as kvbench calibrate writes it
+    users.write_text(json.dumps({"model": "opt-13b", "fixed_s": 0.02}) + "\n")
+    before = {**snapshot(ours), **snapshot(users)}
+    # --out passes for kvbench's own file: what stops the command is the (simulated) run it fits
+    line = one_line_error(kvbench("calibrate", str(run_folder), "--out", str(ours)), str(run_folder))
+    assert "--out" not in line
+    refused = kvbench("calibrate", str(run_folder), "--out", str(users))
+    one_line_error(refused, f"--out {users}", "did not write")
+    assert {**snapshot(ours), **snapshot(users)} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cost.json", "mine.json"]
 
 
 def test_a_trace_plot_replaces_its_own_files_only(tmp_path):
