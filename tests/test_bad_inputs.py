@@ -495,6 +495,33 @@ def test_the_workload_spec_names_flags_not_fields(fields, flag, timed_trace):
     assert not INTERNAL_NAME.search(str(error.value)), str(error.value)
 
 
+SPEC_CASES = {  # a length spec -> what its one line must name
+    "fixed:prompt=1e3,output=5": ["prompt must be an integer", "'1e3'"],
+    "fixed:prompt=5,output=5,prompt=6": ["prompt= is given twice"],
+    "fixed:prompt=99999999999999999999999,output=5": ["prompt must be at most"],
+    "uniform:prompt=1..99999999999999999999,output=1..2": ["prompt_max must be at most"],
+    "uniform:prompt=x..3,output=1..2": ["prompt LOW must be an integer", "'x'"],
+    "lognormal:prompt_mean=1e300,prompt_cv=1,output_mean=10,output_cv=1": ["prompt_mean must be at most"],
+    "lognormal:prompt_mean=10,prompt_cv=1e6,output_mean=10,output_cv=1": ["prompt_cv must be at most 100"],
+    "lognormal:prompt_mean=abc,prompt_cv=1,output_mean=10,output_cv=1": ["prompt_mean must be a number"],
+    "lognormal:prompt_mean=0.001,prompt_cv=0.1,output_mean=10,output_cv=1": [
+        "round to 0",
+        "prompt mean 0.001",
+    ],
+}
+
+
+@pytest.mark.parametrize("spec", list(SPEC_CASES))
+def test_a_bad_length_spec_is_one_line_naming_its_key(spec, tmp_path):
+    line = refused(simulate(spec, tmp_path / "out", "--rate", "1", "--num-requests", "5"), *SPEC_CASES[spec])
+    assert "invalid literal" not in line
+
+
+def test_an_absurd_request_count_is_refused_before_drawing(tmp_path):
+    """10**12 requests would exhaust memory drawing lengths: refused at once instead."""
+    refused(simulate("sharegpt-paper", tmp_path / "out", "--num-requests", str(10**12)), "--num-requests")
+
+
 def test_max_total_len_says_how_many_requests_it_dropped(timed_trace, tmp_path):
     """Prompts 4, 14, 24, 34 with outputs of 2: a limit of 20 keeps two and drops two."""
     result = simulate(timed_trace, tmp_path / "out", "--max-total-len", "20")

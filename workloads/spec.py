@@ -38,6 +38,7 @@ from workloads.registry import TRACES, trace_file
 
 ARRIVALS = ("poisson", "gamma", "constant", "all", "replay")
 DEFAULT_NUM_REQUESTS = 1000  # for sources that generate lengths
+MAX_REQUESTS = 10**8  # more would not fit in memory as requests: a typo, refused before drawing
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ def _check(spec: WorkloadSpec) -> None:
     parameters, `start_s` or `max_prompt_len`, which a command-line user never typed)."""
     if spec.num_requests is not None and spec.num_requests < 1:
         raise KvbenchError(f"--num-requests must be an integer >= 1, got {spec.num_requests}")
+    if spec.num_requests is not None and spec.num_requests > MAX_REQUESTS:
+        raise KvbenchError(f"--num-requests must be at most {MAX_REQUESTS:,}, got {spec.num_requests:,}")
     if spec.seed < 0:
         raise KvbenchError(f"--seed must be an integer >= 0, got {spec.seed}")
     if spec.arrivals is not None and spec.arrivals not in ARRIVALS:
@@ -178,17 +181,19 @@ def parse_lengths(kind: str, body: str) -> synthetic.LengthSource:
         key, sep, value = item.partition("=")
         if not sep or key.strip() not in LENGTH_KINDS[kind]:
             raise KvbenchError(f"{where}: expected {'=..., '.join(LENGTH_KINDS[kind])}=..., got {item!r}")
+        if key.strip() in values:
+            raise KvbenchError(f"{where}: {key.strip()}= is given twice")
         values[key.strip()] = value.strip()
     missing = [k for k in LENGTH_KINDS[kind] if k not in values]
     if missing:
         raise KvbenchError(f"{where}: missing {missing[0]}=")
     try:
         if kind == "fixed":
-            return synthetic.FixedLengths(int(values["prompt"]), int(values["output"]))
+            return synthetic.FixedLengths(_int(values["prompt"], "prompt"), _int(values["output"], "output"))
         if kind == "uniform":
             (p0, p1), (o0, o1) = (_bounds(values[k], k) for k in ("prompt", "output"))
             return synthetic.UniformLengths(p0, p1, o0, o1)
-        return synthetic.LognormalLengths(*(float(values[k]) for k in LENGTH_KINDS["lognormal"]))
+        return synthetic.LognormalLengths(*(_float(values[k], k) for k in LENGTH_KINDS["lognormal"]))
     except ValueError as error:
         raise KvbenchError(f"{where}: {error}") from None
 
@@ -197,7 +202,21 @@ def _bounds(text: str, key: str) -> tuple[int, int]:
     low, sep, high = text.partition("..")
     if not sep:
         raise ValueError(f"{key} must be LOW..HIGH, got {text!r}")
-    return int(low), int(high)
+    return _int(low, f"{key} LOW"), _int(high, f"{key} HIGH")
+
+
+def _int(text: str, key: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{key} must be an integer, got {text!r}") from None
+
+
+def _float(text: str, key: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{key} must be a number, got {text!r}") from None
 
 
 def _read(path: str) -> Trace:

@@ -24,6 +24,19 @@ from kvbench.requests import Trace
 from workloads.arrivals import check_int, check_positive
 from workloads.presets import CHUNK, MIN_ACCEPT_RATE, PRESETS, lognormal_lengths, sample_lengths
 
+MAX_LENGTH = 2**31
+"""The longest length or mean a spec may ask for: far above any model's context, so a larger
+value is a typo, and below it no sum of lengths overflows int64."""
+MAX_CV = 100  # lognormal: above it draws overflow int64 (and nothing realistic is that spread)
+
+
+def _length(name: str, value: object) -> int:
+    """A spec's length: an integer in 1..MAX_LENGTH, else one line naming its key."""
+    number = check_int(name, value, 1)
+    if number > MAX_LENGTH:
+        raise KvbenchError(f"{name} must be at most {MAX_LENGTH} tokens, got {number}")
+    return number
+
 
 class LengthSource(Protocol):
     """Anything that yields (prompt, output) int64 arrays of shape (num,), all lengths >= 1."""
@@ -41,8 +54,8 @@ class FixedLengths:
     output: int
 
     def __post_init__(self) -> None:
-        check_int("prompt", self.prompt, 1)
-        check_int("output", self.output, 1)
+        _length("prompt", self.prompt)
+        _length("output", self.output)
 
     def sample(self, num: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         num = check_int("num_requests", num, 0)
@@ -63,8 +76,8 @@ class UniformLengths:
 
     def __post_init__(self) -> None:
         for side in ("prompt", "output"):
-            low = check_int(f"{side}_min", getattr(self, f"{side}_min"), 1)
-            high = check_int(f"{side}_max", getattr(self, f"{side}_max"), 1)
+            low = _length(f"{side}_min", getattr(self, f"{side}_min"))
+            high = _length(f"{side}_max", getattr(self, f"{side}_max"))
             if low > high:
                 raise KvbenchError(f"{side}_min must be <= {side}_max, got {low} > {high}")
 
@@ -100,7 +113,10 @@ class LognormalLengths:
 
     def __post_init__(self) -> None:
         for name in ("prompt_mean", "prompt_cv", "output_mean", "output_cv"):
-            check_positive(name, getattr(self, name))
+            value = check_positive(name, getattr(self, name))
+            bound = MAX_CV if name.endswith("cv") else MAX_LENGTH
+            if value > bound:
+                raise KvbenchError(f"{name} must be at most {bound:,}, got {value:g}")
         if self.max_total_len is not None:
             check_int("max_total_len", self.max_total_len, 2)
 
@@ -120,9 +136,14 @@ class LognormalLengths:
             accepted += int(keep.sum())
             drawn += CHUNK
             if drawn >= 16 * CHUNK and accepted < MIN_ACCEPT_RATE * drawn:
+                why = (
+                    "round to 0"
+                    if self.max_total_len is None
+                    else f"exceed max_total_len {self.max_total_len}"
+                )
                 raise KvbenchError(
-                    f"max_total_len {self.max_total_len} rejects over {1 - MIN_ACCEPT_RATE:.0%} "
-                    "of the lognormal lengths; raise it or lower the means"
+                    f"over {1 - MIN_ACCEPT_RATE:.0%} of the lognormal lengths {why} "
+                    f"({self.describe()}): change the means"
                 )
         if num == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
