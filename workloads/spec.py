@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import MAX_REQUESTS  # the CLI's bound: one limit, not two
 from kvbench.requests import Trace
 from workloads import arrivals, sharing, synthetic
 from workloads.columns import Columns, columns_of, to_trace
@@ -38,7 +39,6 @@ from workloads.registry import TRACES, trace_file
 
 ARRIVALS = ("poisson", "gamma", "constant", "all", "replay")
 DEFAULT_NUM_REQUESTS = 1000  # for sources that generate lengths
-MAX_REQUESTS = 10**8  # more would not fit in memory as requests: a typo, refused before drawing
 
 
 @dataclass(frozen=True)
