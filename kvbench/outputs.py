@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
-from kvbench.results import temp_path, write_json
+from kvbench.results import remove_stale_temps, temp_path, write_json
 
 MARKER = "kvbench.json"  # {"kind": ...}: a folder kvbench made for a demo, report or reproduction
 PLOT_TAG = "kvbench trace plot"  # in a trace plot's PNG and SVG metadata (workloads/plot.py)
@@ -138,6 +138,7 @@ def _named(path: Path, noun: str, where: str) -> None:
 
 
 def _check(path: Path, spec: Kind, overwrite: bool, where: str) -> None:
+    """Refusals first, then the probes: a refused path and its folder are left as they were."""
     if path.is_symlink():
         raise KvbenchError(f"{where} is a link: kvbench writes only paths it creates; give its target")
     ancestor = path.parent
@@ -145,9 +146,14 @@ def _check(path: Path, spec: Kind, overwrite: bool, where: str) -> None:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise KvbenchError(f"{where}: {shown(ancestor)} is a file, not a folder")
+    if os.path.lexists(path):
+        _check_existing(path, spec, overwrite, where)
+        if path.is_dir():
+            _probe(path, where)
     _probe(ancestor, where)
-    if not os.path.lexists(path):
-        return
+
+
+def _check_existing(path: Path, spec: Kind, overwrite: bool, where: str) -> None:
     noun = "folder" if spec.folder else "file"
     if spec.folder != path.is_dir():
         raise KvbenchError(
@@ -155,9 +161,11 @@ def _check(path: Path, spec: Kind, overwrite: bool, where: str) -> None:
             f"(it writes {spec.what} there); choose a new {noun}"
         )
     if spec.folder and not any(path.iterdir()):
-        _probe(path, where)
         return
     if not spec.ours(path):
+        other = next((k.what for k in KINDS.values() if k.folder == spec.folder and k.ours(path)), None)
+        if other is not None:
+            raise KvbenchError(f"{where} holds {other}, not {spec.what}: choose a new {noun}")
         listed = ", ".join(sorted(p.name for p in path.iterdir())[:3]) if spec.folder else ""
         raise KvbenchError(
             f"{where} is a {noun} that kvbench did not write{f' (it holds {listed})' if listed else ''}; "
@@ -167,12 +175,11 @@ def _check(path: Path, spec: Kind, overwrite: bool, where: str) -> None:
         raise KvbenchError(
             f"{where} holds {spec.what} already: add --overwrite to replace it, or pick another"
         )
-    if spec.folder:
-        _probe(path, where)
 
 
 def _probe(folder: Path, where: str) -> None:
     """Fail now, not after the work, where `folder` takes no new entries (read-only, /proc)."""
+    remove_stale_temps(folder / "probe")  # a probe of a process killed between its two lines
     probe = temp_path(folder / "probe")
     try:
         probe.mkdir()
