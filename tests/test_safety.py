@@ -107,13 +107,18 @@ def is_loopback(address: str) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from /proc")
-def test_a_tensor_parallel_group_listens_on_loopback_and_refuses_a_pickle(tmp_path, capfd):
-    """A real gloo group on the CPU: every socket its ranks listen on is loopback; a pickle sent
-    as an arena operation (what the workers once unpickled) is refused, not run."""
+def test_a_tensor_parallel_group_listens_on_loopback_and_refuses_a_pickle(tmp_path, capfd, monkeypatch):
+    """A real gloo group on the CPU, started from a folder holding a `multiprocessing/` package:
+    the workers never import it; every socket the ranks listen on is loopback; a pickle sent as
+    an arena operation (what the workers once unpickled) is refused, not run."""
     from kvbench.models import get_model
     from kvbench.parallel.channel import Command
     from kvbench.parallel.launcher import launch
 
+    folder, imported = tmp_path / "hostile", tmp_path / "imported"
+    (folder / "multiprocessing").mkdir(parents=True)
+    (folder / "multiprocessing" / "__init__.py").write_text(MARKER_CODE.format(marker=str(imported)))
+    monkeypatch.chdir(folder)  # the workers' current folder
     before = listening_addresses([os.getpid()])
     session = launch(get_model("tiny-opt"), size=2, device=torch.device("cpu"), dtype=torch.float32)
     try:
@@ -121,6 +126,7 @@ def test_a_tensor_parallel_group_listens_on_loopback_and_refuses_a_pickle(tmp_pa
         opened = listening_addresses(pids) - before
         assert opened, "found no listening socket of the group (the store's at least)"
         assert all(is_loopback(address) for address, _ in opened), opened
+        assert not imported.exists(), "a worker imported a package from the current folder"
 
         marker = tmp_path / "unpickled"
 

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 HOST = "127.0.0.1"  # one host: the store and gloo's sockets stay on loopback
 SOCKET_INTERFACES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # where gloo and NCCL listen
+# a spawned worker starts as `python -c ...`, which puts the current folder first on the import
+# path until the parent's path replaces it: long enough to import a `multiprocessing/` there
+SAFE_PATH = {"PYTHONSAFEPATH": "1"}
 DEFAULT_TIMEOUT_S = 1800.0  # a collective waiting longer than this fails (torch's default for gloo)
 
 
@@ -106,7 +109,7 @@ def launch(
         raise KvbenchError(
             f"--tensor-parallel {size}: torch.distributed is already initialised in this process"
         )
-    settings = {**NVLS_OFF, **loopback_interfaces()}
+    settings = {**NVLS_OFF, **loopback_interfaces(), **SAFE_PATH}
     saved_env = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)  # inherited by the workers; gloo and NCCL read them when they start
     saved_threads = torch.get_num_threads()
