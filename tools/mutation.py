@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRATCH = ROOT / "build" / "mutation"  # ignored by git, made and emptied here only
+SCRATCH = ROOT / "build" / "mutation"  # ignored by git; one folder per scope, made and emptied here only
 
 
 def committed_tree(into: Path) -> str:
@@ -118,9 +118,10 @@ def main() -> None:
     args = parser.parse_args()
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.scope):
         parser.error(f"--scope must be a plain folder name, got {args.scope!r}")
-    if SCRATCH.exists():
-        shutil.rmtree(SCRATCH)
-    work = SCRATCH / "tree"
+    scratch = SCRATCH / args.scope  # scopes may run side by side
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    work = scratch / "tree"
     work.mkdir(parents=True)
     commit = committed_tree(work)
     paths = narrow(work / "setup.cfg", "source_paths", args.paths)
