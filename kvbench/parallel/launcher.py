@@ -166,12 +166,14 @@ def loopback_store(size: int, timeout_s: float) -> dist.TCPStore:
     already bound to loopback (`master_listen_fd`, which it takes over: a duplicate of ours),
     it listens there and nowhere else.
     """
+    # the libuv server (the default) listens on a handed socket from torch 2.8 (pytorch#150215)
+    libuv = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 8)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
         listener.bind((HOST, 0))
         listener.listen()
         return dist.TCPStore(
             HOST, listener.getsockname()[1], size, is_master=True, timeout=timedelta(seconds=timeout_s),
-            wait_for_workers=False, master_listen_fd=os.dup(listener.fileno()),
+            wait_for_workers=False, master_listen_fd=os.dup(listener.fileno()), use_libuv=libuv,
         )  # fmt: skip
 
 
