@@ -50,4 +50,5 @@ mutation: $(VENV)/.dev
 	nice $(PY) tools/mutation.py --scope engines --paths engines/ --tests tests/test_rules.py \
 		tests/test_definitions.py tests/test_arena.py tests/test_allocators.py
 	nice $(PY) tools/mutation.py --scope metrics --paths kvbench/occupancy.py kvbench/metrics.py \
-		kvbench/latency_stats.py workloads/columns.py
+		kvbench/latency_stats.py workloads/columns.py --tests tests/test_definitions.py \
+		tests/test_trace_validation.py tests/test_rules.py

@@ -89,6 +89,22 @@ def test_itl_pools_gaps_where_tpot_averages_requests():
     assert s["normalized_latency_s"] == (3.0 / 3 + 5.0 / 2) / 2
 
 
+def test_itl_pools_every_gap_of_a_step_shared_by_a_batch():
+    """a and b decode the same three steps (one shared `ends` array): each gap inside those
+    steps is a gap of both, so it counts twice in the pool."""
+    a, b = Sequence(Request(0, 0.0, 4, 4)), Sequence(Request(1, 0.0, 4, 4))
+    shared = np.array([2.0, 4.0, 4.5])
+    a.advance(1, 1.0, 0.0, ends=np.array([1.0]))
+    b.advance(1, 1.5, 1.0, ends=np.array([1.5]))
+    a.advance(3, 4.5, 1.5, ends=shared)
+    b.advance(3, 4.5, 1.5, ends=shared)
+    gaps = [1.0, 2.0, 0.5, 0.5, 2.0, 0.5]  # a's, then b's
+    table = ItlTable.of([a, b])
+    assert sorted(table.expanded()) == sorted(gaps)
+    s = latency_summary([request_record(a), request_record(b)], table, makespan=4.5)
+    assert s["mean_itl_s"] == pytest.approx(sum(gaps) / 6) and s["median_itl_s"] == 0.75
+
+
 # orca-max, a roomy arena: r0 alone, r1 and r2 (arriving at 1.5) prefilled at 2-3 alone, then
 # 3-4 all three decode (r1 done), 4-5 r0 and r2 decode (both done)
 THREE = ((0.0, 4, 4), (1.5, 4, 2), (1.5, 4, 3))
