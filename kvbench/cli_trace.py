@@ -91,33 +91,33 @@ def plot(
         typer.echo(f"wrote {path}")
 
 
-@app.command(short_help="Download public traces by name (the one command that uses the network).")
+@app.command(short_help="Download public traces by name (the one command that downloads).")
 @opt.user_errors
 def fetch(
     names: Annotated[
         list[str],
-        typer.Argument(
-            metavar="NAME|all", help="Registered names (kvbench trace list), or all.", show_default=False
-        ),
+        typer.Argument(metavar="NAME|all", help=f"{', '.join(registry.TRACES)}, or all.", show_default=False),
     ],
 ) -> None:
     """Download registered traces from their upstream repositories, pinned to a commit.
 
     Each file streams into the cache (KVBENCH_CACHE_DIR/traces, else the user cache folder) and
-    is kept only if its sha256 matches the registry; a verified copy already there is not
-    downloaded again. KVBENCH_TRACE_URL replaces https://raw.githubusercontent.com (a mirror).
-    Prints each trace's license and citation: cite them when you publish results.
-    """
+    is kept only if its sha256 matches the registry; a verified copy already there, or in
+    KVBENCH_TRACE_DIR, is not downloaded again. KVBENCH_TRACE_URL replaces
+    https://raw.githubusercontent.com (a mirror). Prints each trace's license and citation:
+    cite them when you publish results."""
     traces = list(registry.TRACES.values()) if names == ["all"] else [registry.lookup(n) for n in names]
     failed = []
     for trace in traces:
-        cached = registry.is_cached(trace)
         try:
-            path = registry.fetch(trace)
+            path = registry.folder_copy(trace)  # offline copies: nothing to download
+            verb = f"verified copy in {registry.TRACE_DIR_ENV}"
+            if path is None:
+                verb = "already cached" if registry.is_cached(trace) else "fetched, sha256 verified"
+                path = registry.fetch(trace)
         except KvbenchError as error:
             failed.append(f"{trace.name}: {error}")
             continue
-        verb = "already cached" if cached else f"fetched {trace.size:,} bytes, sha256 verified"
         typer.echo(f"{trace.name}: {verb}: {path}")
         typer.echo(f"  license {trace.license}; cite {trace.citation}")
     if failed:
@@ -142,14 +142,17 @@ def list_traces() -> None:
 @app.command(short_help="Convert a trace file to another format.")
 @opt.user_errors
 def convert(
-    source: Annotated[Path, typer.Argument(help="Any trace file kvbench reads.")],
+    source: Annotated[
+        str, typer.Argument(metavar="TRACE", help="A registered trace or any trace file kvbench reads.")
+    ],
     out: Annotated[Path, typer.Argument(help="Output file: .jsonl, .csv or .parquet.")],
 ) -> None:
     """Read any supported trace file and write it in kvbench's format (by the output suffix)."""
     from workloads.tracefile import read_trace, write_trace
 
-    if not source.is_file():
-        raise KvbenchError(f"{source}: no such file")
-    trace = read_trace(source)
+    path = registry.trace_file(source)
+    if not path.is_file():
+        raise KvbenchError(f"TRACE {source}: no such file or registered trace")
+    trace = read_trace(path)
     write_trace(trace, out)
     typer.echo(f"wrote {len(trace)} requests to {out}")

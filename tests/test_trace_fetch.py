@@ -180,6 +180,19 @@ def test_fetch_all_fetches_every_entry(mirror, tmp_path):
     assert len(files_under(cache)) == len(registry.TRACES) - len(missing)
 
 
+@needs_shared
+def test_fetch_with_a_copies_folder_downloads_nothing(tmp_path):
+    env = {
+        registry.TRACE_DIR_ENV: str(SHARED),
+        registry.CACHE_DIR_ENV: str(tmp_path / "cache"),
+        registry.URL_ENV: "http://127.0.0.1:9",  # the discard port: any download would fail
+    }
+    proc = kvbench("trace", "fetch", "azure-conv", "mooncake-conv", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("verified copy in KVBENCH_TRACE_DIR") == 2 and "Mooncake" in proc.stdout
+    assert not (tmp_path / "cache").exists()
+
+
 def test_fetch_of_an_unknown_name_lists_the_names(tmp_path):
     proc = kvbench("trace", "fetch", "azure", env={registry.CACHE_DIR_ENV: str(tmp_path / "cache")})
     assert proc.returncode == 2
@@ -284,6 +297,9 @@ def test_the_positional_argument_is_named_as_typed(tmp_path):
     )
     proc = kvbench("trace", "make", "fixed:prompt=4", "--out", str(tmp_path / "t.jsonl"), env={})
     assert proc.returncode == 2 and proc.stderr.startswith("error: SPEC fixed:prompt=4: ")
+    proc = kvbench("trace", "convert", "no/such.jsonl", str(tmp_path / "t.csv"), env={})
+    assert proc.returncode == 2
+    assert proc.stderr == "error: TRACE no/such.jsonl: no such file or registered trace\n"
     proc = kvbench("trace", "plot", "fixed:prompt=4,output=oops", "--out", str(tmp_path / "p.png"), env={})
     assert (
         proc.returncode == 2

@@ -93,7 +93,7 @@ TRACES: dict[str, PublicTrace] = {
             size=320_117,
             license="CC-BY-4.0",
             citation=_SPLITWISE,
-            about="Azure LLM inference 2023, code: the same hour's coding-assistant requests, real arrivals",
+            about="Azure LLM inference 2023, code: 8,819 requests over the same hour, real arrivals",
         ),
         PublicTrace(
             name="arxiv-sum",
@@ -171,16 +171,30 @@ def trace_file(source: str) -> Path:
     if source not in TRACES:
         return Path(source)
     trace = TRACES[source]
+    path = folder_copy(trace)
+    if path is not None:
+        return path
+    path = cache_dir() / trace.local
+    if path.is_file():
+        _check_copy(trace, path)
+        return path
     folder = os.environ.get(TRACE_DIR_ENV)
-    for path in ([Path(folder).expanduser() / trace.local] if folder else []) + [cache_dir() / trace.local]:
-        if path.is_file():
-            _check_copy(trace, path)
-            return path
     where = f"{TRACE_DIR_ENV}={folder} has no {trace.local}; " if folder else ""
     raise KvbenchError(
         f"trace {trace.name!r} is not here: {where}run `kvbench trace fetch {trace.name}` "
         f"(downloads {trace.size:,} bytes) or set {TRACE_DIR_ENV} to a folder of copies"
     )
+
+
+def folder_copy(trace: PublicTrace) -> Path | None:
+    """KVBENCH_TRACE_DIR's verified copy of `trace`; None where the variable is unset or the
+    folder lacks the file (a different file there is an error, not a miss)."""
+    folder = os.environ.get(TRACE_DIR_ENV)
+    path = Path(folder).expanduser() / trace.local if folder else None
+    if path is None or not path.is_file():
+        return None
+    _check_copy(trace, path)
+    return path
 
 
 _verified: set[tuple[str, int, int]] = set()  # (path, size, mtime_ns) of copies already hashed
