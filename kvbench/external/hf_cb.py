@@ -25,6 +25,7 @@ leaves `num_preemptions` empty and steps.csv has no rows.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from dataclasses import dataclass, fields
 
@@ -130,7 +131,7 @@ def run_cb(config: RunConfig, prepared: Prepared | None = None) -> RunResult:
             except (MemoryError, torch.OutOfMemoryError) as error:
                 raise KvbenchError(
                     f"--engine hf-cb: transformers' KV cache does not fit ({str(error).strip()[:120]}); "
-                    "lower --kv-cache-gib or give --hf-memory"
+                    + _cache_hint(device)
                 ) from None
             with gc_paused(collect=True):  # as kvbench's own engines run (kvbench.gc_pause)
                 manager.start()
@@ -149,6 +150,14 @@ def run_cb(config: RunConfig, prepared: Prepared | None = None) -> RunResult:
         prepared, observed, num_slots=num_slots, kv_source=f"transformers cache sized by {source}",
         preemptions_observed=False, extra=extra,
     )  # fmt: skip
+
+
+def _cache_hint(device: torch.device) -> str:
+    """What to do about a cache that does not fit. On the CPU, transformers 5.17 reads the host's
+    memory through psutil and, without it, takes 0 bytes to be available, whatever the budget."""
+    if device.type == "cpu" and importlib.util.find_spec("psutil") is None:
+        return "transformers reads the host's memory through psutil, not installed: pip install psutil"
+    return "lower --kv-cache-gib or give --hf-memory"
 
 
 def _cache_length_hook(module, args: tuple, kwargs: dict) -> None:
