@@ -75,7 +75,35 @@ def test_static_does_not_fill_the_seat_of_a_finished_member():
     # r0 finishes at 2.0 and r1 at 4.0; r2 (arrived at 0.5) waits for r1, not for r0's seat
     requests = trace((0.0, 4, 2), (0.0, 4, 4), (0.5, 4, 2))
     for engine in STATIC:
-        assert times(run(engine, requests))[2] == (4.0, 5.0, 6.0)
+        result = run(engine, requests, coalesce=False)
+        assert times(result)[2] == (4.0, 5.0, 6.0)
+        if engine == "static":  # both extents held until 4; then r2's alone: none leaked
+            assert held_by_step(result) == [128, 128, 128, 128, 64, 64]
+
+
+def test_a_group_waits_until_all_its_outputs_have_seats():
+    """Two parallel samples need two of --max-num-seqs 2 seats: they wait for r0 to finish,
+    although one seat is free (and memory is plentiful)."""
+    requests = Trace("rules", (Request(0, 0.0, 4, 3), Request(1, 0.0, 4, 2, n=2)))
+    for engine in ITERATION:
+        result = run(engine, requests, max_num_seqs=2)
+        assert times(result)[1][0] == 3.0, engine
+        assert result.peak_running == 2
+
+
+@pytest.mark.parametrize("engine", ITERATION)
+def test_each_step_feeds_and_attends_what_its_kind_says(engine):
+    """Rows of the timeline above: a prefill feeds the new prompts (4 tokens each) and attends
+    them; a decode feeds one token per running request and attends every computed token."""
+    result = run(engine, THREE, coalesce=False)
+    rows = [(row.kind, row.batch_size, row.num_tokens, row.context_tokens) for row in result.steps]
+    assert rows == [
+        ("prefill", 1, 4, 4),
+        ("decode", 1, 1, 5),
+        ("prefill", 2, 8, 8),
+        ("decode", 3, 3, 6 + 5 + 5),
+        ("decode", 2, 2, 7 + 6),
+    ]
 
 
 def held_by_step(result) -> list[int]:
