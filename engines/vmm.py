@@ -24,6 +24,11 @@ as under paging. Page rounding (a last page beyond the final length) is internal
 fragmentation. Physical memory not divisible into whole pages is unusable by anyone:
 external fragmentation, as the tail past paged's last block is.
 
+A page need not hold a whole number of tokens (OPT-13B's 10 KiB per token and layer: a 2 MiB
+page holds 204.8), since a token may straddle two pages of the same range: `page_tokens` is a
+fraction, n pages hold `floor(n x page_tokens)` whole tokens, and the fraction past the last
+whole token is allocator overhead.
+
 Nothing is shared: a request with several outputs holds a range per output from admission
 (a fork copies the parent's K/V into the child's range), and preemption is by recompute
 (`can_swap_out` is False).
@@ -38,8 +43,10 @@ Pages and ranges (page_tokens 4, 3 ranges of 2 pages, 5 physical pages)::
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Sequence as Seq
+from fractions import Fraction
 
 import numpy as np
 
@@ -52,22 +59,25 @@ from kvbench.sequence import SeqGroup, Sequence, group_width, width_at_admission
 class VirtualAllocator:
     """Virtual ranges with physical pages mapped on demand. See `KVAllocator`.
 
-    `num_pages` whole pages of `page_tokens` slots fit in the `num_slots` budget (the caller
-    computes it from bytes: a page's slot cost need not be a whole number of slots). `maps`
-    and `unmaps` count the driver calls made so far (per page); `reused` counts pages a
-    request found already mapped under its range.
+    `num_pages` pages of `page_tokens` slots (a fraction where a page does not hold whole
+    tokens) fit in the `num_slots` budget; the caller computes both from bytes
+    (`kvbench.vmm.pages`). `maps` and `unmaps` count the driver calls made so far (per page);
+    `reused` counts pages a request found already mapped under its range.
     """
 
     def __init__(
-        self, num_slots: int, page_tokens: int, num_pages: int, max_len: int, max_requests: int,
+        self, num_slots: int, page_tokens: int | Fraction, num_pages: int, max_len: int, max_requests: int,
         watermark: float = 0.01, deferred: bool = True,
     ) -> None:  # fmt: skip
+        page_tokens = Fraction(page_tokens)
         assert page_tokens > 0 and 0 <= num_pages * page_tokens <= num_slots, "pages exceed the budget"
         self.num_slots = num_slots
         self.page_tokens = page_tokens
+        self._num, self._den = page_tokens.numerator, page_tokens.denominator
         self.num_pages = num_pages
-        self.range_pages = -(-max_len // page_tokens)
-        self.range_slots = self.range_pages * page_tokens  # virtual slots per range
+        # a range starts on a page and on a token boundary: a multiple of `den` pages
+        self.range_pages = -(-self.pages_for(max_len) // self._den) * self._den
+        self.range_slots = self.capacity(self.range_pages)  # virtual slots per range
         self.max_requests = max_requests
         self.watermark_pages = int(watermark * num_pages)
         self.deferred = deferred
@@ -77,7 +87,8 @@ class VirtualAllocator:
         self._free_ranges: set[int] = set(range(max_requests))  # held by no sequence and no group
         self._idle = 0  # pages mapped under free ranges
         self._held = 0  # pages mapped under held ranges
-        self._target = 0  # sum over held ranges of min(final length, mapped slots)
+        self._asked = 0  # whole slots the held ranges' pages hold
+        self._target = 0  # sum over held ranges of min(final length, whole slots held)
         self._owner: dict[Sequence, int] = {}  # resident sequence -> its range
         self._pools: dict[SeqGroup, list[int]] = {}  # a group's ranges no member holds now
         self._resident: dict[SeqGroup, int] = {}  # members holding a range, per group
@@ -90,7 +101,11 @@ class VirtualAllocator:
 
     # ------------------------------------------------------------------ capacity
     def pages_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.page_tokens)
+        return -(-num_tokens * self._den // self._num)
+
+    def capacity(self, num_pages: int) -> int:
+        """Whole tokens `num_pages` pages hold."""
+        return num_pages * self._num // self._den
 
     @property
     def available_pages(self) -> int:
@@ -145,6 +160,7 @@ class VirtualAllocator:
         while len(pages) < need:
             pages.append(self._take_page())
         self._held += need
+        self._asked += self.capacity(need)
         self._target += self._target_of(request, need)
         return r
 
@@ -173,6 +189,7 @@ class VirtualAllocator:
     def _release_range(self, r: int, request: Request) -> None:
         pages = self._mapped[r]
         self._held -= len(pages)
+        self._asked -= self.capacity(len(pages))
         self._target -= self._target_of(request, len(pages))
         self._free_ranges.add(r)
         if self.deferred:
@@ -191,6 +208,7 @@ class VirtualAllocator:
         need = self.pages_for(seq.num_tokens)
         if len(pages) < need:
             self._target += self._target_of(seq.request, need) - self._target_of(seq.request, len(pages))
+            self._asked += self.capacity(need) - self.capacity(len(pages))
             self._held += need - len(pages)
             while len(pages) < need:
                 pages.append(self._take_page())
@@ -219,34 +237,59 @@ class VirtualAllocator:
     def growth_horizon(self, seqs: Seq[Sequence], max_steps: int) -> int:
         """Steps before a sequence needs a page the unmapped pool cannot give: reclaiming an idle
         page changes the idle total, which a segment's occupancy integral holds constant, so a
-        segment stops where one would be needed and the next step's `append` reclaims it."""
-        firsts = self._first_crossings(seqs)
-        rounds, index = divmod(len(self._unmapped), len(firsts))
-        return min(max_steps, firsts[index][0] + rounds * self.page_tokens)
+        segment stops where one would be needed and the next step's `append` reclaims it.
+
+        Running k steps (step 0 already appended) needs `pages_for(computed + k) - held` new
+        pages per sequence, monotone in k: the horizon is the largest k whose total fits."""
+        computed = np.array([seq.num_computed for seq in seqs], dtype=np.int64)  # [B]
+        held = np.array([len(self._mapped[self._owner[seq]]) for seq in seqs], dtype=np.int64)  # [B]
+        free = len(self._unmapped)
+
+        def need(k: int) -> int:
+            pages = -(-(computed + k) * self._den // self._num)  # [B]
+            return int(np.maximum(pages - held, 0).sum())
+
+        low, high = 1, max_steps  # need(1) == 0: step 0's pages are mapped
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if need(mid) <= free else (low, mid - 1)
+        return low
 
     def grow(self, seqs: Seq[Sequence], num_steps: int) -> Growth | None:
-        firsts = self._first_crossings(seqs)
+        """The pages steps 1..num_steps-1 need, taken in step order and, within a step, in
+        batch order (as step-by-step appends take them): a sequence holding n pages needs page
+        n + 1 at the step that writes its token `capacity(n)`."""
         self._grown = []
-        if firsts[0][0] >= num_steps:
+        crossings = []  # (step, batch index, pages held then)
+        for index, seq in enumerate(seqs):
+            n = len(self._mapped[self._owner[seq]])
+            step = self.capacity(n) - seq.num_computed
+            if step < num_steps:
+                crossings.append((step, index, n))
+        if not crossings:
             return None
+        heapq.heapify(crossings)
         asked = np.zeros(num_steps, dtype=np.int64)
         target = np.zeros(num_steps, dtype=np.int64)
-        for offset in range(0, num_steps, self.page_tokens):
-            for first, index in firsts:
-                step = first + offset
-                if step >= num_steps:
-                    break
-                seq = seqs[index]
-                pages = self._mapped[self._owner[seq]]
-                added = self._page_target(seq.request, len(pages))
-                pages.append(self._unmapped.popleft())
-                self.maps += 1
-                self._held += 1
-                self._target += added
-                self._grown.append((step, seq))
-                asked[step] += self.page_tokens
-                target[step] += added
-        return Growth(asked=asked, target=target)
+        granted = np.zeros(num_steps, dtype=np.float64)
+        while crossings:
+            step, index, n = heapq.heappop(crossings)
+            seq = seqs[index]
+            self._mapped[self._owner[seq]].append(self._unmapped.popleft())
+            self.maps += 1
+            self._held += 1
+            added = self.capacity(n + 1) - self.capacity(n)
+            self._asked += added
+            gained = self._page_target(seq.request, n)
+            self._target += gained
+            self._grown.append((step, seq))
+            asked[step] += added
+            target[step] += gained
+            granted[step] += float(self.page_tokens)
+            following = self.capacity(n + 1) - seq.num_computed
+            if following < num_steps:
+                heapq.heappush(crossings, (following, index, n + 1))
+        return Growth(asked=asked, target=target, granted=granted)
 
     def trim(self, num_steps: int) -> None:
         # grow took pages from the front of the pool in step order: handing the late ones back
@@ -254,16 +297,13 @@ class VirtualAllocator:
         while self._grown and self._grown[-1][0] >= num_steps:
             _, seq = self._grown.pop()
             pages = self._mapped[self._owner[seq]]
-            self._target -= self._page_target(seq.request, len(pages) - 1)
+            n = len(pages) - 1
+            self._target -= self._page_target(seq.request, n)
+            self._asked -= self.capacity(n + 1) - self.capacity(n)
             self._unmapped.appendleft(pages.pop())
             self.maps -= 1
             self._held -= 1
         self._grown = []
-
-    def _first_crossings(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:
-        """Sorted `(step, batch index)` of each sequence's next page (as paged's next block)."""
-        size, mapped, owner = self.page_tokens, self._mapped, self._owner
-        return sorted((len(mapped[owner[seq]]) * size - seq.num_computed, i) for i, seq in enumerate(seqs))
 
     # ------------------------------------------------------------------ swapping: never
     def can_swap_out(self, seq: Sequence) -> bool:
@@ -281,26 +321,27 @@ class VirtualAllocator:
     # ------------------------------------------------------------------ accounting
     def footprint(self) -> Footprint:
         tokens = sum([seq.num_computed for seq in self._owner])
-        held = self._held * self.page_tokens
-        return Footprint(tokens, self._target, held, held, idle=self._idle * self.page_tokens)
+        granted = float(self._held * self.page_tokens)  # the fraction past whole tokens: overhead
+        idle = float(self._idle * self.page_tokens)
+        return Footprint(tokens, self._target, self._asked, granted, idle=idle)
 
     def sharing_saved(self) -> int:
         return 0  # every output holds its own copy
 
-    def external_frag(self, head: Sequence | None) -> int:
-        return self.num_slots - self.num_pages * self.page_tokens  # memory short of a whole page
+    def external_frag(self, head: Sequence | None) -> float:
+        return float(self.num_slots - self.num_pages * self.page_tokens)  # memory short of a whole page
 
     def addressing(self, seq: Sequence) -> Extent:
         r = self._owner[seq]
-        mapped = len(self._mapped[r]) * self.page_tokens
-        return Extent(r * self.range_slots, mapped, mapped)
+        held = self.capacity(len(self._mapped[r]))
+        return Extent(r * self.range_slots, held, held)
 
     def page_table(self, seq: Sequence) -> tuple[int, ...]:
         """Physical pages under `seq`'s range, in virtual order (what the real arena maps)."""
         return tuple(self._mapped[self._owner[seq]])
 
     def _target_of(self, request: Request, num_pages: int) -> int:
-        return min(request.kv_len, num_pages * self.page_tokens)
+        return min(request.kv_len, self.capacity(num_pages))
 
     def _page_target(self, request: Request, index: int) -> int:
         """Slots of page `index` (0-based) below the request's final length."""
@@ -315,6 +356,7 @@ class VirtualAllocator:
         assert len(held_ranges) + len(self._free_ranges) == self.max_requests, "a range is lost"
         assert self._idle == sum(len(self._mapped[r]) for r in self._free_ranges), "idle count wrong"
         assert self._held == sum(len(self._mapped[r]) for r in held_ranges), "held count wrong"
+        assert self._asked == sum(self.capacity(len(self._mapped[r])) for r in held_ranges), "asked wrong"
         if not self.deferred:
             assert self._idle == 0, "pages idle without deferred reclamation"
         want = 0

@@ -24,7 +24,7 @@ import numpy as np
 from engines.allocator import measure
 from engines.scheduler import Batch, Scheduler
 from kvbench.errors import KvbenchError
-from kvbench.occupancy import Footprint, Growth, categories, segment_integral
+from kvbench.occupancy import Footprint, Growth, segment_integral, whole_slots
 from kvbench.requests import Trace
 from kvbench.runner import Runner, step_ends
 from kvbench.sequence import Sequence, group_width, sequence_for
@@ -234,7 +234,7 @@ class _RunLog:
                 k * batch.num_context + len(batch.seqs) * k * (k - 1) // 2, len(batch.swaps),
                 len(sched.waiting) + late,
                 running, sched.num_preempted, len(sched.swapped),
-                *map(int, categories(end, self.num_slots).values()), saved,
+                *whole_slots(end, self.num_slots), saved,
             )
         )  # fmt: skip
         self.clock = float(ends[-1])

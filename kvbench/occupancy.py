@@ -89,6 +89,14 @@ def categories(fp: Footprint, capacity: float) -> dict[str, float]:
     }
 
 
+def whole_slots(fp: Footprint, num_slots: int) -> list[int]:
+    """The categories of an instant in whole slots, still summing to `num_slots`: each rounded
+    down, `free` taking the remainder (a page may grant a fraction of a slot, `engines.vmm`)."""
+    values = [int(v) for v in categories(fp, num_slots).values()]
+    values[-1] = num_slots - sum(values[:-1])
+    return values
+
+
 @dataclass(frozen=True, slots=True)
 class KVSnapshot:
     """Occupancy of the arena at one instant, in slots; the categories sum to num_slots."""
@@ -104,7 +112,7 @@ class KVSnapshot:
 
     @classmethod
     def of(cls, fp: Footprint, num_slots: int) -> KVSnapshot:
-        return cls(num_slots, *(int(v) for v in categories(fp, num_slots).values()))
+        return cls(num_slots, *whole_slots(fp, num_slots))
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in CATEGORIES}
@@ -115,11 +123,13 @@ class Growth:
     """Slots an allocator added at each step of a multi-step segment.
 
     `asked[j]` and `target[j]` are the increments made before step j (0 for contiguous
-    engines, whose reservation is made once at admission); `granted == asked` for them all.
+    engines, whose reservation is made once at admission); `granted` is `asked` unless given
+    (a page of a fractional number of slots grants the fraction but asks whole slots).
     """
 
     asked: np.ndarray  # (k,)
     target: np.ndarray  # (k,)
+    granted: np.ndarray | None = None  # (k,) floats; None: equal to asked
 
 
 def segment_integral(
@@ -139,15 +149,16 @@ def segment_integral(
     before = np.cumsum(durations) - durations
     later_steps = np.arange(len(durations) - 1, -1, -1)  # (k,) steps after step j
     token_deficit = tokens_per_step * float(durations @ later_steps)
-    asked_deficit = target_deficit = 0.0
+    asked_deficit = target_deficit = granted_deficit = 0.0
     if growth is not None:
         asked_deficit = float(growth.asked @ before)
         target_deficit = float(growth.target @ before)
+        granted_deficit = asked_deficit if growth.granted is None else float(growth.granted @ before)
     return Footprint(
         tokens=end.tokens * total - token_deficit,
         target=end.target * total - target_deficit,
         asked=end.asked * total - asked_deficit,
-        granted=end.granted * total - asked_deficit,
+        granted=end.granted * total - granted_deficit,
         external=end.external * total,
         idle=end.idle * total,  # constant within a segment: see `KVAllocator.growth_horizon`
     )
