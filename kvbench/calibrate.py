@@ -28,10 +28,10 @@ held-out Alpaca runs erred by 14.6 % (median) with one token cost, 5.6 % with tw
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -39,6 +39,8 @@ import numpy as np
 
 from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
+from kvbench.plots_data import read_json, read_table
+from kvbench.results_shape import STEP_TEXT, check_summary
 
 TERMS = ("num_steps", "num_tokens", "context_tokens", "swapped_blocks")  # steps.csv columns
 PREFILL = "prefill"  # steps.csv `kind` of a prefill row: the fifth term counts them, the sixth
@@ -60,30 +62,43 @@ class Calibration:
                 "p90_relative_error": self.p90_relative_error}  # fmt: skip
 
 
-def read_rows(run: Path) -> tuple[str, np.ndarray, np.ndarray]:
-    """(model, counts `[R, 6]`, durations `[R]`) of a run folder's steps.csv."""
+def read_rows(run: Path, *, simulated_ok: bool = False) -> tuple[str, np.ndarray, np.ndarray]:
+    """(model, counts `[R, 6]`, durations `[R]`) of a real run folder's steps.csv.
+
+    A simulated run is refused (unless `simulated_ok`, for tests that recover a known model):
+    its step times come from a cost model, so a fit to them returns that model with 0 % error
+    and says nothing about a GPU. Every count and duration must be a finite number >= 0.
+    """
     steps, summary = run / "steps.csv", run / "summary.json"
     if not steps.is_file() or not summary.is_file():
         raise KvbenchError(f"{run}: not a kvbench run folder (no steps.csv and summary.json)")
-    facts = json.loads(summary.read_text())
+    facts = check_summary(summary, read_json(summary))
     if facts.get("external"):
         engine = facts.get("engine")
         raise KvbenchError(f"{run}: a run of the external engine {engine}: its steps are not kvbench's")
+    if facts.get("mode") != "real" and not simulated_ok:
+        raise KvbenchError(
+            f"{run}: a {facts.get('mode') or 'simulated'} run: its step times are a cost model's, and a fit "
+            "to them would return that model; fit real runs (kvbench run)"
+        )
     model = facts.get("model", "?")
-    with open(steps, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [name for name in (*TERMS, "kind", "duration_s") if name not in (reader.fieldnames or [])]
-        if missing:
-            raise KvbenchError(f"{steps}: no column {missing[0]!r} (written by an older kvbench?)")
-        rows = [
-            [float(row[name]) for name in TERMS] + [row["kind"] == PREFILL, float(row["duration_s"])]
-            for row in reader
-        ]
-    data = np.array(rows, dtype=np.float64).reshape(-1, len(TERMS) + 2)
-    counts, prefill = data[:, :-1], data[:, len(TERMS)]  # [R, 5], [R] 1 for a prefill row
+    table = read_table(steps, text=STEP_TEXT)
+    missing = [name for name in (*TERMS, "kind", "duration_s") if name not in table]
+    if missing:
+        raise KvbenchError(f"{steps}: no column {missing[0]!r} (written by an older kvbench?)")
+    names = (*TERMS, "duration_s")
+    data = np.column_stack([table[name] for name in names]).reshape(-1, len(names))  # [R, 5]
+    bad = ~(np.isfinite(data) & (data >= 0))  # [R, 5]
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        raise KvbenchError(
+            f"{steps}: line {row + 2}, column {names[col]!r}: {data[row, col]} is not a finite number >= 0"
+        )
+    prefill = (table["kind"].astype(str) == PREFILL).astype(np.float64)  # [R] 1 for a prefill row
+    counts = data[:, : len(TERMS)].copy()  # [R, 4]
     tokens = counts[:, 1].copy()  # [R]
     counts[:, 1] = tokens * (1 - prefill)  # decode rows' tokens
-    return model, np.column_stack([counts, tokens * prefill]), data[:, -1]
+    return model, np.column_stack([counts, prefill, tokens * prefill]), data[:, -1]
 
 
 def fit(counts: np.ndarray, durations: np.ndarray) -> np.ndarray:
@@ -107,12 +122,13 @@ def fit(counts: np.ndarray, durations: np.ndarray) -> np.ndarray:
     return best
 
 
-def calibrate(runs: list[Path]) -> Calibration:
+def calibrate(runs: list[Path], *, simulated_ok: bool = False) -> Calibration:
+    """Fit the cost model to real runs' step rows (`simulated_ok`: see `read_rows`)."""
     if not runs:
         raise KvbenchError("kvbench calibrate: give at least one run folder")
     models, counts, durations = set(), [], []
     for run in runs:
-        model, c, d = read_rows(Path(run))
+        model, c, d = read_rows(Path(run), simulated_ok=simulated_ok)
         models.add(model)
         counts.append(c)
         durations.append(d)
@@ -146,22 +162,37 @@ def cost_file_digest(path: str) -> str | None:
 
 
 def load_cost_model(path: str, model: str) -> CostModel:
-    """The cost model of a `kvbench calibrate` file, checked against the run's model."""
+    """The cost model of a `kvbench calibrate` file, checked against the run's model: every
+    constant a finite number >= 0 (NaN, inf or a negative cost would give NaN or negative
+    latencies that look like results)."""
+    where = f"--cost-model {path}"
+    if not Path(path).is_file():
+        raise KvbenchError(f"{where}: cannot read it (no such file)")
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise KvbenchError(f"--cost-model {path}: cannot read it ({error.__class__.__name__})") from None
+        data = read_json(Path(path))
+    except KvbenchError as error:
+        raise KvbenchError(f"{where}: cannot read it ({error})") from None
     if data.get("model") not in (None, model):
-        raise KvbenchError(f"--cost-model {path}: fitted on {data['model']}, not on --model {model}")
-    try:
-        return CostModel(
-            float(data["fixed_s"]), float(data["per_token_s"]), float(data["per_kv_token_s"]),
-            float(data.get("per_swap_block_s", 0.0)), per_prefill_s=float(data.get("per_prefill_s", 0.0)),
-            per_prefill_token_s=None if data.get("per_prefill_token_s") is None
-            else float(data["per_prefill_token_s"]),  # files fitted before it: one token cost
-        )  # fmt: skip
-    except (KeyError, TypeError, ValueError):
-        raise KvbenchError(f"--cost-model {path}: not a kvbench calibrate file") from None
+        raise KvbenchError(f"{where}: fitted on {data['model']}, not on --model {model}")
+    required = ("fixed_s", "per_token_s", "per_kv_token_s")
+    optional = ("per_swap_block_s", "per_prefill_s", "per_prefill_token_s")
+    missing = [key for key in required if key not in data]
+    if missing:
+        raise KvbenchError(f"{where}: not a kvbench calibrate file (no {missing[0]!r})")
+    values = {}
+    for key in (*required, *optional):
+        value = data.get(key)
+        if value is None and key not in required:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+            raise KvbenchError(f"{where}: {key!r} must be a finite number >= 0, got {json.dumps(value)}")
+        values[key] = float(value)
+    return CostModel(
+        values["fixed_s"], values["per_token_s"], values["per_kv_token_s"],
+        values.get("per_swap_block_s", 0.0),
+        per_prefill_s=values.get("per_prefill_s", 0.0),
+        per_prefill_token_s=values.get("per_prefill_token_s"),  # files fitted before it: one token cost
+    )  # fmt: skip
 
 
 def _cost(

@@ -18,6 +18,8 @@ from kvbench.calibrate import Calibration
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
 from kvbench.metrics import Slo
+from kvbench.plots_data import read_json
+from kvbench.results_shape import check_summary
 from workloads.spec import WorkloadSpec
 
 METRICS = ("output_token_throughput", "normalized_latency_s")
@@ -43,9 +45,11 @@ class Check:
 def read_config(run: Path) -> RunConfig:
     """The RunConfig a run folder's config.json was written from."""
     try:
-        data = json.loads((run / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        data = json.loads((run / "config.json").read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise KvbenchError(f"{run}: cannot read config.json ({error.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise KvbenchError(f"{run}/config.json: not a kvbench run config (not a JSON object)")
     known = {f.name for f in fields(RunConfig)}
     values = {key: value for key, value in data.items() if key in known}
     try:
@@ -109,7 +113,7 @@ def check(cost_model: Path, runs: list[Path]) -> list[Check]:
 
 def _real_summary(run: Path) -> dict:
     """A held-out run's summary.json, which must be a real run's."""
-    summary = json.loads((run / "summary.json").read_text())
+    summary = check_summary(run / "summary.json", read_json(run / "summary.json"))
     if summary.get("mode") != "real":
         raise KvbenchError(f"--held-out {run}: not a real run (mode {summary.get('mode')!r})")
     return summary
@@ -154,8 +158,8 @@ def fit_and_check(fit: list[Path], held_out: list[Path], out: Path, base: Path |
         raise KvbenchError(f"--held-out {both[0]}: a run cannot be both fitted and held out")
     for run in held_out:  # before fitting: a bad held-out run fails fast, writing nothing
         _real_summary(run)
-    configs = {(run / "config.json").read_text() for run in fit}
-    copies = [run for run in held_out if (run / "config.json").read_text() in configs]
+    configs = {(run / "config.json").read_bytes() for run in fit}
+    copies = [run for run in held_out if (run / "config.json").read_bytes() in configs]
     held_out = [run for run in held_out if run not in copies]
 
     def name(run: Path | str) -> str:

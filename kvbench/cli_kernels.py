@@ -110,11 +110,7 @@ def kernels(
     powers_of_two("--head-dim", str(head_dim), 16, 256)
     if dtype not in _DTYPES:
         raise KvbenchError(f"--dtype: {dtype!r} is not one of {', '.join(_DTYPES)}")
-    for option, value in (("--repeats", repeats), ("--max-gib", max_gib)):
-        if value <= 0:
-            raise KvbenchError(f"{option} must be positive, got {value}")
-    if warmup < 0:
-        raise KvbenchError(f"--warmup must be 0 or more, got {warmup}")
+    # --repeats, --warmup, --max-gib, --kv-heads, --seed: their ranges are kvbench.flag_ranges'
     names = backend_names(backends, cpu)
     if not cpu and not (device == "cuda" or device.startswith("cuda:")):
         raise KvbenchError(f"--device: {device!r} is not cuda or cuda:N (CPU runs need TRITON_INTERPRET=1)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -23,25 +23,57 @@ from pathlib import Path
 import numpy as np
 
 from kvbench.errors import KvbenchError
+from kvbench.results_shape import STEP_TEXT, SWEEP_KEYS, SWEEP_TEXT, check_config, check_summary
 
 Table = dict[str, np.ndarray]  # column name -> (rows,) array, float or str
 
 
-def read_table(path: Path) -> Table:
-    """A CSV file as columns; a missing file is an empty table."""
+def read_table(path: Path, text: Collection[str] | None = None) -> Table:
+    """A CSV file as columns; a missing file is an empty table.
+
+    `text`: the columns that may hold words; every other one must hold numbers (empty cells
+    are NaN), or the file is refused naming its column and line. None: any column may hold
+    words. A file that is not UTF-8, not CSV or has a short line (a truncated write) is refused
+    the same way: one line naming the file, never a traceback or a silently wrong plot.
+    """
     if not path.is_file():
         return {}
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        rows = list(reader)
+    line = 1
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            rows = []
+            for row in reader:
+                line = reader.line_num
+                rows.append(row)
+    except UnicodeDecodeError as error:
+        raise KvbenchError(f"{path}: not UTF-8 text (byte {error.start}): not a file kvbench wrote") from None
+    except csv.Error as error:
+        raise KvbenchError(f"{path}: line {line + 1}: not CSV ({error})") from None
+    except OSError as error:
+        raise KvbenchError(f"{path}: cannot read it ({error.strerror})") from None
     if header is None:
         return {}
     for n, row in enumerate(rows, 2):
         if len(row) != len(header):
             raise KvbenchError(f"{path}: line {n} has {len(row)} cells, the header {len(header)}")
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in header]
-    return {name: _column(values) for name, values in zip(header, columns, strict=True)}
+    table = {name: _column(values) for name, values in zip(header, columns, strict=True)}
+    for name, values in table.items():
+        if text is not None and name not in text and values.dtype.kind != "f":
+            row = next(i for i, v in enumerate(values) if v != "" and not _is_float(v))
+            bad = str(values[row])
+            raise KvbenchError(f"{path}: column {name!r}, line {row + 2}: {bad!r} is not a number")
+    return table
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _column(values: Sequence[str]) -> np.ndarray:
@@ -60,12 +92,21 @@ def read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise KvbenchError(f"{path}: not valid JSON ({error})") from None
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise KvbenchError(f"{path}: not UTF-8 text (byte {error.start}): not a file kvbench wrote") from None
+    except json.JSONDecodeError as error:
+        raise KvbenchError(f"{path}: not valid JSON ({error}): truncated or not kvbench's") from None
+    except OSError as error:
+        raise KvbenchError(f"{path}: cannot read it ({error.strerror})") from None
     if not isinstance(data, dict):
-        raise KvbenchError(f"{path}: expected a JSON object")
+        raise KvbenchError(f"{path}: expected a JSON object, got a JSON {_json_type(data)}")
     return data
+
+
+def _json_type(value) -> str:
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
 
 
 @dataclass(frozen=True)
@@ -115,21 +156,22 @@ class Run:
 
     @cached_property
     def steps(self) -> Table:
-        return read_table(self.path / "steps.csv")
+        return read_table(self.path / "steps.csv", text=STEP_TEXT)
 
     @cached_property
     def requests(self) -> Table:
-        return read_table(self.path / "requests.csv")
+        return read_table(self.path / "requests.csv", text=())
 
 
 def read_run(path: Path, label: str | None = None) -> Run:
     path = Path(path)
-    summary = read_json(path / "summary.json")
+    summary = check_summary(path / "summary.json", read_json(path / "summary.json"))
     if not summary:
         raise KvbenchError(f"{path}: not a kvbench results folder (no summary.json or sweep.csv)")
-    return Run(
-        path, summary, read_json(path / "config.json"), read_json(path / "env.json"), label or path.name
-    )
+    config = check_config(path / "config.json", read_json(path / "config.json"))
+    run = Run(path, summary, config, read_json(path / "env.json"), label or path.name)
+    run.steps, run.requests  # noqa: B018 -- read now: a broken file stops every reader, not only plots
+    return run
 
 
 def label_runs(paths: Sequence[Path]) -> list[str]:
@@ -188,7 +230,8 @@ def read_sweep(path: Path) -> Sweep:
     path = Path(path)
     if not (path / "sweep.csv").is_file():
         raise KvbenchError(f"{path}: not a kvbench results folder (no summary.json or sweep.csv)")
-    cells = read_table(path / "sweep.csv")
-    if "engine" not in cells:
-        raise KvbenchError(f"{path / 'sweep.csv'}: no engine column")
+    cells = read_table(path / "sweep.csv", text=SWEEP_TEXT)
+    missing = [name for name in SWEEP_KEYS if name not in cells]
+    if missing:  # a garbage file would otherwise report an empty sweep
+        raise KvbenchError(f"{path / 'sweep.csv'}: no {missing[0]} column: not a sweep kvbench wrote")
     return Sweep(path, cells, read_table(path / "sustained.csv"))

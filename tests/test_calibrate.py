@@ -31,7 +31,7 @@ def test_the_fit_recovers_the_cost_model_that_made_the_steps(tmp_path):
     runs = [simulated(tmp_path, "a", 4.0, 0), simulated(tmp_path, "b", 30.0, 1, preemption="swap")]
     rows = [json.loads((run / "summary.json").read_text()) for run in runs]
     assert rows[1]["num_preemptions"] > 0  # swaps happened, so their term is identifiable
-    fitted = calibrate(runs)
+    fitted = calibrate(runs, simulated_ok=True)  # a known model: only a simulation has one
     assert fitted.cost.fixed_s == pytest.approx(TRUE["cost_fixed_s"], rel=1e-6)
     assert fitted.cost.per_token_s == pytest.approx(TRUE["cost_per_token_s"], rel=1e-6)
     assert fitted.cost.per_kv_token_s == pytest.approx(TRUE["cost_per_kv_token_s"], rel=1e-6)
@@ -42,11 +42,14 @@ def test_simulate_with_the_fitted_model_reproduces_a_held_out_run(tmp_path):
     fitted_on = simulated(tmp_path, "fit", 6.0, 0)
     held_out = simulated(tmp_path, "held", 12.0, 7)
     model = tmp_path / "cost.json"
-    done = subprocess.run(
+    done = subprocess.run(  # the command fits real runs only
         [sys.executable, "-m", "kvbench.cli", "calibrate", str(fitted_on), "--out", str(model)],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"error: {fitted_on}: a simulated run"), done.stderr
+    assert not model.exists()
+    model.write_text(json.dumps(calibrate([fitted_on], simulated_ok=True).to_dict()))
     workload = WorkloadSpec("sharegpt-paper", num_requests=150, rate=12.0, seed=7)
     again = simulate(RunConfig(engine="paged", workload=workload, kv_cache_gib=2.0, cost_model=str(model)))
     truth = json.loads((held_out / "summary.json").read_text())
@@ -73,7 +76,7 @@ def test_the_fit_recovers_a_prefill_only_cost(tmp_path):
     model = tmp_path / "truth.json"
     model.write_text(json.dumps(truth))
     run = simulated(tmp_path, "prefill", 8.0, 3, cost_model=str(model))
-    fitted = calibrate([run]).cost
+    fitted = calibrate([run], simulated_ok=True).cost
     assert fitted.per_prefill_s == pytest.approx(0.02, rel=1e-6)
     assert fitted.fixed_s == pytest.approx(0.012, rel=1e-6)
     assert load_cost_model(str(model), "opt-13b").per_prefill_s == 0.02
@@ -90,7 +93,7 @@ def test_the_fit_prices_prefill_tokens_and_decode_rows_apart(tmp_path):
     run = tmp_path / "two-costs"
     write_result(simulate(RunConfig(engine="paged", workload=workload, kv_cache_gib=2.0,
                                     cost_model=str(model))), run)  # fmt: skip
-    fitted = calibrate([run]).cost
+    fitted = calibrate([run], simulated_ok=True).cost
     assert fitted.per_token_s == pytest.approx(1.2e-5, rel=1e-6)
     assert fitted.per_prefill_token_s == pytest.approx(3e-6, rel=1e-6)
     assert fitted.per_token(prefill=True) == pytest.approx(3e-6, rel=1e-6)
@@ -172,7 +175,7 @@ def test_a_held_out_copy_of_a_fitted_run_is_skipped(tmp_path):
     fitted = simulated(tmp_path, "fit", 6.0, 0)
     copy, other = tmp_path / "copy", simulated(tmp_path, "other", 12.0, 7)
     shutil.copytree(fitted, copy)
-    for run in (copy, other):
+    for run in (fitted, copy, other):  # the fit takes real runs only
         summary = json.loads((run / "summary.json").read_text())
         (run / "summary.json").write_text(json.dumps(summary | {"mode": "real"}))
     done = fit_and_check([fitted], [copy, other], tmp_path / "cost.json")

@@ -97,7 +97,7 @@ def test_bad_options_stop_with_one_line(args, message):
         (["--gqa", "3"], "--gqa: 3 is not a power of two in 1..16"),
         (["--head-dim", "8"], "--head-dim: 8 is not a power of two in 16..256"),
         (["--cells", "8by1024"], "--cells: '8by1024' is not BATCHxCONTEXT"),
-        (["--repeats", "0"], "--repeats must be positive, got 0"),
+        (["--repeats", "0"], "--repeats must be a positive integer up to 2147483647, got 0"),
     ],
 )
 def test_more_bad_options_in_process(args, message):
