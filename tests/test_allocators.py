@@ -118,6 +118,7 @@ def test_oracle_buddy_extents_and_categories():
         "reservation": 17,
         "internal_frag": 0,
         "allocator_overhead": 7,
+        "mapped_idle": 0,
         "external_frag": 0,
         "free": 40,
     }
@@ -153,6 +154,7 @@ def test_pow2_buddy_splits_internal_frag_and_overhead():
         "reservation": 4,
         "internal_frag": 3,
         "allocator_overhead": 4,
+        "mapped_idle": 0,
         "external_frag": 0,
         "free": 48,
     }
@@ -277,6 +279,7 @@ def test_paged_block_ids_follow_the_fifo_queue():
         "reservation": 4,
         "internal_frag": 0,
         "allocator_overhead": 0,
+        "mapped_idle": 0,
         "external_frag": 2,
         "free": 4,
     }
@@ -296,6 +299,7 @@ def test_paged_block_ids_follow_the_fifo_queue():
         "reservation": 2,
         "internal_frag": 2,  # kv_len 10 leaves 2 slots of block 3 never filled
         "allocator_overhead": 0,
+        "mapped_idle": 0,
         "external_frag": 2,
         "free": 4,
     }
