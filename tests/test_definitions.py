@@ -50,6 +50,7 @@ def test_request_metrics_from_their_timestamps():
     assert r.normalized_latency_s == 1.25  # E2EL / output, not / prompt, kv_len or total
     assert r.max_itl_s == 1.5  # gaps 1, 1.5, 0.5
     assert (r.num_preemptions, r.num_outputs, r.prompt_len, r.output_len) == (0, 1, 5, 4)
+    assert r.request_id == 7
 
 
 def test_a_one_token_request_has_no_tpot_and_no_itl():
@@ -72,6 +73,24 @@ def test_a_request_with_several_outputs_finishes_with_its_last():
     r = request_record(leader)
     assert (r.admitted_s, r.first_token_s, r.finish_s, r.e2el_s, r.ttft_s) == (0.0, 1.0, 5.0, 5.0, 1.0)
     assert r.tpot_s == 2.0 and r.num_outputs == 2 and r.normalized_latency_s == 5.0 / 3
+
+
+def test_preemptions_and_outputs_of_groups():
+    """Parallel samples return n outputs and count every sample's preemptions; a beam search
+    returns one output, and its beams are preempted together (counted once, the leader's)."""
+    for beam in (False, True):
+        leader = sequence_for(Request(0, 0.0, 4, 2, **({"beam_width": 2} if beam else {"n": 2})))
+        other = leader.group.members[1]
+        leader.advance(1, 1.0, 0.0)
+        other.copy_progress(leader)
+        other.preempt()
+        other.num_computed = 4
+        for seq in (leader, other):
+            seq.advance(1, 2.0, 1.0)
+        if beam:
+            leader.num_preemptions = 1  # preempted with its group
+        r = request_record(leader)
+        assert (r.num_outputs, r.num_preemptions) == ((1, 1) if beam else (2, 1))
 
 
 def test_itl_pools_gaps_where_tpot_averages_requests():
@@ -131,6 +150,9 @@ def test_latencies_throughput_and_goodput_of_a_run():
     assert s["mean_itl_s"] == pytest.approx(7 / 6) and s["p50_itl_s"] == 1.0
     assert (s["good_requests"], s["goodput"], s["goodput_fraction"]) == (1, 1 / 5, 1 / 3)
     assert summarize(run, done, slo=Slo(tpot_s=1.0))["good_requests"] == 2  # on the bound meets it
+    assert (s["num_requests"], s["completed"], s["num_slots"], s["percentiles"]) == (3, 3, 1024, [50, 90, 99])
+    assert (s["num_preemptions"], s["preempted_requests"], s["slo"]) == (0, 0, {"ttft_s": 1.2})
+    assert s["sharing_saved_fraction"] == s["sharing_saved_fraction_saturated"] == 0.0
     both = summarize(run, done, slo=Slo(ttft_s=2.0, e2el_s=3.0))
     assert (both["good_requests"], both["goodput"]) == (1, 1 / 5)  # only r1 meets both
     # batched requests: 1, 1, then 3 (r0 is resident during the prefill it sits out), 3, 2
@@ -213,3 +235,34 @@ def test_oracle_overhead_and_external_fragmentation():
     }
     assert s["occupancy_saturated"] == pytest.approx({k: v / (16 * 4) for k, v in waiting.items()}, abs=1e-12)
     assert s["saturated_s"] == 4.0 and s["mean_batched_requests_saturated"] == 1.0
+
+
+def test_makespan_runs_from_the_first_arrival():
+    run, done = run_engine("orca-max", 1024, (1.0, 4, 2), (1.0, 4, 3))  # idle until 1.0
+    s = summarize(run, done)
+    assert [r.finish_s for r in done] == [3.0, 4.0]
+    assert s["makespan_s"] == 3.0 and s["busy_s"] == 3.0 and s["request_throughput"] == 2 / 3
+
+
+def test_preempted_requests_and_preemptions_of_a_run():
+    """Paged, 4 blocks of 2 slots, two requests needing 3 blocks each by their end: the newer
+    is preempted once (when the older needs its third block) and recomputed."""
+    trace = Trace("hand", (Request(0, 0.0, 2, 4), Request(1, 0.0, 2, 4)))
+    options = EngineOptions(num_slots=8, max_len=64, block_size=2, watermark=0.0)
+    run = Engine(ENGINES["paged"].build(options), CostModelRunner(ONE_SECOND)).run(trace)
+    done = [request_record(seq) for seq in run.sequences]
+    assert [r.num_preemptions for r in done] == [0, 1]
+    s = summarize(run, done)
+    assert (s["num_preemptions"], s["preempted_requests"]) == (1, 1)
+
+
+def test_every_sample_counts_as_output():
+    """Two parallel samples of 3 tokens each: 6 output tokens, one request."""
+    trace = Trace("hand", (Request(0, 0.0, 6, 3, n=2),))
+    options = EngineOptions(num_slots=1024, max_len=64, block_size=4, watermark=0.0)
+    run = Engine(ENGINES["paged"].build(options), CostModelRunner(ONE_SECOND)).run(trace)
+    done = [request_record(seq) for seq in run.sequences]
+    s = summarize(run, done)
+    assert done[0].num_outputs == 2 and s["makespan_s"] == 3.0
+    assert s["output_token_throughput"] == 6 / 3 and s["request_throughput"] == 1 / 3
+    assert s["sharing_saved_fraction"] > 0  # the samples share the prompt's first block
