@@ -250,8 +250,15 @@ def side_by_side(runs: Sequence[Run], metrics: Sequence[Metric]) -> tuple[list[s
 
 
 def compare(paths: Sequence[Path], *, markdown: bool = False, everything: bool = False) -> str:
-    """The runs under `paths` side by side (one column per run)."""
-    runs = discover(paths).all_runs()
+    """The runs under `paths` side by side (one column per run), in the order the paths were given
+    (the runs of one folder in engine order)."""
+    given = [Path(p).resolve() for p in paths]
+
+    def order(run: Run) -> int:
+        where = run.path.resolve()
+        return next((i for i, p in enumerate(given) if p == where or p in where.parents), len(given))
+
+    runs = sorted(discover(paths).all_runs(), key=order)
     metrics = [*KEY_METRICS, *SETTING_METRICS, *optional_metrics(runs, _COMPARE_HINTS, everything)]
     header, rows = side_by_side(runs, metrics)
     return markdown_table(header, rows) if markdown else text_table(header, rows)

@@ -15,6 +15,7 @@ import math
 import shlex
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 from kvbench.paper import FIG2_OCCUPANCY, FIG13_BATCHED, FIG13_RATE, PAPER_NAMES
@@ -120,7 +121,7 @@ def _flatten(data: dict, prefix: str = "") -> dict[str, str]:
 
 def settings(runs: Sequence[Run], what: str) -> tuple[list[list[str]], tuple[list[str], list[list[str]]]]:
     """config.json or env.json of the runs: (entries equal in every run, table of those that differ)."""
-    flats = [_flatten(getattr(r, what)) for r in runs]
+    flats = [_flatten(_shown(r, what)) for r in runs]
     keys = [
         k for k in dict.fromkeys(k for flat in flats for k in flat) if k not in ("command", "created_utc")
     ]
@@ -129,6 +130,18 @@ def settings(runs: Sequence[Run], what: str) -> tuple[list[list[str]], tuple[lis
     common = [[k, flats[0][k]] for k in same]
     rows = [[r.label, *(flat.get(k, "-") for k in differ)] for r, flat in zip(runs, flats, strict=True)]
     return common, (["run", *differ], rows if differ else [])
+
+
+def _shown(run: Run, what: str) -> dict:
+    """config.json or env.json as the settings table shows it: a simulated run's config without
+    the real-run settings (device, dtype, attention, ...), which it never used."""
+    from kvbench.cli_options import RealOptions
+
+    data = getattr(run, what)
+    if what != "config" or run.summary.get("mode") == "real":
+        return data
+    real_only = {f.name for f in fields(RealOptions)}
+    return {key: value for key, value in data.items() if key not in real_only}
 
 
 def _settings_html(runs: Sequence[Run], what: str, colors: dict[str, str]) -> str:
