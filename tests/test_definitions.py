@@ -20,7 +20,7 @@ from engines import ENGINES, EngineOptions
 from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.engine import Engine
 from kvbench.latency_stats import ItlTable
-from kvbench.metrics import Slo, latency_summary, request_record, summarize
+from kvbench.metrics import Slo, latency_summary, prefix_cache_summary, request_record, summarize
 from kvbench.requests import Request, Trace
 from kvbench.sequence import Sequence, sequence_for
 
@@ -265,4 +265,16 @@ def test_every_sample_counts_as_output():
     s = summarize(run, done)
     assert done[0].num_outputs == 2 and s["makespan_s"] == 3.0
     assert s["output_token_throughput"] == 6 / 3 and s["request_throughput"] == 1 / 3
-    assert s["sharing_saved_fraction"] > 0  # the samples share the prompt's first block
+    # slots saved over slots held without sharing, time-weighted: 0-1 the prompt's 2 blocks
+    # (8 slots held, 8 saved once forked), 1-2 and 2-3 the first block still shared (12, 4)
+    assert s["sharing_saved_fraction"] == pytest.approx((8 + 4 + 4) / ((8 + 12 + 12) + (8 + 4 + 4)))
+
+
+def test_prefix_cache_hit_rate_is_hit_tokens_over_prompt_tokens():
+    seqs = [Sequence(Request(i, 0.0, p, 2)) for i, p in enumerate((40, 24))]
+    seqs[0].num_cached_tokens = 32
+    for seq in seqs:
+        seq.advance(2, 1.0, 0.0)
+    done = [request_record(seq) for seq in seqs]
+    assert prefix_cache_summary(done) == {"prefix_hit_tokens": 32, "prefix_cache_hit_rate": 32 / 64}
+    assert prefix_cache_summary([]) == {"prefix_hit_tokens": 0, "prefix_cache_hit_rate": 0.0}
