@@ -21,7 +21,8 @@ from workloads.tracefile import read_trace
 
 GOOD = {"request_id": 1, "arrival_s": 0.5, "prompt_len": 4, "output_len": 3}
 
-# (column, bad value, what the rule says); the value goes in the second request (line 3)
+# (column, bad value, what the rule says); the value goes in the second request (line 3) but
+# for a negative arrival, which goes in the first
 BROKEN = [
     ("arrival_s", -0.5, "arrival times are >= 0"),
     ("arrival_s", 0.25, "arrival times never decrease (the first request arrives at 0.5)"),
@@ -57,9 +58,13 @@ BROKEN = [
 ]
 
 
-def rows_with(column: str, value) -> list[dict]:
+def rows_with(column: str, value) -> tuple[list[dict], int]:
+    """Two requests, the second breaking the rule; and the line the error must name. A
+    negative arrival goes first (after a valid one it would be refused as a decrease)."""
     first = {"request_id": 0, "arrival_s": 0.5, "prompt_len": 4, "output_len": 3}
-    return [first, {**GOOD, column: value}]
+    if column == "arrival_s" and value < 0:
+        return [{**first, "arrival_s": value}, GOOD], 2
+    return [first, {**GOOD, column: value}], 3
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -85,12 +90,13 @@ def write_csv(path: Path, rows: list[dict]) -> Path:
 @pytest.mark.parametrize(("column", "value", "rule"), BROKEN, ids=lambda v: str(v)[:24])
 def test_a_row_breaking_a_rule_is_refused_naming_file_line_and_column(tmp_path, writer, column, value, rule):
     suffix = ".csv" if writer is write_csv else ".jsonl"
-    path = writer(tmp_path / f"trace{suffix}", rows_with(column, value))
+    rows, line = rows_with(column, value)
+    path = writer(tmp_path / f"trace{suffix}", rows)
     with pytest.raises(KvbenchError) as error:
         read_trace(path)
     message = str(error.value)
     assert "\n" not in message, rule
-    assert message.startswith(f"{path}: line 3, column {column}: "), (rule, message)
+    assert message.startswith(f"{path}: line {line}, column {column}: "), (rule, message)
 
 
 @pytest.mark.parametrize("writer", [write_csv, write_jsonl], ids=["csv", "jsonl"])
@@ -117,7 +123,7 @@ def columns(**fields) -> Columns:
 @pytest.mark.parametrize(
     ("fields", "column", "row"),
     [
-        ({"arrival_s": np.array([0.0, 1.0, -2.0])}, "arrival_s", 3),
+        ({"arrival_s": np.array([-2.0, 1.0, 2.0])}, "arrival_s", 1),
         ({"arrival_s": np.array([0.0, math.nan, 2.0])}, "arrival_s", 2),
         ({"arrival_s": np.array([0.0, 3.0, 2.0])}, "arrival_s", 3),
         ({"prompt_len": np.array([4.0, 4.0, 3.5])}, "prompt_len", 3),
