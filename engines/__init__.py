@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from engines.allocator import KVAllocator
 from engines.arena import BuddyArena, FirstFitArena, SlotArena
@@ -53,7 +54,7 @@ class EngineOptions:
     watermark: float = 0.01  # paged engines: fraction of blocks kept free at admission
     host_blocks: int = 0  # paged engines: swap space in host memory, in blocks
     hash_block_size: int | None = None  # prefix caching: tokens per `block_hashes` entry (the trace's)
-    page_tokens: int = 0  # vmm: slots one physical page holds (0: block_size)
+    page_tokens: int | Fraction = 0  # vmm: slots one physical page holds, maybe a fraction (0: block_size)
     num_pages: int | None = None  # vmm: whole pages the byte budget holds (None: num_slots // page_tokens)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -78,7 +79,7 @@ def _paged_prefix(options: EngineOptions) -> KVAllocator:
 
 def _vmm(options: EngineOptions) -> KVAllocator:
     page = options.page_tokens or options.block_size
-    pages = options.num_slots // page if options.num_pages is None else options.num_pages
+    pages = int(options.num_slots / Fraction(page)) if options.num_pages is None else options.num_pages
     ranges = options.scheduler.max_num_seqs or DEFAULT_MAX_NUM_SEQS  # one per running sequence
     return VirtualAllocator(options.num_slots, page, pages, options.max_len, ranges, options.watermark)
 

@@ -22,6 +22,7 @@ from kvbench.metrics import DEFAULT_PERCENTILES, Slo, check_metric_options
 from kvbench.models import ModelSpec, get_model
 from kvbench.parallel.sizes import check_tensor_parallel
 from kvbench.requests import Trace
+from kvbench.vmm.pages import DEFAULT_PAGE_KIB, page_geometry
 from workloads.spec import WorkloadSpec, build_trace
 
 DEFAULT_GPU = "a100-40gb"  # the paper's GPU: budgets and step times are emulated on it
@@ -42,6 +43,8 @@ class RunConfig:
     watermark: float = 0.01
     preemption: str = "recompute"  # paged engines: recompute or swap
     swap_space_gib: float = 4.0  # paged engines: host memory for swapped blocks (vLLM's default)
+    vmm_layout: str = "per-layer"  # vmm: vAttention's tensor per layer, or one range per request
+    vmm_page_kib: int = DEFAULT_PAGE_KIB  # vmm: physical page size (the driver's granularity)
     cost_model: str | None = None  # a `kvbench calibrate` file; None: the roofline of the GPU
     cost_fixed_s: float | None = None  # cost-model overrides (of the calibrated or roofline model)
     cost_per_token_s: float | None = None
@@ -168,6 +171,7 @@ def prepare(
         raise KvbenchError(
             f"--engine {config.engine}: external engines run one output per request (no --n, --beam-width)"
         )
+    pages = page_geometry(model, budget.budget_bytes, config.vmm_layout, config.vmm_page_kib)
     options = EngineOptions(
         num_slots=budget.num_slots,
         max_len=model.max_len,
@@ -176,6 +180,8 @@ def prepare(
         watermark=config.watermark,
         host_blocks=host_blocks if config.preemption == "swap" else 0,
         hash_block_size=trace.hash_block_size,
+        page_tokens=pages.page_tokens,
+        num_pages=pages.num_pages,
         scheduler=SchedulerConfig(config.max_num_seqs, tokens, config.preemption),
     )
     if spec is not None:

@@ -95,6 +95,7 @@ RANGES: dict[str, Range] = {
     "max_num_batched_tokens": COUNT,
     "watermark": Range(0, 1, high_open=True),
     "swap_space_gib": NON_NEGATIVE,
+    "vmm_page_kib": Range(4, MAX_INT),  # and a multiple of 4 (kvbench.vmm.pages)
     "cost_fixed_s": NON_NEGATIVE,
     "cost_per_token_s": NON_NEGATIVE,
     "cost_per_kv_token_s": NON_NEGATIVE,

@@ -3,6 +3,7 @@ occupancy categories, groups, multi-step growth, and random runs against a model
 
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 from fractions import Fraction
@@ -444,17 +445,36 @@ def test_page_geometry_of_both_layouts_on_real_shapes():
     from kvbench.vmm.pages import page_geometry
 
     gib, mib = 1 << 30, 1 << 20
-    llama = page_geometry(get_model("llama-3-8b"), 12 * gib, "per-layer", 2 * mib)
+    llama = page_geometry(get_model("llama-3-8b"), 12 * gib, "per-layer", 2048)
     # 8 KV heads x 128 x 2 bytes = 2 KiB per token and layer: a 2 MiB page holds 1,024 tokens,
     # and growing a request maps one in each of 2 x 32 tensors (128 MiB)
-    assert (llama.driver_pages_per_page, llama.page_tokens, llama.page_bytes) == (1, 1024, 64 * 2 * mib)
-    assert llama.num_pages == 96
-    opt = page_geometry(get_model("opt-13b"), 12 * gib, "per-layer", 2 * mib)
-    # 40 x 128 x 2 = 10 KiB: whole tokens need 5 pages (1,024 tokens); 80 tensors x 10 MiB per unit
-    assert (opt.driver_pages_per_page, opt.page_tokens, opt.page_bytes) == (5, 1024, 80 * 10 * mib)
-    assert opt.num_pages == 15  # 12 GiB / 800 MiB
-    small = page_geometry(get_model("opt-13b"), 12 * gib, "per-layer", 64 << 10)
-    assert (small.page_tokens, small.num_pages) == (32, 491)  # vAttention's 64 KiB pages, simulated
-    whole = page_geometry(get_model("opt-13b"), 12 * gib, "per-request", 2 * mib)
-    # 800 KiB per token of all layers: 25 pages hold 64 tokens
-    assert (whole.driver_pages_per_page, whole.page_tokens, whole.num_pages) == (25, 64, 245)
+    assert (llama.page_tokens, llama.page_bytes, llama.num_pages) == (1024, 64 * 2 * mib, 96)
+    opt = page_geometry(get_model("opt-13b"), 12 * gib, "per-layer", 2048)
+    # 40 x 128 x 2 = 10 KiB: 204.8 tokens a page, 80 tensors x 2 MiB a group
+    assert (opt.page_tokens, opt.page_bytes, opt.num_pages) == (Fraction(1024, 5), 160 * mib, 76)
+    small = page_geometry(get_model("opt-13b"), 12 * gib, "per-layer", 64)
+    assert (small.page_tokens, small.num_pages) == (Fraction(32, 5), 2457)  # 64 KiB pages, simulated
+    whole = page_geometry(get_model("opt-13b"), 12 * gib, "per-request", 2048)
+    # 800 KiB per token of all layers: 2.56 tokens a page; 12 GiB is 6,144 pages but 15,728 slots
+    # (whole tokens), which 6,143 pages fit
+    assert (whole.page_tokens, whole.num_pages) == (Fraction(64, 25), 6143)
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def test_simulate_vmm_sizes_pages_from_the_model_and_refuses_bad_page_flags(tmp_path):
+    from tests.test_cli import kvbench
+
+    args = ("simulate", "--engine", "vmm", "--model", "opt-13b", "--kv-cache-gib", "12", "--rate", "2",
+            "--num-requests", "60", "--seed", "1")  # fmt: skip
+    done = kvbench(*args, "--vmm-page-kib", "64", "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (config["vmm_layout"], config["vmm_page_kib"]) == ("per-layer", 64)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed"] == 60 and "mapped_idle" in summary["occupancy"]
+    for flag, value in (("--vmm-layout", "per-token"), ("--vmm-page-kib", "6"), ("--vmm-page-kib", "0")):
+        bad = kvbench(*args, flag, value, "--out", str(tmp_path / "bad"))
+        assert bad.returncode == 2 and bad.stderr.startswith(f"error: {flag}"), bad.stderr
+        assert bad.stderr.count("\n") == 1 and not (tmp_path / "bad").exists()

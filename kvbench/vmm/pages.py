@@ -1,64 +1,61 @@
 """How many tokens one physical page holds, and how many pages a byte budget buys.
 
 The driver maps memory in pages of a fixed size (its allocation granularity: 2 MiB on the
-H200; vAttention's 64 KiB pages need a modified driver, so kvbench only simulates them). What
-a page holds depends on how the virtual ranges lay out the K/V:
+H200, results/reference/vmm-probe; vAttention's 64 KiB pages need a modified driver, so kvbench
+only simulates them). What a page holds depends on how the virtual ranges lay out the K/V:
 
 - `per-layer` (vAttention's): one virtual tensor per layer for K and one for V; a request's
   range in each holds its tokens of that layer. Growing a request maps one page in each of the
-  2 x layers tensors at once: a *page group*, holding `page_bytes / (kv_heads x head_dim x
-  dtype bytes)` tokens.
+  2 x layers tensors at once (a page group), holding `page_bytes / (kv_heads x head_dim x dtype
+  bytes)` tokens: 1,024 for Llama-3-8B's 2 KiB per token and layer, 204.8 for OPT-13B's 10 KiB.
 - `per-request`: one virtual range per request holding every layer's K and V of its tokens
-  together; a page holds `page_bytes / kv_bytes_per_token` tokens, far fewer.
+  together; a page holds `page_bytes / kv_bytes_per_token` tokens, far fewer (2.56 for OPT-13B).
 
-A page must hold whole tokens, so that a range's pages start on token boundaries and no token
-straddles memory another request may own: where `page_bytes` does not divide into whole
-tokens, the unit of allocation is the fewest driver pages that do (OPT-13B's 10 KiB per token
-and layer: 5 pages of 2 MiB per unit, holding 1,024 tokens). That rounding is what `vmm` pays
-in internal fragmentation. (A range may also let a token straddle two driver pages, both mapped
-under it; that wastes less than one driver page per tensor and request, and is not modelled.)
+A page need not hold whole tokens: a token may straddle two pages of the same range, both
+mapped under it, so `page_tokens` is a fraction (`engines.vmm`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 from kvbench.errors import KvbenchError
 from kvbench.models import ModelSpec
 
 LAYOUTS = ("per-layer", "per-request")
-DRIVER_PAGE_BYTES = 2 << 20  # the H200's granularity (results/reference/vmm-probe)
+DEFAULT_PAGE_KIB = 2048  # the H200's allocation granularity
 
 
 @dataclass(frozen=True)
 class PageGeometry:
     layout: str
-    driver_page_bytes: int
-    driver_pages_per_page: int  # driver pages in one unit of allocation, per virtual tensor
-    page_tokens: int  # tokens one unit holds
-    page_bytes: int  # physical bytes of one unit (a page group, under per-layer)
-    num_pages: int  # whole units the budget holds
+    driver_page_bytes: int  # one page of one virtual tensor
+    page_tokens: Fraction  # tokens one page (group) holds
+    page_bytes: int  # physical bytes of one page (group): a page in every tensor
+    num_pages: int  # whole pages (groups) the budget holds
 
 
-def page_geometry(spec: ModelSpec, budget_bytes: int, layout: str, driver_page_bytes: int) -> PageGeometry:
+def page_geometry(spec: ModelSpec, budget_bytes: int, layout: str, page_kib: int) -> PageGeometry:
+    """Pages of `page_kib` KiB (per virtual tensor) under `layout`; as many as fit the budget's
+    bytes and, counted in slots, its `budget_bytes // kv_bytes_per_token` slots (the arena every
+    engine of a comparison shares)."""
     if layout not in LAYOUTS:
         raise KvbenchError(f"--vmm-layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    if driver_page_bytes <= 0 or driver_page_bytes % 4096:
-        kib = driver_page_bytes / 1024
-        raise KvbenchError(f"--vmm-page-kib must be a positive multiple of 4, got {kib:g}")
+    if page_kib < 4 or page_kib % 4:
+        raise KvbenchError(f"--vmm-page-kib must be a positive multiple of 4, got {page_kib}")
+    page = page_kib * 1024
     if layout == "per-layer":
         row = spec.num_kv_heads * spec.head_dim * spec.dtype_bytes  # one token of one layer's K
         tensors = 2 * spec.num_layers
     else:
         row, tensors = spec.kv_bytes_per_token, 1
-    unit = row // math.gcd(row, driver_page_bytes)  # fewest driver pages holding whole tokens
-    page_bytes = unit * driver_page_bytes * tensors
+    page_tokens = Fraction(page, row)
+    num_slots = budget_bytes // spec.kv_bytes_per_token
     return PageGeometry(
         layout=layout,
-        driver_page_bytes=driver_page_bytes,
-        driver_pages_per_page=unit,
-        page_tokens=unit * driver_page_bytes // row,
-        page_bytes=page_bytes,
-        num_pages=budget_bytes // page_bytes,
+        driver_page_bytes=page,
+        page_tokens=page_tokens,
+        page_bytes=page * tensors,
+        num_pages=min(budget_bytes // (page * tensors), int(num_slots / page_tokens)),
     )
