@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from kvbench.errors import KvbenchError
-from kvbench.flag_ranges import check_flags, check_workload
+from kvbench.flag_ranges import check_burstiness, check_flags, check_workload
 from workloads.presets import PRESETS
 from workloads.spec import ARRIVALS, WorkloadSpec
 
@@ -142,6 +142,7 @@ def _with_group(command, name: str, cls: type, flags: tuple[_Flag, ...], source_
         group = cls(**{fields[key]: kwargs.pop(key) for key in fields})
         if isinstance(group, WorkloadSpec):
             check_workload(group)  # flags one another would silently undo (--arrivals all --rate 5)
+            check_burstiness(group)
         return command(**{name: group}, **kwargs)
 
     kept = [p for p in own.parameters.values() if p.name != name]

@@ -186,6 +186,12 @@ def check_workload(spec) -> None:
             f"--rate {spec.rate:g} and --arrivals {arrivals} contradict each other: --arrivals {arrivals} "
             "uses no rate; give only one of them"
         )
+
+
+def check_burstiness(spec) -> None:
+    """`--burstiness` without `--arrivals gamma` would be ignored. Checked on the command line
+    only: a sweep's baseline cells replace gamma arrivals by sparse constant ones on purpose."""
+    arrivals = spec.arrivals
     if spec.burstiness != 1.0 and arrivals != "gamma":
         raise KvbenchError(
             f"--burstiness {spec.burstiness:g} shapes --arrivals gamma only, "
