@@ -86,6 +86,9 @@ class VirtualAllocator:
         self._mapped: list[list[int]] = [[] for _ in range(max_requests)]  # physical pages per range
         self._free_ranges: set[int] = set(range(max_requests))  # held by no sequence and no group
         self._idle = 0  # pages mapped under free ranges
+        # (pages, range) of free ranges holding pages, for reclaiming from the fewest first; an
+        # entry is stale once its range is held or its count changed (checked when popped)
+        self._victims: list[tuple[int, int]] = []
         self._held = 0  # pages mapped under held ranges
         self._asked = 0  # whole slots the held ranges' pages hold
         self._target = 0  # sum over held ranges of min(final length, whole slots held)
@@ -194,6 +197,8 @@ class VirtualAllocator:
         self._free_ranges.add(r)
         if self.deferred:
             self._idle += len(pages)
+            if pages:
+                heapq.heappush(self._victims, (len(pages), r))
             return
         while pages:
             self._unmapped.append(pages.pop())
@@ -228,11 +233,19 @@ class VirtualAllocator:
         self.maps += 1
         if self._unmapped:
             return self._unmapped.popleft()
-        idle = [r for r in self._free_ranges if self._mapped[r]]
-        r = min(idle, key=lambda r: (len(self._mapped[r]), r))
+        while True:  # the idle range holding the fewest pages (then the lowest id)
+            count, r = self._victims[0]
+            if r in self._free_ranges and count == len(self._mapped[r]):
+                break
+            heapq.heappop(self._victims)  # stale
+        pages = self._mapped[r]
+        if count > 1:
+            heapq.heapreplace(self._victims, (count - 1, r))  # still the fewest
+        else:
+            heapq.heappop(self._victims)
         self._idle -= 1
         self.unmaps += 1
-        return self._mapped[r].pop()
+        return pages.pop()
 
     def growth_horizon(self, seqs: Seq[Sequence], max_steps: int) -> int:
         """Steps before a sequence needs a page the unmapped pool cannot give: reclaiming an idle
@@ -272,6 +285,7 @@ class VirtualAllocator:
         asked = np.zeros(num_steps, dtype=np.int64)
         target = np.zeros(num_steps, dtype=np.int64)
         granted = np.zeros(num_steps, dtype=np.float64)
+        page = float(self.page_tokens)
         while crossings:
             step, index, n = heapq.heappop(crossings)
             seq = seqs[index]
@@ -285,7 +299,7 @@ class VirtualAllocator:
             self._grown.append((step, seq))
             asked[step] += added
             target[step] += gained
-            granted[step] += float(self.page_tokens)
+            granted[step] += page
             following = self.capacity(n + 1) - seq.num_computed
             if following < num_steps:
                 heapq.heappush(crossings, (following, index, n + 1))
