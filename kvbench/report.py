@@ -259,6 +259,10 @@ def compare(paths: Sequence[Path], *, markdown: bool = False, everything: bool =
         return next((i for i, p in enumerate(given) if p == where or p in where.parents), len(given))
 
     runs = sorted(discover(paths).all_runs(), key=order)
+    if not runs:  # a sweep whose cells are gone: an empty table would look like a result
+        raise KvbenchError(
+            f"{paths[0]}: no run folder to compare (summary.json), not even in a sweep's cells/"
+        )
     metrics = [*KEY_METRICS, *SETTING_METRICS, *optional_metrics(runs, _COMPARE_HINTS, everything)]
     header, rows = side_by_side(runs, metrics)
     return markdown_table(header, rows) if markdown else text_table(header, rows)

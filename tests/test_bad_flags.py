@@ -375,6 +375,7 @@ GARBAGE_SWEEPS = {
     "no status": (b"engine\nfoo\n", "no status column"),
     "a word for a rate": (b"engine,status,rate\npaged,ok,fast\n", "column 'rate', line 2"),
     "a short line": (b"engine,status,rate\npaged,ok\n", "line 2 has 2 cells"),
+    "no cells": (b"engine,status,rate\npaged,ok,1\n", "no run folder to compare"),
 }
 
 
@@ -383,4 +384,17 @@ def test_compare_refuses_a_garbage_sweep_csv(tmp_path, capsys, monkeypatch, case
     data, message = GARBAGE_SWEEPS[case]
     (tmp_path / "sweep.csv").write_bytes(data)
     line = assert_one_error(*kvbench(capsys, monkeypatch, "compare", str(tmp_path)), message)
-    assert line.startswith(f"error: {tmp_path / 'sweep.csv'}: ")
+    assert line.startswith(f"error: {tmp_path}")
+
+
+def test_a_broken_model_is_blamed_not_the_budget():
+    """A checkpoint with negative layers (refused first where checkpoints are read) must not
+    surface as a --kv-cache-gib problem if it gets this far."""
+    from dataclasses import replace
+
+    from kvbench.budget import budget_from_gib
+    from kvbench.models import get_model
+
+    broken = replace(get_model("tiny-opt"), num_layers=-2)
+    with pytest.raises(KvbenchError, match=r"^--model tiny-opt: -\d+ bytes of K/V per token"):
+        budget_from_gib(1.0, broken)
