@@ -87,8 +87,9 @@ def _budget(budget_bytes: float, model: ModelSpec, source: str, param: str) -> K
             f"less than one token ({model.kv_bytes_per_token} bytes)"
         )
     if num_slots > MAX_SLOTS:
+        count = f"{num_slots:,}" if num_slots < 10**12 else f"{num_slots:.2e}"
         raise KvbenchError(
-            f"{param} gives {model.name} {num_slots:,} token slots, more than kvbench's limit of "
+            f"{param} gives {model.name} {count} token slots, more than kvbench's limit of "
             f"{MAX_SLOTS:,} (kvbench.budget.MAX_SLOTS); give a smaller --kv-cache-gib"
         )
     return KVBudget(int(budget_bytes), num_slots, source)
