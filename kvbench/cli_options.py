@@ -61,7 +61,7 @@ _FLAGS = (
         "source", str, f"Preset ({', '.join(PRESETS)}), a spec (fixed:/uniform:/lognormal:/empirical:FILE/"
         "sharegpt:FILE/alpaca:FILE/dataset:PATH?prompt=A&response=B) or a trace file.", "--trace",
     ),
-    _Flag("num_requests", int | None, "Requests, at most 10,000,000 (default: 1000 generated, or every row of a file)."),
+    _Flag("num_requests", int | None, "Requests, at most 10 M (default: 1000 generated, or a file's rows)."),
     _Flag("seed", int, "Seed for lengths, arrivals and sharing."),
     _Flag("arrivals", str | None, f"{', '.join(ARRIVALS)} (default: replay timestamps, else poisson)."),
     _Flag("rate", float | None, "Requests/s for poisson, gamma, constant."),
