@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from kvbench.errors import KvbenchError
+from kvbench.requests import Request
 from workloads.columns import Columns, to_trace
 from workloads.tracefile import read_trace
 
@@ -153,3 +154,29 @@ def test_an_empty_trace_is_refused():
     empty = Columns(np.array([]), np.array([], dtype=np.int64), np.array([], dtype=np.int64))
     with pytest.raises(KvbenchError, match="no requests"):
         to_trace(empty, "t", "spec:x")
+
+
+def test_columns_become_requests_field_by_field():
+    """Every field reaches its Request, blanks (NaN) take the documented defaults, and the
+    smallest valid values (a one-token prompt and output, turn 0) are accepted."""
+    cols = Columns(
+        arrival_s=np.array([0.0, 1.0]),
+        prompt_len=np.array([1, 4]),
+        output_len=np.array([1, 2]),
+        request_id=np.array([5, 3]),
+        prefix_len=np.array([math.nan, 2.0]),
+        turn=np.array([math.nan, 0.0]),
+        n=np.array([math.nan, 2.0]),
+        beam_width=np.array([3.0, math.nan]),
+        prefix_group=[None, "g"],
+        conversation_id=["c", None],
+        prompt_ids=[(7,), None],
+        block_hashes=[None, (11, 12)],
+        extra={"k": 1},
+    )
+    trace = to_trace(cols, "t", "spec:x", hash_block_size=2)
+    assert trace.requests == (
+        Request(5, 0.0, 1, 1, (7,), None, 0, None, "c", None, 1, 3),
+        Request(3, 1.0, 4, 2, None, "g", 2, (11, 12), None, 0, 2, 1),
+    )
+    assert (trace.name, trace.source, trace.hash_block_size, trace.meta) == ("t", "spec:x", 2, {"k": 1})
