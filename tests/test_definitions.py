@@ -21,6 +21,7 @@ from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.engine import Engine
 from kvbench.latency_stats import ItlTable
 from kvbench.metrics import Slo, latency_summary, prefix_cache_summary, request_record, summarize
+from kvbench.occupancy import Footprint, Growth, segment_integral
 from kvbench.requests import Request, Trace
 from kvbench.sequence import Sequence, sequence_for
 
@@ -278,3 +279,23 @@ def test_prefix_cache_hit_rate_is_hit_tokens_over_prompt_tokens():
     done = [request_record(seq) for seq in seqs]
     assert prefix_cache_summary(done) == {"prefix_hit_tokens": 32, "prefix_cache_hit_rate": 32 / 64}
     assert prefix_cache_summary([]) == {"prefix_hit_tokens": 0, "prefix_cache_hit_rate": 0.0}
+
+
+def test_occupancy_integral_of_a_segment_by_hand():
+    """Three decode steps of 1, 2 and 4 s; 2 tokens computed per step; 4 slots grown (2 of
+    them below the final lengths) before steps 1 and 2. Each step's footprint is the end's
+    less what was computed and grown after it; the integral weighs it by its duration."""
+    end = Footprint(tokens=10, target=12, asked=16, granted=16, external=3, idle=5)
+    growth = Growth(asked=np.array([0, 4, 4]), target=np.array([0, 2, 2]))
+    got = segment_integral(end, np.array([1.0, 2.0, 4.0]), 2, growth)
+    steps = [  # (tokens, target, asked) during each step, and its duration
+        (6, 8, 8, 1.0),
+        (8, 10, 12, 2.0),
+        (10, 12, 16, 4.0),
+    ]
+    tokens, target, asked = (sum(step[i] * step[3] for step in steps) for i in range(3))
+    assert got == Footprint(tokens, target, asked, asked, external=3 * 7, idle=5 * 7)
+    assert (tokens, target, asked) == (62, 76, 96)
+    # one step: the end's footprint times its duration; sums add field by field
+    assert segment_integral(end, np.array([2.0]), 2, None) == Footprint(20, 24, 32, 32, 6, 10)
+    assert end + end == end.scaled(2.0)
