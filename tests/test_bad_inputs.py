@@ -403,7 +403,7 @@ def test_request_ids_above_2_to_the_53_are_read_exactly(suffix, tmp_path):
 # --- prompt token ids against the model's vocabulary --------------------------------------------
 
 
-@pytest.mark.parametrize("token", [VOCAB, VOCAB + 1000, -3])
+@pytest.mark.parametrize("token", [VOCAB, VOCAB + 1000])
 def test_prompt_ids_outside_the_vocabulary_are_refused_before_the_run(token, checkpoints, tmp_path):
     ids = list(range(1, 8))
     path = write_trace_file(
@@ -424,6 +424,14 @@ def test_prompt_ids_outside_the_vocabulary_are_refused_before_the_run(token, che
         f"vocabulary of {VOCAB} ids",
     )
     assert f"--model {checkpoints['llama']}" in line
+
+
+def test_a_negative_prompt_id_is_refused_where_the_trace_is_read(checkpoints, tmp_path):
+    ids = list(range(1, 8))
+    bad = row(request_id=5, prompt_len=7, prompt_ids=[*ids[:6], -3])
+    path = write_trace_file(tmp_path, "t.jsonl", [HEADER, row(prompt_len=7, prompt_ids=ids), bad])
+    result = run_model(checkpoints["llama"], tmp_path / "out", "--trace", str(path))
+    refused(result, str(path), "prompt_ids", ">= 0")
 
 
 def test_a_valid_checkpoint_runs_a_trace_of_real_token_ids(checkpoints, tmp_path):

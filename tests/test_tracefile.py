@@ -35,6 +35,7 @@ HEADER = {
 }
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
+TOKEN_IDS = st.integers(0, 2**63 - 1)  # any id the format holds: tokenizers make none below 0
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=12)  # "" cannot go to CSV
 JSON_VALUES = st.one_of(
     st.none(),
@@ -53,7 +54,7 @@ def requests(draw: st.DrawFn, request_id: int, arrival_s: float) -> Request:
         arrival_s=arrival_s,
         prompt_len=prompt_len,
         output_len=draw(st.integers(1, 10**6)),
-        prompt_ids=draw(st.none() | st.tuples(*[INT64] * prompt_len)),
+        prompt_ids=draw(st.none() | st.tuples(*[TOKEN_IDS] * prompt_len)),
         prefix_group=draw(st.none() | TEXT),
         prefix_len=draw(st.integers(0, prompt_len)),
         block_hashes=draw(st.none() | st.lists(INT64, max_size=4).map(tuple)),

@@ -150,8 +150,9 @@ def to_trace(cols: Columns, name: str, where: str | Where, *, hash_block_size: i
 
 
 def _check_prompt_ids(prompt_ids: list, prompt: np.ndarray, where: Where, cols: Columns) -> None:
-    """Each row's token ids: as many as `prompt_len`, each a 64-bit integer (the format's type;
-    whether a model can embed them is `check_vocabulary`'s, once the model is known)."""
+    """Each row's token ids: as many as `prompt_len`, each a non-negative 64-bit integer (no
+    tokenizer makes a negative id; whether a model can embed the others is `check_vocabulary`'s,
+    once the model is known)."""
     lengths = np.array([-1 if ids is None else len(ids) for ids in prompt_ids], dtype=np.int64)  # (N,)
     _fail_if(
         (lengths >= 0) & (lengths != prompt),
@@ -162,12 +163,21 @@ def _check_prompt_ids(prompt_ids: list, prompt: np.ndarray, where: Where, cols: 
         lengths,
     )
     try:
-        flat_ids(prompt_ids)
+        flat, ends = flat_ids(prompt_ids)  # (T,), (N,)
     except OverflowError:  # rare: find the row, one at a time
         worst = [next((i for i in ids or () if not INT64_MIN <= i <= INT64_MAX), None) for ids in prompt_ids]
         bad = np.array([w is not None for w in worst], dtype=bool)  # (N,)
         why = "token ids must be 64-bit integers"
         _fail_if(bad, where, cols, "prompt_ids", why, np.array(worst, dtype=object))
+        return
+    negative = np.flatnonzero(flat < 0)
+    if negative.size:
+        rows = np.searchsorted(ends, negative, side="right")  # the row of each negative id
+        bad = np.zeros(len(prompt_ids), dtype=bool)  # (N,)
+        bad[rows] = True
+        first = np.zeros(len(prompt_ids), dtype=np.int64)
+        first[rows[::-1]] = flat[negative[::-1]]  # each row's first negative id
+        _fail_if(bad, where, cols, "prompt_ids", "token ids must be >= 0", first)
 
 
 def flat_ids(prompt_ids: list) -> tuple[np.ndarray, np.ndarray]:
