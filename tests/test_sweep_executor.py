@@ -197,11 +197,11 @@ def test_bisection_hands_every_groups_next_midpoint_over_in_one_batch(tmp_path):
     [
         (("--executor", "foo"), "error: --executor must be local or ray, got 'foo'"),
         (("--ray-address", "127.0.0.1:1"), "error: --ray-address needs --executor ray"),
-        (("--parallel-gpus", "0"), "error: --parallel-gpus must be an integer >= 1, got 0"),
+        (("--parallel-gpus", "0"), "error: --parallel-gpus must be a positive integer up to 2147483647"),
         (("--executor", "ray", "--parallel-gpus", "2"), "error: --parallel-gpus is the local executor's"),
         (
             ("--executor", "ray", "--ray-retries", "-1"),
-            "error: --ray-retries must be an integer >= 0, got -1",
+            "error: --ray-retries must be an integer in 0..1000, got -1",
         ),
         (("--real", "--parallel-gpus", "2", "--device", "cuda:1"), "error: --device cuda:1: each cell gets"),
     ],
