@@ -126,21 +126,31 @@ class VirtualAllocator:
 
     def can_allocate(self, seq: Sequence) -> bool:
         width = width_at_admission(seq)
+        ranges = 0 if self._pooled(seq) else width
         need = self.pages_for(seq.num_tokens) * width
-        return len(self._free_ranges) >= width and self.available_pages - need >= self.watermark_pages
+        return len(self._free_ranges) >= ranges and self.available_pages - need >= self.watermark_pages
 
     def can_allocate_all(self, seqs: Seq[Sequence]) -> bool:
         need = sum([self.pages_for(seq.num_tokens) for seq in seqs])
         return len(self._free_ranges) >= len(seqs) and self.available_pages - need >= self.watermark_pages
+
+    def _pooled(self, seq: Sequence) -> bool:
+        """Whether `seq` comes back to a range its group kept (a preempted parallel sample)."""
+        group = seq.group
+        return group is not None and group.forked and bool(self._pools.get(group))
 
     # ------------------------------------------------------------------ admission and release
     def allocate(self, seq: Sequence) -> None:
         """A range for `seq` mapped up to its tokens; for a group's leader at admission, one for
         every member, each mapped for the prompt (the forks' copies land there)."""
         assert seq not in self._owner, f"seq {seq.seq_id} is already resident"
-        width = width_at_admission(seq)
         need = self.pages_for(seq.num_tokens)
-        ranges = [self._hold_range(need, seq.request) for _ in range(width)]
+        if self._pooled(seq):
+            r = self._pools[seq.group].pop()
+            self._resize(r, need, seq.request)
+            ranges = [r]
+        else:
+            ranges = [self._hold_range(need, seq.request) for _ in range(width_at_admission(seq))]
         self._owner[seq] = ranges[0]
         if seq.group is not None:
             self._pools.setdefault(seq.group, []).extend(reversed(ranges[1:]))  # popped in order
@@ -154,24 +164,38 @@ class VirtualAllocator:
         else:
             r = max(self._free_ranges, key=lambda r: (len(self._mapped[r]), -r))
         self._free_ranges.remove(r)
+        kept = len(self._mapped[r])
+        self._idle -= kept
+        self.reused += min(kept, need)
+        self._held += kept  # held from now on; `_resize` adds or unmaps the difference
+        self._asked += self.capacity(kept)
+        self._target += self._target_of(request, kept)
+        self._resize(r, need, request)
+        return r
+
+    def _resize(self, r: int, need: int, request: Request) -> None:
+        """Map exactly `need` pages under held range `r`: more are unmapped (the last first),
+        fewer are topped up."""
         pages = self._mapped[r]
-        self._idle -= len(pages)
-        self.reused += min(len(pages), need)
-        while len(pages) > need:  # more than the request needs now: back to the pool
+        before = len(pages)
+        while len(pages) > need:
             self._unmapped.append(pages.pop())
             self.unmaps += 1
         while len(pages) < need:
             pages.append(self._take_page())
-        self._held += need
-        self._asked += self.capacity(need)
-        self._target += self._target_of(request, need)
-        return r
+        self._held += need - before
+        self._asked += self.capacity(need) - self.capacity(before)
+        self._target += self._target_of(request, need) - self._target_of(request, before)
 
     def fork(self, parent: Sequence, child: Sequence) -> list[SlotCopy]:
-        """Give `child` a range of the group's pool; the parent's K/V is copied into it."""
+        """Give `child` a range of the group's pool, mapped for the parent's K/V, which is copied
+        into it (the prompt's pages were mapped at admission; a beam re-forked from another maps
+        the pages a pruned beam just gave back)."""
         assert child not in self._owner, f"seq {child.seq_id} is already resident"
         r = self._pools[child.group].pop()
-        assert len(self._mapped[r]) >= self.pages_for(parent.num_computed), "a pooled range is short"
+        need = self.pages_for(parent.num_computed)
+        assert need - len(self._mapped[r]) <= self.available_pages, "no page for a fork's copy"
+        self._resize(r, max(need, len(self._mapped[r])), child.request)
         self._owner[child] = r
         self._resident[child.group] += 1
         return [(self._owner[parent] * self.range_slots, r * self.range_slots, parent.num_computed)]
@@ -182,12 +206,14 @@ class VirtualAllocator:
         if group is None:
             self._release_range(r, seq.request)
             return
-        self._pools[group].append(r)
         self._resident[group] -= 1
-        if not self._resident[group]:  # the group's last member: every range goes
-            del self._resident[group]
-            for pooled in self._pools.pop(group):
-                self._release_range(pooled, seq.request)
+        if self._resident[group]:  # the group keeps the range for a re-fork or a comeback, not its pages
+            self._resize(r, 0, seq.request)
+            self._pools[group].append(r)
+            return
+        del self._resident[group]  # the group's last member: every range goes
+        for pooled in [r, *self._pools.pop(group)]:
+            self._release_range(pooled, seq.request)
 
     def _release_range(self, r: int, request: Request) -> None:
         pages = self._mapped[r]
@@ -381,6 +407,8 @@ class VirtualAllocator:
         for group, pool in self._pools.items():
             resident = sum(member in self._owner for member in group.members)
             assert resident == self._resident[group] > 0, "a group's resident count is wrong"
-            assert resident + len(pool) == group.width, "a group lost a range"
+            # finished members hold none; a preempted sample's range waits in the pool unless
+            # every other member left meanwhile (the group's ranges went with the last of them)
+            assert resident + len(pool) <= group.width, "a group holds a range too many"
             want += sum(self._target_of(group.members[0].request, len(self._mapped[r])) for r in pool)
         assert self._target == want, "target total out of date"

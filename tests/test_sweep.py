@@ -36,7 +36,7 @@ from tests.test_cli import kvbench
 from workloads.spec import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINES7 = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged", "paged-static", "paged-prefix")
+EVERY = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged", "paged-static", "paged-prefix", "vmm")
 
 
 def rows_of(path: Path) -> list[dict[str, str]]:
@@ -61,7 +61,7 @@ def quiet() -> Progress:
 
 def test_axes_parse_and_refuse_bad_values_naming_the_axis():
     assert parse_engines("paged, orca-max,paged", real=False) == ("paged", "orca-max")
-    assert parse_engines("all", real=False) == ENGINES7
+    assert parse_engines("all", real=False) == EVERY
     assert parse_rates("4,1,2.5") == (1.0, 2.5, 4.0) and parse_rates(None) == (None,)
     assert parse_block_sizes("16,32") == (16, 32) and parse_budgets("12,0.5") == (12.0, 0.5)
     assert parse_seeds("0,3") == (0, 3)
@@ -153,11 +153,11 @@ def test_bisection_on_a_made_up_curve_converges_on_the_knee():
 
 
 def test_every_engine_one_row_per_cell(tmp_path):
-    p = plan(engines=ENGINES7, rates=(2.0, 8.0), repeats=2)
+    p = plan(engines=EVERY, rates=(2.0, 8.0), repeats=2)
     result = run_sweep(p, tmp_path / "s", progress=quiet())
     rows = rows_of(tmp_path / "s" / "sweep.csv")
     assert len(rows) == len(result.rows) == 7 * 2 * 2 and result.ran == 28 and result.failed == 0
-    assert {r["engine"] for r in rows} == set(ENGINES7) and {r["status"] for r in rows} == {"ok"}
+    assert {r["engine"] for r in rows} == set(EVERY) and {r["status"] for r in rows} == {"ok"}
     for row in rows:
         folder = tmp_path / "s" / "cells" / row["cell_id"]
         summary = json.loads((folder / "summary.json").read_text())
@@ -174,7 +174,7 @@ def test_every_engine_one_row_per_cell(tmp_path):
     assert all(float(r["normalized_latency_s_mean"]) == pytest.approx(mean) for r in pair)
     assert float(pair[0]["normalized_latency_s_ci95"]) == pytest.approx(half) and half > 0
     described = json.loads((tmp_path / "s" / "sweep.json").read_text())
-    assert described["axes"]["engines"] == list(ENGINES7) and described["base_config"]["model"] == "opt-13b"
+    assert described["axes"]["engines"] == list(EVERY) and described["base_config"]["model"] == "opt-13b"
 
 
 def test_sustained_rate_of_a_real_sweep_with_bisection(tmp_path):
