@@ -196,3 +196,16 @@ def test_trace_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert proc.stderr.strip() == f"error: {bad}: line 3, column output_len: must be >= 1, got 0"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv"]
+
+
+def test_a_rate_given_with_a_replayed_file_is_refused_not_ignored(tmp_path):
+    source = build_trace(WorkloadSpec("fixed:prompt=7,output=9", num_requests=10, rate=2.0))
+    write_trace(source, tmp_path / "t.jsonl")  # arrival times: the file is replayed by default
+    with pytest.raises(KvbenchError, match=r"--rate 5: .*t.jsonl has timestamps, which are replayed"):
+        build_trace(WorkloadSpec(str(tmp_path / "t.jsonl"), rate=5.0))
+    drawn = build_trace(WorkloadSpec(str(tmp_path / "t.jsonl"), rate=5.0, arrivals="poisson"))
+    replayed = build_trace(WorkloadSpec(str(tmp_path / "t.jsonl")))
+    first = source.requests[0].arrival_s  # a replay starts at its first arrival
+    recorded = [r.arrival_s - first for r in source.requests]
+    assert [r.arrival_s for r in replayed.requests] == pytest.approx(recorded)
+    assert [r.arrival_s for r in drawn.requests] != pytest.approx(recorded)

@@ -290,6 +290,11 @@ def _arrivals(spec: WorkloadSpec, cols: Columns, timestamps: bool, rng: np.rando
     if kind == "replay":
         if not timestamps:
             raise KvbenchError(f"--arrivals replay: {spec.source} has no timestamps; give --rate instead")
+        if spec.rate is not None:  # a replay has no rate: ignoring it would run another workload
+            raise KvbenchError(
+                f"--rate {spec.rate:g}: {spec.source} has timestamps, which are replayed; give "
+                "--arrivals poisson to draw arrivals at that rate, or --time-scale to replay faster"
+            )
         index, times = arrivals.replay(
             cols.arrival_s, spec.time_scale, spec.window_start_s, spec.window_duration_s, spec.num_requests
         )
