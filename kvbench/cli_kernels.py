@@ -15,6 +15,7 @@ import typer
 
 from kvbench import cli_options as opt
 from kvbench.errors import KvbenchError
+from kvbench.outputs import prepare_out
 
 _BACKENDS = (  # kernels.bench.BACKENDS, spelled here so that checking options needs no torch
     "kvbench-paged", "kvbench-contiguous", "kvbench-virtual", "torch-sdpa", "flex-paged",
@@ -115,6 +116,7 @@ def kernels(
     if not cpu and not (device == "cuda" or device.startswith("cuda:")):
         raise KvbenchError(f"--device: {device!r} is not cuda or cuda:N (CPU runs need TRITON_INTERPRET=1)")
 
+    prepare_out(out, "kernels")  # before torch is imported: a bad --out costs no start-up
     import torch
 
     from kernels import bench

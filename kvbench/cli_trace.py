@@ -12,6 +12,7 @@ import typer
 
 from kvbench import cli_options as opt
 from kvbench.errors import KvbenchError
+from kvbench.outputs import prepare_out
 from workloads import registry
 from workloads.spec import WorkloadSpec, build_trace
 
@@ -61,6 +62,7 @@ def make(workload: WorkloadSpec, out: Out) -> None:
     """Build a trace (lengths, sharing, arrivals) and write it in kvbench's trace format."""
     from workloads.tracefile import write_trace
 
+    prepare_out(out, "trace")
     with _as_argument("SPEC"):
         trace = build_trace(workload)
     write_trace(trace, out)
@@ -150,6 +152,7 @@ def convert(
     """Read any supported trace file and write it in kvbench's format (by the output suffix)."""
     from workloads.tracefile import read_trace, write_trace
 
+    prepare_out(out, "trace", flag="OUT")
     path = registry.trace_file(source)
     if not path.is_file():
         raise KvbenchError(f"TRACE {source}: no such file or registered trace")

@@ -1,22 +1,23 @@
 """Where a command may write: `prepare_out` checks `--out` before any work starts.
 
 Every command that writes (simulate, run, demo, report, calibrate, reproduce, sweep, trace
-plot) calls `prepare_out(path, kind, overwrite)` first, so a mistyped or unusable `--out`
-costs a one-line error, not a ten-minute run that fails at the end, and kvbench never
-replaces what it did not write:
+plot, trace make and convert, kernels) calls `prepare_out(path, kind, overwrite)` first, so a
+mistyped or unusable `--out` costs a one-line error, not a ten-minute run that fails at the
+end, and kvbench never replaces what it did not write:
 
 - a new path, or an empty folder: written;
 - a kvbench result of the same kind: a run is kept unless `--overwrite` says to replace it
   (it may have cost an hour of GPU time); a sweep or a reproduction resumes into it (their
-  own commands decide how); a demo, a report, a calibration file or a trace plot is
-  regenerated in place (each is a cheap function of kvbench's own inputs, and `make demo`
-  must work twice);
+  own commands decide how); a demo, a report, a calibration file, a trace plot, a trace
+  file or a kernel benchmark is regenerated in place (each is a cheap function of kvbench's
+  own inputs, and `make demo` must work twice);
 - anything else (a user's folder or file, a result of another kind): refused, with or
   without `--overwrite`.
 
 A kvbench result is recognised by what kvbench writes into it: a run folder by its
 summary.json and config.json, a sweep by sweep.json, a calibration file by its fitted keys,
-a trace plot by the text kvbench puts in the image; a demo, report or reproduction folder
+a trace plot by the text kvbench puts in the image, a trace file by its format header, a
+kernel benchmark by its kernels.csv and bandwidth.json; a demo, report or reproduction folder
 by the marker `kvbench.json` (`{"kind": ...}`) that kvbench writes into it first (older
 ones by demo.json, report.html, reproduce.md).
 """
@@ -86,6 +87,24 @@ def _is_plot(path: Path) -> bool:
     return PLOT_TAG.encode() in head
 
 
+def _is_trace(path: Path) -> bool:
+    """A trace file in kvbench's format (`workloads.tracefile`): its header names the format in
+    the first line (JSONL, CSV) or in the Parquet footer's schema metadata."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+            f.seek(max(0, path.stat().st_size - (1 << 20)))
+            tail = f.read()
+    except OSError:
+        return False
+    in_footer = tail.endswith(b"PAR1") and b"kvbench-trace" in tail
+    return b"kvbench-trace" in head.split(b"\n", 1)[0] or in_footer
+
+
+def _is_kernels(folder: Path) -> bool:
+    return (folder / "kernels.csv").is_file() and (folder / "bandwidth.json").is_file()
+
+
 KINDS = {
     "run": Kind("a run folder", True, REFUSE, is_run),
     "sweep": Kind("a sweep folder", True, RESUME, _marked("sweep", "sweep.json")),
@@ -96,6 +115,8 @@ KINDS = {
     ),
     "calibration": Kind("a calibration file", False, REPLACE, _is_calibration),
     "plot": Kind("a trace plot", False, REPLACE, _is_plot),
+    "trace": Kind("a trace file", False, REPLACE, _is_trace),
+    "kernels": Kind("a kernel benchmark folder", True, REPLACE, _is_kernels),
 }
 
 

@@ -77,10 +77,15 @@ def writers(run: Path) -> dict[str, tuple[str, ...]]:
         "reproduce": ("reproduce", "fig13", "--quick", "--mode", "simulate", "--num-requests", "20"),
         "sweep": ("sweep", "--engines", "paged", "--num-requests", "20", "--kv-cache-gib", "2"),
         "trace plot": ("trace", "plot", "sharegpt-paper"),
+        "trace make": ("trace", "make", "fixed:prompt=8,output=4", "--num-requests", "5", "--rate", "1"),
+        "kernels": ("kernels", "--cells", "1x16", "--kv-heads", "1", "--gqa", "1", "--head-dim", "16"),
     }
 
 
-WRITERS = ("simulate", "run", "demo", "report", "calibrate", "reproduce", "sweep", "trace plot")
+WRITERS = (
+    "simulate", "run", "demo", "report", "calibrate", "reproduce", "sweep", "trace plot", "trace make",
+    "kernels",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("writer", WRITERS)
@@ -291,3 +296,21 @@ def test_the_itl_pool_does_not_depend_on_memory_addresses():
         assert getattr(before, field).tobytes() == getattr(after, field).tobytes(), field
     stats = [distribution("itl_s", t.values, (50.0,), t.counts) for t in (before, after)]
     assert stats[0] == stats[1]
+
+
+def test_trace_make_and_convert_replace_their_own_trace_files_only(tmp_path):
+    made = tmp_path / "t.jsonl"
+    args = ("trace", "make", "fixed:prompt=8,output=4", "--num-requests", "5", "--rate", "1", "--out")
+    args = (*args, str(made))
+    for _ in range(2):  # its own file is rewritten
+        assert kvbench(*args).exit_code == 0
+    for suffix in (".csv", ".parquet"):
+        converted = tmp_path / f"t{suffix}"
+        for _ in range(2):
+            result = kvbench("trace", "convert", str(made), str(converted))
+            assert result.exit_code == 0, result.output
+    mine = tmp_path / "mine.csv"
+    mine.write_text("request_id,arrival_s,prompt_len,output_len\n0,0,4,4\n")  # a user's, without the header
+    before = snapshot(tmp_path)
+    one_line_error(kvbench("trace", "convert", str(made), str(mine)), f"OUT {mine}", "did not write")
+    assert snapshot(tmp_path) == before
