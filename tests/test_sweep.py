@@ -156,7 +156,8 @@ def test_every_engine_one_row_per_cell(tmp_path):
     p = plan(engines=EVERY, rates=(2.0, 8.0), repeats=2)
     result = run_sweep(p, tmp_path / "s", progress=quiet())
     rows = rows_of(tmp_path / "s" / "sweep.csv")
-    assert len(rows) == len(result.rows) == 7 * 2 * 2 and result.ran == 28 and result.failed == 0
+    cells = len(EVERY) * 2 * 2  # engines x rates x repeats
+    assert len(rows) == len(result.rows) == cells and result.ran == cells and result.failed == 0
     assert {r["engine"] for r in rows} == set(EVERY) and {r["status"] for r in rows} == {"ok"}
     for row in rows:
         folder = tmp_path / "s" / "cells" / row["cell_id"]
