@@ -1,6 +1,6 @@
 """Anchors: kvbench's paged engine beside transformers' generate and continuous batching.
 
-The real-decoding issue's reference workload (`benchmarks/real_decode.py: reference_trace`:
+The reference workload (`benchmarks/real_decode.py: reference_trace`:
 256 requests at once, `llama-1b-ref`, bf16 on CUDA, random weights, 8 GiB of KV) through
 `paged`, `hf-generate` (padded batches of `--hf-batch-size`) and `hf-cb` (transformers'
 continuous batching, its cache sized to the same KV budget), each via `kvbench run`'s code path

@@ -4,7 +4,7 @@
 in the last split program of each (sequence, KV head) to finish (`merge="fused"`, one launch).
 The fused merge saves a fixed cost per call, a launch and its tail, which weighs most where a
 step is short: in the 64K-256K band of batch x context the kernel reached 0.78-0.79 of the read
-bandwidth (results/reference/kernels-bench). This times both on the kernels issue's cells (bf16,
+bandwidth (results/reference/kernels-bench). This times both on the reference kernel cells (bf16,
 32 query heads, 8 KV heads, head dim 128, block 16, random page order, every sequence at the full
 context), at the split count the heuristic picks (`auto`) and at every other one asked for:
 

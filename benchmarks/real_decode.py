@@ -1,4 +1,4 @@
-"""Real decoding through every engine: the real-decoding issue's reference workload.
+"""Real decoding through every engine: the reference workload.
 
 Llama architecture (hidden 2048, 16 layers, 32 heads, 8 KV heads, intermediate 8192, vocab
 32000; preset `llama-1b-ref`), bf16, random weights; 256 requests all at once with prompt

@@ -1,6 +1,6 @@
 """Pick the decode-attention launch (tile, warps, stages) and split count on this GPU.
 
-Times `kernels.decode_attention` over the kernels issue's cells (bf16, 32 query heads, 8 KV
+Times `kernels.decode_attention` over the reference kernel cells (bf16, 32 query heads, 8 KV
 heads, head dim 128, block 16, random page order) for each launch configuration, paged and
 contiguous, as a fraction of the read bandwidth measured in the same run; then, for the
 chosen launch, each split count against the heuristic's. Prints a table; the winner is what
