@@ -1,0 +1,372 @@
+"""Engine mechanics pinned state by state: what mutation testing of `engines/` found unpinned.
+
+Each test drives the real allocator, arena and scheduler by hand (one call per step, as
+`kvbench.engine.Engine` makes them) on a few slots, and asserts the exact state after each
+call: which extent or block each sequence holds, who runs, who waits and in what order, and
+every field of the batch a step gets. docs/MUTATION.md says why such tests exist; the
+mutants they kill, and those that are equivalent, are in results/mutation/engines-core/.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engines import ENGINES, EngineOptions, get_engine
+from engines.allocator import Extent
+from engines.arena import BuddyArena, FirstFitArena
+from engines.batch import Batch, SchedulerConfig
+from engines.contiguous import ContiguousAllocator, OracleReservation
+from engines.paged import PagedAllocator
+from engines.scheduler import IterationScheduler, RequestScheduler
+from kvbench.errors import KvbenchError
+from kvbench.requests import Request
+from kvbench.sequence import SeqStatus, Sequence, sequence_for
+
+
+def seq(request_id: int, prompt: int, output: int, arrival: float = 0.0, **sharing) -> Sequence:
+    return sequence_for(Request(request_id, arrival, prompt, output, **sharing))
+
+
+def step(sched, batch: Batch, t: float) -> list[Sequence]:
+    """Run `batch` as one step from `t` to `t + 1` (as `Engine.run` does); the finished."""
+    finished = [s for s in batch.seqs if s.advance(1, t + 1.0, t)]
+    if batch.has_groups:
+        sched.branch(batch, None)
+    sched.update(finished)
+    return finished
+
+
+def fields(batch: Batch) -> tuple:
+    return (
+        batch.is_prefill,
+        batch.num_tokens,
+        batch.num_context,
+        batch.steps_to_finish,
+        batch.block_copies,
+        batch.swaps,
+        batch.slot_copies,
+        batch.copied_slots,
+        batch.has_groups,
+    )
+
+
+# ------------------------------------------------------------------ arenas
+
+
+@pytest.mark.parametrize("arena", [BuddyArena(16), FirstFitArena(16)])
+def test_an_arena_names_a_grant_its_caller_does_not_know(arena):
+    start = arena.alloc(4)
+    arena.check_integrity({start: 4})  # the caller's view agrees: no complaint
+    with pytest.raises(AssertionError, match="^grants differ$"):
+        arena.check_integrity({})
+
+
+# ------------------------------------------------------------------ contiguous groups
+
+
+def test_a_contiguous_group_reserves_every_output_and_gives_all_back_with_its_last_member():
+    arena = FirstFitArena(100)
+    alloc = ContiguousAllocator(arena, OracleReservation())
+    leader = seq(0, 4, 3, n=3)  # kv_len 6: three extents of 6 slots
+    one, two = leader.group.members[1:]
+    other = seq(1, 2, 2, n=2)  # kv_len 3: a second group beside the first
+    assert alloc.can_allocate(leader)
+    alloc.allocate(leader)
+    alloc.allocate(other)
+    assert arena.free_runs() == [(24, 76)]
+    assert alloc.addressing(leader) == Extent(0, 6, 6)
+    assert alloc.addressing(other) == Extent(18, 3, 3)
+    fp = alloc.footprint()
+    assert (fp.tokens, fp.target, fp.asked, fp.granted) == (0, 24, 24, 24)
+    leader.advance(1, 1.0, 0.0)  # the prompt's prefill: 4 slots computed
+    one.copy_progress(leader)
+    two.copy_progress(leader)
+    # members take the pool's extents in the order they were granted
+    assert alloc.fork(leader, one) == [(0, 6, 4)]
+    assert alloc.fork(leader, two) == [(0, 12, 4)]
+    assert alloc.addressing(one) == Extent(6, 6, 6)
+    assert alloc.addressing(two) == Extent(12, 6, 6)
+    alloc.check_integrity()
+    assert alloc.footprint().tokens == 12
+    # members leave one by one: the reservation stays until the last one leaves
+    for member in (one, leader):
+        alloc.free(member)
+        alloc.check_integrity()
+        assert arena.free_runs() == [(24, 76)]
+        fp = alloc.footprint()
+        assert (fp.target, fp.asked, fp.granted) == (24, 24, 24)
+    alloc.free(two)
+    alloc.check_integrity()
+    assert arena.free_runs() == [(0, 18), (24, 76)]
+    fp = alloc.footprint()
+    assert (fp.tokens, fp.target, fp.asked, fp.granted) == (0, 6, 6, 6)
+    alloc.free(other.group.leader)  # a group that never forked: its pool goes with the leader
+    alloc.check_integrity()
+    assert arena.free_runs() == [(0, 100)]
+    fp = alloc.footprint()
+    assert (fp.tokens, fp.target, fp.asked, fp.granted) == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("make", [BuddyArena, FirstFitArena])
+def test_a_contiguous_group_of_two_needs_two_extents_free(make):
+    # 8 slots: one extent of 6 (buddy: 8) fits, two do not
+    alloc = ContiguousAllocator(make(8 if make is BuddyArena else 11), OracleReservation())
+    assert not alloc.can_allocate(seq(0, 4, 3, n=2))
+    assert alloc.can_allocate(seq(1, 4, 3))
+    alloc = ContiguousAllocator(make(16 if make is BuddyArena else 12), OracleReservation())
+    assert alloc.can_allocate(seq(0, 4, 3, n=2))
+
+
+# ------------------------------------------------------------------ engine table
+
+
+def test_engine_options_reach_the_allocator():
+    options = EngineOptions(
+        num_slots=64, max_len=32, block_size=4, watermark=0.25, host_blocks=3, hash_block_size=8
+    )
+    paged = ENGINES["paged"].build(options).allocator
+    assert (paged.num_slots, paged.block_size, paged.watermark_blocks, paged.num_host_blocks) == (64, 4, 4, 3)
+    prefix = ENGINES["paged-prefix"].build(options).allocator
+    assert (prefix.block_size, prefix.watermark_blocks, prefix.num_host_blocks, prefix.hash_block_size) == (
+        4,
+        4,
+        3,
+        8,
+    )
+
+
+def test_an_unknown_engine_is_refused_naming_the_choices():
+    assert get_engine("paged") is ENGINES["paged"]
+    with pytest.raises(KvbenchError) as error:
+        get_engine("pagd")
+    assert str(error.value) == (
+        "unknown --engine 'pagd'; choose one of: static, orca-max, orca-pow2, orca-oracle, paged, "
+        "paged-static, paged-prefix, vmm"
+    )
+
+
+# ------------------------------------------------------------------ recompute preemption
+
+
+def test_preemption_takes_the_newest_and_requeues_it_in_arrival_order():
+    # 3 blocks of 4 slots; three 4-token prompts fill them, and every decode needs a new block
+    alloc = PagedAllocator(12, 4, watermark=0.0)
+    sched = IterationScheduler(alloc, SchedulerConfig())
+    r0, r1, r2 = seq(0, 4, 10), seq(1, 4, 3), seq(2, 4, 3)
+    for s in (r0, r1, r2):
+        sched.add(s)
+    assert sched.has_work()
+    prefill = sched.schedule()
+    assert prefill.seqs == (r0, r1, r2)
+    assert fields(prefill) == (True, 12, 12, 1, (), (), (), 0, False)
+    assert sched.settled()
+    step(sched, prefill, 0.0)
+    decode = sched.schedule()
+    # r0 takes the block of r2 (the newest); r1 finds none and gives up its own
+    assert decode.seqs == (r0,)
+    assert fields(decode) == (False, 1, 5, 9, (), (), (), 0, False)
+    assert sched.running == [r0]
+    assert list(sched.waiting) == [r1, r2]
+    assert sched.num_preempted == 2
+    assert [(s.status, s.num_computed, s.num_preemptions) for s in (r1, r2)] == [
+        (SeqStatus.PREEMPTED, 0, 1),
+        (SeqStatus.PREEMPTED, 0, 1),
+    ]
+    assert alloc.addressing(r0).blocks == (0, 2)
+    assert alloc.num_free_blocks == 1
+    sched.check_integrity()
+    assert sched.settled()  # r1 needs 2 blocks, 1 is free
+
+
+# ------------------------------------------------------------------ swap preemption
+
+
+def test_a_swapped_sequence_comes_back_first_and_then_admission_reopens():
+    # 3 blocks of 4 slots, 8 host blocks; r2 arrives while r1 is swapped out
+    alloc = PagedAllocator(12, 4, watermark=0.0, host_blocks=8)
+    sched = IterationScheduler(alloc, SchedulerConfig(preemption="swap"))
+    r0, r1, r2 = seq(0, 4, 3), seq(1, 4, 2), seq(2, 3, 2, arrival=1.5)
+    sched.add(r0)
+    sched.add(r1)
+    prefill = sched.schedule()
+    assert prefill.seqs == (r0, r1)
+    assert fields(prefill) == (True, 8, 8, 1, (), (), (), 0, False)
+    step(sched, prefill, 0.0)
+    decode = sched.schedule()  # both need a second block, one is free: r1 goes to host memory
+    assert decode.seqs == (r0,)
+    assert fields(decode) == (False, 1, 5, 2, (), ((True, 1, 0),), (), 0, False)
+    assert (list(sched.swapped), list(sched.waiting), sched.num_preempted) == ([r1], [], 0)
+    assert (r1.status, r1.num_computed, r1.num_preemptions) == (SeqStatus.SWAPPED, 4, 1)
+    assert sched.settled()  # r1 needs 2 blocks to come back, 1 is free
+    assert sched.has_work()
+    step(sched, decode, 1.0)
+    sched.add(r2)
+    decode = sched.schedule()  # r1 still cannot come back; r2 may not overtake it
+    assert decode.seqs == (r0,)
+    assert fields(decode) == (False, 1, 6, 1, (), (), (), 0, False)
+    assert sched.settled()
+    assert step(sched, decode, 2.0) == [r0]
+    decode = sched.schedule()  # r0's blocks are back: r1 swaps in (and takes its next block)
+    assert decode.seqs == (r1,)
+    assert fields(decode) == (False, 1, 5, 1, (), ((False, 0, 1),), (), 0, False)
+    assert (list(sched.swapped), list(sched.waiting)) == ([], [r2])
+    assert r1.status is SeqStatus.RUNNING
+    assert not sched.settled()  # the last swapped one is back: r2 fits the block left
+    sched.check_integrity()
+    assert step(sched, decode, 3.0) == [r1]
+    prefill = sched.schedule()
+    assert prefill.seqs == (r2,)
+    assert fields(prefill) == (True, 3, 3, 1, (), (), (), 0, False)
+    assert step(sched, prefill, 4.0) == []
+    decode = sched.schedule()
+    assert fields(decode) == (False, 1, 4, 1, (), (), (), 0, False)
+    assert step(sched, decode, 5.0) == [r2]
+    assert not sched.has_work()
+    assert sched.schedule() is None
+    assert alloc.num_free_blocks == 3
+
+
+# ------------------------------------------------------------------ groups
+
+
+def run_step(sched, batch: Batch, t: float, branches=None) -> list[Sequence]:
+    """`step` as a real runner makes it: a placeholder token per row, then the given branches."""
+    tokens = [0] if branches is not None else None
+    finished = [s for s in batch.seqs if s.advance(1, t + 1.0, t, tokens)]
+    sched.branch(batch, branches)
+    sched.update(finished)
+    return finished
+
+
+def test_a_beam_group_forks_prunes_and_reforks_through_contiguous_copies():
+    arena = FirstFitArena(100)
+    sched = IterationScheduler(ContiguousAllocator(arena, OracleReservation()), SchedulerConfig())
+    leader = seq(0, 4, 3, beam_width=2)  # kv_len 6: two extents of 6
+    other = leader.group.members[1]
+    sched.add(leader)
+    prefill = sched.schedule()
+    assert prefill.seqs == (leader,)
+    assert fields(prefill) == (True, 4, 4, 1, (), (), (), 0, True)
+    assert arena.free_runs() == [(12, 88)]
+    # the prompt's two best tokens start the two beams: member 1 is forked from the leader
+    run_step(sched, prefill, 0.0, {leader: ([11, 12, 13, 14], [-0.5, -1.0, -2.0, -3.0])})
+    assert sched.running == [leader, other]
+    assert [(b.output_ids, b.score) for b in (leader, other)] == [([11], -0.5), ([12], -1.0)]
+    decode = sched.schedule()
+    assert decode.seqs == (leader, other)
+    assert fields(decode) == (False, 2, 10, 1, (), (), ((0, 6, 4),), 4, True)
+    # both best continuations extend the leader: member 1 is pruned and re-forked from it
+    branches = {
+        leader: ([21, 22, 23, 24], [-0.125, -0.25, -5.0, -6.0]),
+        other: ([31, 32, 33, 34], [-0.0625, -0.5, -5.0, -6.0]),
+    }
+    run_step(sched, decode, 1.0, branches)
+    assert [(b.output_ids, b.score) for b in (leader, other)] == [([11, 21], -0.625), ([11, 22], -0.75)]
+    assert sched.running == [leader, other]
+    decode = sched.schedule()
+    assert fields(decode) == (False, 2, 12, 1, (), (), ((0, 6, 5),), 5, True)
+    # the last step: member 1's continuation is the best, and becomes the request's output
+    branches = {
+        leader: ([41, 42, 43, 44], [-3.0, -4.0, -5.0, -6.0]),
+        other: ([51, 52, 53, 54], [-0.125, -0.25, -5.0, -6.0]),
+    }
+    assert run_step(sched, decode, 2.0, branches) == [leader, other]
+    outputs = [(b.output_ids, b.score) for b in (leader, other)]
+    assert outputs == [([11, 22, 51], -0.875), ([11, 22, 52], -1.0)]
+    assert (sched.running, sched.has_work()) == ([], False)
+    assert arena.free_runs() == [(0, 100)]
+
+
+def test_parallel_samples_fork_once_with_their_own_first_token():
+    arena = FirstFitArena(100)
+    sched = IterationScheduler(ContiguousAllocator(arena, OracleReservation()), SchedulerConfig())
+    leader = seq(0, 4, 2, n=3)
+    one, two = leader.group.members[1:]
+    sched.add(leader)
+    prefill = sched.schedule()
+    assert fields(prefill) == (True, 4, 4, 1, (), (), (), 0, True)
+    run_step(sched, prefill, 0.0, {leader: ([40, 41, 42], None)})
+    assert [s.output_ids for s in (leader, one, two)] == [[0], [41], [42]]
+    assert sched.running == [leader, one, two]
+    decode = sched.schedule()
+    assert fields(decode) == (False, 3, 15, 1, (), (), ((0, 5, 4), (0, 10, 4)), 8, True)
+    assert run_step(sched, decode, 1.0, {}) == [leader, one, two]
+    assert arena.free_runs() == [(0, 100)]
+
+
+def test_samples_of_a_one_token_output_never_join():
+    arena = FirstFitArena(100)
+    sched = IterationScheduler(ContiguousAllocator(arena, OracleReservation()), SchedulerConfig())
+    leader = seq(0, 4, 1, n=2)
+    sched.add(leader)
+    prefill = sched.schedule()
+    assert step(sched, prefill, 0.0) == [leader]
+    assert leader.group.members[1].status is SeqStatus.FINISHED
+    assert (sched.running, sched.has_work(), sched.schedule()) == ([], False, None)
+    assert arena.free_runs() == [(0, 100)]
+
+
+def test_a_recomputed_request_runs_before_the_newer_one_that_swapped_back_first():
+    # 5 blocks of 4 slots and 1 host block: r3 swaps out, then r2 must be recomputed
+    alloc = PagedAllocator(20, 4, watermark=0.0, host_blocks=1)
+    sched = IterationScheduler(alloc, SchedulerConfig(preemption="swap"))
+    r0, r1, r2, r3 = seq(0, 4, 3), seq(1, 4, 3), seq(2, 4, 3), seq(3, 4, 3)
+    for s in (r0, r1, r2, r3):
+        sched.add(s)
+    step(sched, sched.schedule(), 0.0)
+    decode = sched.schedule()
+    assert decode.seqs == (r0, r1)
+    assert (list(sched.swapped), list(sched.waiting), sched.num_preempted) == ([r3], [r2], 1)
+    assert (r2.status, r3.status) == (SeqStatus.PREEMPTED, SeqStatus.SWAPPED)
+    step(sched, decode, 1.0)
+    assert step(sched, sched.schedule(), 2.0) == [r0, r1]
+    decode = sched.schedule()  # r3 swaps back in before r2 may be admitted
+    assert decode.seqs == (r3,)
+    assert not sched.settled()
+    step(sched, decode, 3.0)
+    prefill = sched.schedule()
+    assert prefill.seqs == (r2,)
+    assert fields(prefill) == (True, 5, 5, 1, (), (), (), 0, False)
+    assert sched.running == [r2, r3]
+    assert sched.num_preempted == 0
+    sched.check_integrity()
+
+
+# ------------------------------------------------------------------ static batches
+
+
+def test_a_static_batch_holds_its_finished_members_memory_until_the_last_finishes():
+    alloc = PagedAllocator(16, 4, watermark=0.0)
+    sched = RequestScheduler(alloc, SchedulerConfig(max_num_seqs=2))
+    r0, r1, r2 = seq(0, 4, 2), seq(1, 4, 3), seq(2, 4, 2)
+    for s in (r0, r1, r2):
+        sched.add(s)
+    prefill = sched.schedule()
+    assert prefill.seqs == (r0, r1)
+    assert fields(prefill) == (True, 8, 8, 1, (), (), (), 0, False)
+    step(sched, prefill, 0.0)
+    decode = sched.schedule()
+    assert decode.seqs == (r0, r1)
+    assert fields(decode) == (False, 2, 10, 1, (), (), (), 0, False)
+    assert step(sched, decode, 1.0) == [r0]
+    assert (sched.running, sched.held) == ([r1], [r0])
+    decode = sched.schedule()  # r2 waits for the whole batch, and r0's blocks stay taken
+    assert decode.seqs == (r1,)
+    assert alloc.num_free_blocks == 0
+    sched.check_integrity()
+    assert step(sched, decode, 2.0) == [r1]
+    assert (sched.running, sched.held, alloc.num_free_blocks) == ([], [], 4)
+    assert sched.schedule().seqs == (r2,)
+
+
+def test_a_static_batch_swaps_when_asked():
+    alloc = PagedAllocator(12, 4, watermark=0.0, host_blocks=8)
+    sched = RequestScheduler(alloc, SchedulerConfig(preemption="swap"))
+    r0, r1 = seq(0, 4, 3), seq(1, 4, 2)
+    sched.add(r0)
+    sched.add(r1)
+    step(sched, sched.schedule(), 0.0)
+    decode = sched.schedule()
+    assert decode.seqs == (r0,)
+    assert decode.swaps == ((True, 1, 0),)
+    assert list(sched.swapped) == [r1]
