@@ -9,13 +9,16 @@ mutants they kill, and those that are equivalent, are in results/mutation/engine
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from engines import ENGINES, EngineOptions, get_engine
 from engines.allocator import Extent
 from engines.arena import BuddyArena, FirstFitArena
 from engines.batch import Batch, SchedulerConfig
+from engines.beam import SyntheticScores
 from engines.contiguous import ContiguousAllocator, OracleReservation
+from engines.groups import admission_unit, candidates_per_beam, groups_in, seats_taken, unit_start
 from engines.paged import PagedAllocator
 from engines.scheduler import IterationScheduler, RequestScheduler
 from kvbench.errors import KvbenchError
@@ -370,3 +373,43 @@ def test_a_static_batch_swaps_when_asked():
     assert decode.seqs == (r0,)
     assert decode.swaps == ((True, 1, 0),)
     assert list(sched.swapped) == [r1]
+
+
+# ------------------------------------------------------------------ group bookkeeping
+
+
+def test_seats_units_and_groups_of_a_queue():
+    lone = seq(0, 4, 2)
+    samples = seq(1, 4, 2, n=3)
+    beams = seq(2, 4, 2, beam_width=2)
+    assert [seats_taken(s) for s in (lone, samples, beams)] == [1, 3, 2]
+    assert [admission_unit(s) for s in (lone, samples, beams)] == [[lone], [samples], [beams]]
+    assert candidates_per_beam(beams.group) == 4
+    samples.group.forked = beams.group.forked = True
+    # a forked sample comes back alone; a forked beam group comes back whole
+    assert [seats_taken(s) for s in (samples.group.members[2], beams)] == [1, 2]
+    assert admission_unit(samples.group.members[2]) == [samples.group.members[2]]
+    assert admission_unit(beams) == list(beams.group.members)
+    running = [
+        *beams.group.members,
+        lone,
+        *samples.group.members[:2],
+        *seq(3, 4, 2, beam_width=3).group.members,
+    ]
+    assert [unit_start(running, i) for i in range(len(running))] == [0, 0, 2, 3, 4, 5, 5, 5]
+    assert groups_in(running) == [beams.group, samples.group, running[-1].group]
+
+
+def test_synthetic_scores_are_the_log_softmax_of_seeded_normal_logits():
+    # logits ~ N(0, 2^2) over 64 tokens, drawn step after step from one stream seeded by the request id
+    logits = np.random.default_rng([0x6265616D, 7]).standard_normal((40, 3, 64)) * 2.0
+    logprobs = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+    best = np.argsort(-logits, axis=-1, kind="stable")[..., :6]
+    scores = SyntheticScores(7, 3, 6)
+    for i in range(40):  # past the first chunk of steps
+        beams = 2 + i % 2
+        tokens, got = scores.next(beams)
+        np.testing.assert_array_equal(tokens, best[i, :beams])
+        np.testing.assert_allclose(got, np.take_along_axis(logprobs[i], best[i], axis=-1)[:beams], rtol=1e-12)
+    every = SyntheticScores(7, 1, 64).next(1)[0]
+    assert sorted(every[0].tolist()) == list(range(64))
