@@ -32,7 +32,9 @@ from __future__ import annotations
 from kvbench.requests import Request, group_number
 
 _ROOT = 0x6B7662656E6368  # the key "before" block 0
-_GROUP, _OWN = 1, 2  # tags keeping group and per-request content apart from token ids
+# every content is (kind, payload): token ids, hash ids, a group's number or a request id never
+# meet even where their numbers agree (a 2-token block (2, 7) is not request 7's own content)
+_IDS, _HASHES, _GROUP, _OWN = 0, 1, 2, 3
 
 
 def block_keys(request: Request, block_size: int, hash_block_size: int | None = None) -> tuple[int, ...]:
@@ -40,13 +42,15 @@ def block_keys(request: Request, block_size: int, hash_block_size: int | None = 
     count = request.prompt_len // block_size
     ids = request.prompt_ids
     if ids is not None:
-        return _chain(tuple(ids[j * block_size : (j + 1) * block_size]) for j in range(count))
+        return _chain((_IDS, tuple(ids[j * block_size : (j + 1) * block_size])) for j in range(count))
     hashes = request.block_hashes
     if hashes is not None and hash_block_size:
         bs, size = block_size, hash_block_size
         known = min(count, len(hashes) * size // bs)  # blocks the hashes cover
         # block j (tokens [j * bs, (j + 1) * bs)) lies in hash blocks j * bs // size .. its last token // size
-        spans = (tuple(hashes[j * bs // size : ((j + 1) * bs - 1) // size + 1]) for j in range(known))
+        spans = (
+            (_HASHES, tuple(hashes[j * bs // size : ((j + 1) * bs - 1) // size + 1])) for j in range(known)
+        )
         return _chain(spans, _own(request, count - known))
     if request.prefix_group is not None:
         shared = min(request.prefix_len, request.prompt_len) // block_size
