@@ -149,3 +149,156 @@ def test_block_keys_of_different_kinds_of_content_never_meet():
     assert not set(block_keys(hashed, 1, 1)) & set(block_keys(tokens, 1))
     own_100, hashes_2_100 = Request(100, 0.0, 2, 1), Request(5, 0.0, 2, 1, block_hashes=(2, 100))
     assert not set(block_keys(own_100, 2)) & set(block_keys(hashes_2_100, 2, 1))
+
+
+# ---------------------------------------------------------------- PagedAllocator
+
+
+def footprint(alloc) -> tuple:
+    fp = alloc.footprint()
+    return (fp.tokens, fp.target, fp.asked, fp.granted)
+
+
+def test_paged_geometry_and_defaults():
+    alloc = PagedAllocator(1000, 4)  # 250 blocks; vLLM's default watermark keeps 1 % of them free
+    assert (alloc.num_blocks, alloc.watermark_blocks, alloc.num_host_blocks) == (250, 2, 0)
+    assert (alloc.num_free_blocks, alloc.external_frag(None)) == (250, 0)
+    assert PagedAllocator(18, 4).external_frag(None) == 2
+    assert [alloc.blocks_for(n) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+    seq = new_seq(1, 4, 1)
+    alloc.allocate(seq)
+    assert not alloc.can_swap_out(seq)  # no swap space unless asked for
+    assert (alloc.sharing_saved(), footprint(alloc)) == (0, (0, 4, 4, 4))
+
+
+def test_paged_can_ever_hold_counts_beams_against_the_blocks_above_the_watermark():
+    alloc = PagedAllocator(40, 4, watermark=0.2)  # 10 blocks, 2 kept free: 8 usable
+    assert alloc.can_ever_hold(Request(0, 0.0, 30, 3))  # kv_len 32: 8 blocks
+    assert not alloc.can_ever_hold(Request(0, 0.0, 30, 4))  # 9 blocks
+    assert alloc.can_ever_hold(Request(0, 0.0, 16, 1, beam_width=2))  # 4 blocks x 2 beams
+    assert not alloc.can_ever_hold(Request(0, 0.0, 17, 1, beam_width=2))  # 5 x 2
+    assert alloc.can_ever_hold(Request(0, 0.0, 17, 1, n=2))  # samples fork after the prompt
+
+
+def test_paged_can_allocate_all_counts_every_prompt_above_the_watermark():
+    alloc = PagedAllocator(40, 4, watermark=0.2)  # 10 blocks, 2 kept free
+    assert alloc.can_allocate_all([new_seq(1, 16, 1), new_seq(2, 16, 1)])  # 8 blocks leave 2
+    assert not alloc.can_allocate_all([new_seq(1, 16, 1), new_seq(2, 17, 1)])  # 9 leave 1
+    assert alloc.can_allocate(new_seq(1, 32, 1)) and not alloc.can_allocate(new_seq(1, 33, 1))
+
+
+def test_paged_allocate_append_and_free_move_blocks_and_targets_exactly():
+    alloc = PagedAllocator(32, 4, watermark=0.0)  # 8 blocks
+    a, b = new_seq(1, 5, 4), new_seq(2, 3, 10)  # kv_len 8 and 12
+    alloc.allocate(a)
+    alloc.allocate(b)
+    assert (table(alloc, a), table(alloc, b)) == ([0, 1], [2])
+    assert footprint(alloc) == (0, 8 + 4, 12, 12)  # b's target: the 4 slots it holds
+    a.advance(1, 0.0)
+    b.advance(1, 0.0)  # b: 4 tokens known, position 3 computed next: still block 2
+    assert alloc.append(b) == [] and table(alloc, b) == [2]
+    b.advance(1, 0.0)  # 5 tokens: position 4 needs a second block
+    assert alloc.can_append(b)
+    assert alloc.append(b) == [] and table(alloc, b) == [2, 3]
+    assert footprint(alloc) == (5 + 4, 8 + 8, 16, 16)
+    with pytest.raises(AssertionError):
+        alloc.allocate(a)  # already resident
+    alloc.free(a)
+    assert free_queue(alloc) == [4, 5, 6, 7, 1, 0]  # last block first, at the back
+    assert footprint(alloc) == (4, 8, 8, 8)
+    alloc.check_integrity()
+
+
+def test_paged_can_append_needs_a_free_block_only_when_crossing_into_one():
+    alloc = PagedAllocator(8, 4, watermark=0.0)  # 2 blocks
+    a, b = new_seq(1, 4, 3), new_seq(2, 4, 3)
+    for seq in (a, b):
+        alloc.allocate(seq)
+        seq.advance(1, 0.0)  # 5 tokens: the next step writes position 4, in a second block
+    assert alloc.num_free_blocks == 0
+    assert not alloc.can_append(a)
+    alloc.free(b)
+    assert alloc.can_append(a)  # exactly one free block for exactly one needed
+    assert alloc.append(a) == [] and table(alloc, a) == [0, 1]
+    assert footprint(alloc) == (4, 6, 8, 8)  # kv_len 6 of the 8 slots held
+
+
+def forked_pair(alloc: PagedAllocator, prompt: int = 6, output: int = 5) -> tuple[Sequence, Sequence]:
+    """A parent after its prefill and a child forked from it (a second sample)."""
+    parent, child = new_seq(1, prompt, output), new_seq(2, prompt, output)
+    alloc.allocate(parent)
+    parent.advance(1, 0.0)
+    child.copy_progress(parent)
+    assert alloc.fork(parent, child) == []
+    return parent, child
+
+
+def test_paged_fork_shares_every_block_and_counts_the_saving():
+    alloc = PagedAllocator(16, 4, watermark=0.0)  # 4 blocks
+    parent, child = forked_pair(alloc)  # blocks [0, 1], 6 tokens computed, kv_len 10
+    assert table(alloc, child) == [0, 1] and alloc._refs == [2, 2, 0, 0]
+    assert alloc.sharing_saved() == 8  # two blocks held twice
+    assert footprint(alloc) == (6, 8, 8, 8)  # shared slots counted once
+    assert alloc.growth_horizon([parent, child], 5) == 1  # copy-on-write: step by step
+    assert alloc.append_all([parent, child]) is None  # decided sequence by sequence
+    with pytest.raises(AssertionError):
+        alloc.fork(parent, child)  # already resident
+    alloc.check_integrity()
+    alloc.free(child)
+    assert alloc._refs == [1, 1, 0, 0] and alloc.sharing_saved() == 0
+    assert footprint(alloc) == (6, 8, 8, 8)
+    alloc.check_integrity()
+
+
+def test_paged_copy_on_write_copies_only_the_shared_block_being_written():
+    alloc = PagedAllocator(20, 4, watermark=0.0)  # 5 blocks
+    parent, child = forked_pair(alloc)  # position 6 lies in shared block 1
+    filler = new_seq(3, 8, 1)
+    alloc.allocate(filler)  # blocks 2, 3: one free block left
+    assert alloc.can_append(parent)
+    other = new_seq(4, 4, 1)
+    alloc.allocate(other)  # the last free block
+    assert not alloc.can_append(parent) and not alloc.can_append(child)
+    alloc.free(other)
+    assert alloc.append(parent) == [(1, 4)]
+    assert (table(alloc, parent), table(alloc, child), alloc._refs) == ([0, 4], [0, 1], [2, 1, 1, 1, 1])
+    assert alloc.sharing_saved() == 4
+    assert alloc.append(child) == []  # block 1 is the child's alone now
+    alloc.check_integrity()
+    assert footprint(alloc) == (6 + 6 - 4, 8 + 8 - 4 + 8, 20, 20)  # block 0 counted once; 5 blocks held
+
+
+def test_paged_append_all_takes_exactly_the_free_blocks_when_they_suffice():
+    alloc = PagedAllocator(16, 4, watermark=0.0)  # 4 blocks
+    a, b = new_seq(1, 4, 5), new_seq(2, 4, 5)
+    for seq in (a, b):
+        alloc.allocate(seq)
+        seq.advance(1, 0.0)  # 5 tokens each: a second block each
+    assert alloc.append_all([a, b]) == []  # needs 2, 2 free
+    assert (table(alloc, a), table(alloc, b), alloc.num_free_blocks) == ([0, 2], [1, 3], 0)
+    assert footprint(alloc) == (8, 16, 16, 16)
+
+
+def test_paged_swap_space_bounds_and_swap_in_above_the_watermark():
+    alloc = PagedAllocator(40, 4, watermark=0.2, host_blocks=2)  # 10 blocks, 2 kept free, 2 host blocks
+    a = new_seq(1, 8, 4)
+    alloc.allocate(a)  # blocks 0, 1
+    a.advance(1, 0.0)  # 9 tokens: the next step needs a third block
+    assert alloc.can_swap_out(a)  # exactly 2 host blocks for 2 device blocks
+    assert alloc.swap_out(a) == [(0, 0), (1, 1)]
+    assert footprint(alloc) == (0, 0, 0, 0) and free_queue(alloc)[-2:] == [1, 0]
+    alloc.check_integrity()
+    big = new_seq(2, 20, 1)
+    alloc.allocate(big)  # 5 blocks: 5 free; a needs 3 (its next token), 2 stay for the watermark
+    assert alloc.can_swap_in(a)
+    small = new_seq(3, 1, 1)
+    alloc.allocate(small)
+    assert not alloc.can_swap_in(a)  # 4 free - 3 needed < 2
+    alloc.free(small)
+    assert alloc.swap_in(a) == [(0, 8), (1, 9)]
+    assert table(alloc, a) == [8, 9] and list(alloc._host_free) == [0, 1]
+    assert footprint(alloc) == (8, 8 + 20, 28, 28)  # a: 8 computed, 8 of kv_len 11 held; big: 20
+    alloc.check_integrity()
+    shared = PagedAllocator(16, 4, 0.0, host_blocks=4)
+    parent, _ = forked_pair(shared)
+    assert not shared.can_swap_out(parent)  # shared blocks are recomputed, not swapped
