@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engines import ENGINES, EngineOptions, get_engine
-from engines.allocator import Extent
+from engines.allocator import Extent, address_slots
 from engines.arena import BuddyArena, FirstFitArena
 from engines.batch import Batch, SchedulerConfig
 from engines.beam import SyntheticScores
@@ -118,6 +118,32 @@ def test_a_contiguous_group_of_two_needs_two_extents_free(make):
     assert alloc.can_allocate(seq(1, 4, 3))
     alloc = ContiguousAllocator(make(16 if make is BuddyArena else 12), OracleReservation())
     assert alloc.can_allocate(seq(0, 4, 3, n=2))
+
+
+def test_a_contiguous_allocator_admits_a_whole_group_only_where_every_extent_fits():
+    alloc = ContiguousAllocator(FirstFitArena(17), OracleReservation())
+    members = seq(0, 4, 3, beam_width=3).group.members  # three extents of 6 slots
+    assert not alloc.can_allocate_all(members)
+    assert alloc.can_allocate_all(members[:2])
+    alloc = ContiguousAllocator(FirstFitArena(18), OracleReservation())
+    assert alloc.can_allocate_all(members)
+
+
+def test_contiguous_extents_are_never_swapped():
+    alloc = ContiguousAllocator(FirstFitArena(16), OracleReservation())
+    lone = seq(0, 4, 3)
+    alloc.allocate(lone)
+    assert (alloc.can_swap_out(lone), alloc.can_swap_in(lone)) == (False, False)
+    for move in (alloc.swap_out, alloc.swap_in):
+        with pytest.raises(NotImplementedError, match="^contiguous extents are never swapped$"):
+            move(lone)
+
+
+def test_the_addresses_an_arena_spans():
+    options = EngineOptions(num_slots=64, max_len=32, block_size=4)
+    assert address_slots(ENGINES["paged"].build(options).allocator) == 64
+    vmm = ENGINES["vmm"].build(options).allocator
+    assert address_slots(vmm) == vmm.virtual_slots == 256 * 32  # a 32-slot range per running sequence
 
 
 # ------------------------------------------------------------------ engine table
