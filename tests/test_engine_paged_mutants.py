@@ -79,16 +79,16 @@ def test_prefix_cache_integrity_check_fails_on_a_broken_state():
     cache.register(2, 20)
     cache.park(2)
     cache.check_integrity([0, 1, 0])
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="^the LRU is not the unreferenced cached blocks$"):
         cache.check_integrity([0, 0, 0])  # block 1 unreferenced but not in the LRU
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="^the LRU is not the unreferenced cached blocks$"):
         cache.check_integrity([0, 1, 1])  # block 2 referenced but in the LRU
     cache._key_of[1] = 11  # block 1 no longer maps back to key 10
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="^block 1 does not map back to its key$"):
         cache.check_integrity([0, 1, 0])
     cache._key_of[1] = 10
     cache._key_of[3] = 30  # a block without its key
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="^key and block maps differ in size$"):
         cache.check_integrity([0, 1, 0, 1])
 
 
@@ -302,3 +302,68 @@ def test_paged_swap_space_bounds_and_swap_in_above_the_watermark():
     shared = PagedAllocator(16, 4, 0.0, host_blocks=4)
     parent, _ = forked_pair(shared)
     assert not shared.can_swap_out(parent)  # shared blocks are recomputed, not swapped
+
+
+def test_paged_addressing_is_the_block_table_and_its_block_size():
+    alloc = PagedAllocator(32, 8)
+    seq = new_seq(1, 9, 1)
+    alloc.allocate(seq)
+    table_ = alloc.addressing(seq)
+    assert (table_.blocks, table_.block_size) == ((0, 1), 8)
+
+
+def test_paged_integrity_allows_the_blocks_a_segment_grew_ahead_until_trimmed():
+    alloc = PagedAllocator(64, 4, watermark=0.0)
+    a, b = new_seq(1, 3, 20), new_seq(2, 6, 20)
+    for seq in (a, b):
+        alloc.allocate(seq)
+        seq.advance(1, 0.0)
+        alloc.append(seq)
+    growth = alloc.grow([a, b], 9)  # a crosses into new blocks at steps 1 and 5, b at 2 and 6
+    assert (list(growth.asked), list(growth.target)) == ([0, 4, 4, 0, 0, 4, 4, 0, 0],) * 2
+    assert (table(alloc, a), table(alloc, b)) == ([0, 3, 5], [1, 2, 4, 6])
+    alloc.check_integrity()  # a holds 2 blocks past its tokens, b 2: grown ahead, not yet run
+    alloc.trim(3)
+    assert (table(alloc, a), table(alloc, b), free_queue(alloc)[:3]) == ([0, 3], [1, 2, 4], [5, 6, 7])
+    for seq in (a, b):
+        seq.advance(3, 0.0)
+    alloc.check_integrity()
+
+
+def paged_state() -> tuple[PagedAllocator, tuple[Sequence, ...]]:
+    """Shared blocks, a private one and a swapped-out sequence: every table the checks read."""
+    alloc = PagedAllocator(32, 4, watermark=0.0, host_blocks=2)
+    parent, child = forked_pair(alloc)  # blocks 0, 1 shared
+    other, gone = new_seq(3, 4, 3), new_seq(4, 4, 3)
+    for seq in (other, gone):
+        alloc.allocate(seq)  # blocks 2, 3
+        seq.advance(1, 0.0)
+    alloc.swap_out(gone)  # host block 0
+    alloc.check_integrity()
+    return alloc, (parent, child, other, gone)
+
+
+PAGED_CORRUPTIONS = {
+    "^seq 3 maps a block twice$": lambda alloc, seqs: alloc._tables[seqs[2]].append(2),
+    "^seq 3 holds 3 blocks$": lambda alloc, seqs: alloc._tables[seqs[2]].extend([3, 4]),
+    "^reference counts differ from the block tables$": lambda alloc, seqs: alloc._refs.__setitem__(5, 1),
+    # the closed-form shared footprint reads the running target total, which the checks recount
+    "^shared footprint wrong$": lambda alloc, seqs: setattr(alloc, "_target", alloc._target + 1),
+    "^target total out of date$": lambda alloc, seqs: (
+        alloc.free(seqs[1]),
+        setattr(alloc, "_target", alloc._target + 1),
+    ),
+    "^host blocks lost$": lambda alloc, seqs: alloc._host_free.append(0),
+    "^a sequence is both resident and swapped$": lambda alloc, seqs: alloc._swapped.__setitem__(seqs[2], []),
+    "^a block is free twice$": lambda alloc, seqs: alloc._free.append(alloc._free[0]),
+    "^free set wrong$": lambda alloc, seqs: alloc._free.pop(),
+    "^shared-block count wrong$": lambda alloc, seqs: setattr(alloc, "_num_shared", 1),
+}
+
+
+@pytest.mark.parametrize("message", PAGED_CORRUPTIONS)
+def test_paged_integrity_check_names_what_is_broken(message):
+    alloc, seqs = paged_state()
+    PAGED_CORRUPTIONS[message](alloc, seqs)
+    with pytest.raises(AssertionError, match=message):
+        alloc.check_integrity()
