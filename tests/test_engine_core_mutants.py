@@ -17,7 +17,7 @@ from engines.allocator import Extent, address_slots
 from engines.arena import BuddyArena, FirstFitArena
 from engines.batch import Batch, SchedulerConfig
 from engines.beam import SyntheticScores
-from engines.contiguous import ContiguousAllocator, OracleReservation
+from engines.contiguous import ContiguousAllocator, MaxReservation, OracleReservation
 from engines.groups import admission_unit, candidates_per_beam, groups_in, seats_taken, unit_start
 from engines.paged import PagedAllocator
 from engines.scheduler import IterationScheduler, RequestScheduler
@@ -127,6 +127,24 @@ def test_a_contiguous_allocator_admits_a_whole_group_only_where_every_extent_fit
     assert alloc.can_allocate_all(members[:2])
     alloc = ContiguousAllocator(FirstFitArena(18), OracleReservation())
     assert alloc.can_allocate_all(members)
+
+
+def test_a_contiguous_check_names_a_sequence_past_its_reservation():
+    alloc = ContiguousAllocator(FirstFitArena(32), MaxReservation(8))
+    lone, long = seq(0, 4, 3), seq(1, 4, 6)  # kv_len 6 fits 8 slots; kv_len 9 does not
+    alloc.allocate(lone)
+    lone.advance(3, 1.0, 0.0)
+    assert alloc.append(lone) == []
+    alloc.check_integrity()
+    lone.advance(3, 2.0, 1.0)  # driven past its output: 9 computed tokens in 8 slots
+    with pytest.raises(AssertionError, match="^sequence outgrew its reservation$"):
+        alloc.append(lone)
+    with pytest.raises(AssertionError, match="^seq 0 overflows its extent$"):
+        alloc.check_integrity()
+    alloc.free(lone)
+    alloc.allocate(long)
+    with pytest.raises(AssertionError, match="^seq 1 under-reserved$"):
+        alloc.check_integrity()
 
 
 def test_contiguous_extents_are_never_swapped():
