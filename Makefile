@@ -49,6 +49,6 @@ mutation: $(VENV)/.dev
 	$(PIP) install -q "mutmut==3.8.1"
 	nice $(PY) tools/mutation.py --scope engines --paths engines/ --tests tests/test_rules.py \
 		tests/test_definitions.py tests/test_arena.py tests/test_allocators.py
-	nice $(PY) tools/mutation.py --scope metrics --paths kvbench/occupancy.py kvbench/metrics.py \
-		kvbench/latency_stats.py workloads/columns.py --tests tests/test_definitions.py \
+	nice $(PY) tools/mutation.py --scope metrics --paths kvbench/metrics/occupancy.py kvbench/metrics/summary.py \
+		kvbench/metrics/latency.py workloads/columns.py --tests tests/test_definitions.py \
 		tests/test_trace_validation.py tests/test_rules.py

@@ -27,7 +27,7 @@ import torch
 
 from benchmarks.real_decode import reference_trace
 from kvbench.config import RunConfig
-from kvbench.real_run import run_real
+from kvbench.real.run import run_real
 from kvbench.simulate import write_result
 from workloads.spec import WorkloadSpec
 from workloads.tracefile import write_trace

@@ -17,10 +17,10 @@ import torch
 
 from engines import ENGINES, EngineOptions
 from engines.scheduler import SchedulerConfig
-from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.weights import random_model
 from kvbench.models import get_model
+from kvbench.real.model_runner import ModelRunner
 from kvbench.requests import Request
 from kvbench.sequence import sequence_for
 

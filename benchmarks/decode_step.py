@@ -31,12 +31,12 @@ from engines import ENGINES, EngineOptions
 from engines.allocator import BlockTable, Extent
 from engines.scheduler import SchedulerConfig
 from kernels.bandwidth import measure_read_bandwidth, time_cuda
-from kvbench.decode_loop import DecodeLoop
 from kvbench.engine import Engine
-from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.weights import random_model
 from kvbench.models import get_model
+from kvbench.real.decode_loop import DecodeLoop
+from kvbench.real.model_runner import ModelRunner
 from kvbench.requests import Request, Trace
 
 BLOCK = 16

@@ -32,10 +32,11 @@ import time
 from pathlib import Path
 
 from kvbench.config import RunConfig
-from kvbench.sweep import SustainedOptions, SweepPlan, run_sweep
-from kvbench.sweep_executor import Executor, LocalExecutor
-from kvbench.sweep_grid import PAPER_ENGINES, Axes
-from kvbench.sweep_progress import Progress
+from kvbench.sweep.executor import Executor, LocalExecutor
+from kvbench.sweep.grid import PAPER_ENGINES, Axes
+from kvbench.sweep.plan import SustainedOptions, SweepPlan
+from kvbench.sweep.progress import Progress
+from kvbench.sweep.run import run_sweep
 from workloads.spec import WorkloadSpec
 
 
@@ -93,7 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from kvbench.sweep_ray import RayExecutor
+    from kvbench.sweep.ray_executor import RayExecutor
 
     plan = sweep_plan(args.cells, args.num_requests)
     with tempfile.TemporaryDirectory(prefix="kvbench-bench-") as tmp:

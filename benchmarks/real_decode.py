@@ -28,12 +28,12 @@ import numpy as np
 import torch
 
 from engines import ENGINES, EngineOptions
-from kvbench.collectors import CollectingRunner, build_collectors, parse_collectors
 from kvbench.engine import Engine
-from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.weights import random_model
 from kvbench.models import get_model
+from kvbench.real.collectors import CollectingRunner, build_collectors, parse_collectors
+from kvbench.real.model_runner import ModelRunner
 from kvbench.requests import Request, Trace
 
 

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from kvbench.config import RunConfig
-from kvbench.reproduce_paper import FIG15_SAVED_PCT as PAPER
-from kvbench.reproduce_sharing import FIG15_SEQUENCE_RATE as SEQUENCE_RATES
+from kvbench.paper import FIG15_SAVED_PCT as PAPER
+from kvbench.reproduce.sharing import FIG15_SEQUENCE_RATE as SEQUENCE_RATES
 from kvbench.simulate import simulate
 from workloads.spec import WorkloadSpec
 
@@ -45,7 +45,7 @@ def run_cell(workload: str, pattern: str, width: int, args: argparse.Namespace) 
     )  # fmt: skip
     start = time.perf_counter()
     if args.real:
-        from kvbench.real_run import run_real
+        from kvbench.real.run import run_real
 
         result = run_real(config)
     else:

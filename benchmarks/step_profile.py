@@ -28,8 +28,8 @@ from dataclasses import replace
 from itertools import pairwise
 
 from kvbench.config import RunConfig
-from kvbench.real_run import run_real
-from kvbench.reproduce import GPU_SETTINGS
+from kvbench.real.run import run_real
+from kvbench.reproduce.run import GPU_SETTINGS
 from workloads.spec import WorkloadSpec
 
 

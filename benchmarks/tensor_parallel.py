@@ -27,7 +27,7 @@ from pathlib import Path
 from kvbench.config import RunConfig
 from kvbench.models import get_model
 from kvbench.parallel.session import open_session
-from kvbench.real_run import resolve_device, resolve_dtype, run_real
+from kvbench.real.run import resolve_device, resolve_dtype, run_real
 from kvbench.simulate import write_result
 from workloads.spec import WorkloadSpec
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kvbench.config import RunConfig
 from kvbench.simulate import simulate
-from kvbench.sweep_stats import mean_ci95
+from kvbench.sweep.stats import mean_ci95
 from workloads.spec import WorkloadSpec
 
 TRACES = {"sharegpt-paper": 2.0, "alpaca-paper": 30.0}  # the paper's Figure 13 rates

@@ -12,7 +12,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from kvbench.occupancy import Footprint, Growth, KVSnapshot
+from kvbench.metrics.occupancy import Footprint, Growth, KVSnapshot
 from kvbench.requests import Request
 from kvbench.sequence import Sequence
 

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from engines.allocator import Extent, SlotCopy
 from engines.arena import SlotArena
-from kvbench.occupancy import Footprint
+from kvbench.metrics.occupancy import Footprint
 from kvbench.requests import Request
 from kvbench.sequence import SeqGroup, Sequence, group_width, width_at_admission
 

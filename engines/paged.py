@@ -26,7 +26,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from engines.allocator import BlockTable
-from kvbench.occupancy import Footprint, Growth
+from kvbench.metrics.occupancy import Footprint, Growth
 from kvbench.requests import Request
 from kvbench.sequence import Sequence
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from engines.block_keys import block_keys
 from engines.paged import PagedAllocator
 from engines.prefix_cache import PrefixCache
-from kvbench.occupancy import Footprint
+from kvbench.metrics.occupancy import Footprint
 from kvbench.sequence import Sequence
 
 

@@ -51,7 +51,7 @@ from fractions import Fraction
 import numpy as np
 
 from engines.allocator import Extent, SlotCopy
-from kvbench.occupancy import Footprint, Growth
+from kvbench.metrics.occupancy import Footprint, Growth
 from kvbench.requests import Request
 from kvbench.sequence import SeqGroup, Sequence, group_width, width_at_admission
 

@@ -45,7 +45,7 @@ from kernels.bench_types import (  # noqa: F401 (BACKENDS, CPU_BACKENDS: this mo
     Row,
     scale_of,
 )  # fmt: skip
-from kvbench.results import environment, write_csv, write_json
+from kvbench.results.files import environment, write_csv, write_json
 
 
 def grid(pairs, block_sizes, gqas, *, kv_heads: int, head_dim: int, dtype: str, ragged: bool):

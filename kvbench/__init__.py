@@ -1,3 +1,6 @@
 """kvbench: how KV-cache allocation strategies change what one GPU can serve."""
 
-__version__ = "0.1.0"
+import kvbench.external  # noqa: F401  (registers transformers' engines in kvbench.plugins)
+from kvbench.version import __version__
+
+__all__ = ["__version__"]

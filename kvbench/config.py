@@ -16,11 +16,11 @@ from engines.scheduler import SchedulerConfig
 from kvbench.budget import GIB, MAX_SLOTS, KVBudget, budget_emulating, budget_from_gib, get_gpu
 from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
-from kvbench.external import check_options, is_external
 from kvbench.flag_ranges import check_flags, check_workload
-from kvbench.metrics import DEFAULT_PERCENTILES, Slo, check_metric_options
+from kvbench.metrics.summary import DEFAULT_PERCENTILES, Slo, check_metric_options
 from kvbench.models import ModelSpec, get_model
 from kvbench.parallel.sizes import check_tensor_parallel
+from kvbench.plugins import EXTERNAL, is_external
 from kvbench.requests import Trace
 from kvbench.vmm.pages import DEFAULT_PAGE_KIB, page_geometry
 from workloads.spec import WorkloadSpec, build_trace
@@ -99,7 +99,7 @@ def prepare(
     check_real_options(config)
     spec = None if is_external(config.engine) else get_engine(config.engine)  # external: transformers'
     if spec is None:
-        check_options(config)
+        EXTERNAL[config.engine].check(config)
     model = resolve_model(config.model)
     gpu = get_gpu(config.emulate_gpu)
     bs = config.block_size
@@ -150,7 +150,7 @@ def prepare(
     roofline = CostModel.roofline(model, gpu, bs)
     base = roofline
     if config.cost_model is not None:  # fitted to real runs by `kvbench calibrate`
-        from kvbench.calibrate import load_cost_model
+        from kvbench.calibrate.fit import load_cost_model
 
         base = load_cost_model(config.cost_model, model.name)
     cost = CostModel(

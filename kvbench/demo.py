@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.config import RunConfig
-from kvbench.occupancy import PAPER_OTHER
-from kvbench.outputs import prepare_out
+from kvbench.metrics.occupancy import PAPER_OTHER
 from kvbench.paper import FIG2_OCCUPANCY, FIG13_BATCHED, FIG13_RATE, PAPER_NAMES
-from kvbench.results import write_json, write_run_atomically, write_text
+from kvbench.results.files import write_json, write_run_atomically, write_text
+from kvbench.results.outputs import prepare_out
 from kvbench.simulate import simulate, write_result
-from kvbench.sweep_cell import config_differences
+from kvbench.sweep.cell import config_differences
 from workloads.spec import WorkloadSpec
 
 DEMO_ENGINES = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged")
@@ -85,7 +85,7 @@ def run_summary(config: RunConfig, out: Path, real: bool, reuse: Sequence[Path] 
                 write_run_atomically(out, functools.partial(_copy_into, folder))
             return json.loads((folder / "summary.json").read_text())
     if real:
-        from kvbench.real_run import run_real
+        from kvbench.real.run import run_real
 
         result = run_real(config)
     else:
@@ -105,7 +105,7 @@ def run_demo(
     out: Path, num_requests: int = 1000, seed: int = 0, trace: str = "sharegpt-paper", real: bool = False
 ) -> list[DemoRow]:
     """Every engine into `out/<engine>`, then demo.json and demo.md; a previous demo there is
-    replaced (`kvbench.outputs`), anything else refused before the first run."""
+    replaced (`kvbench.results.outputs`), anything else refused before the first run."""
     prepare_out(out, "demo")
     rows = []
     for engine in DEMO_ENGINES:

@@ -6,7 +6,7 @@ reads as the numbered steps below; everything engine-specific sits behind the sc
 Multi-step segments: a decode batch stays the same until a sequence finishes, a paged
 sequence cannot get a block, or an arrival could be admitted. Up to that horizon the
 loop lets a runner run many steps in one call and writes one row for them (`num_steps`);
-occupancy is integrated exactly over the segment (`kvbench.occupancy.segment_integral`),
+occupancy is integrated exactly over the segment (`kvbench.metrics.occupancy.segment_integral`),
 so results equal a step-by-step run's. The simulator predicts step times; a GPU runner
 keeps the segment on the device and stops at the first step ending past the next arrival.
 `coalesce=False` runs one step per call.
@@ -24,7 +24,7 @@ import numpy as np
 from engines.allocator import measure
 from engines.scheduler import Batch, Scheduler
 from kvbench.errors import KvbenchError
-from kvbench.occupancy import Footprint, Growth, segment_integral, whole_slots
+from kvbench.metrics.occupancy import Footprint, Growth, segment_integral, whole_slots
 from kvbench.requests import Trace
 from kvbench.runner import Runner, step_ends
 from kvbench.sequence import Sequence, group_width, sequence_for

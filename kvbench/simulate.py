@@ -11,9 +11,9 @@ from engines.scheduler import Scheduler
 from kvbench.config import Prepared, RunConfig, prepare
 from kvbench.cost_model import CostModelRunner
 from kvbench.engine import Engine, EngineRun, StepRecord
-from kvbench.latency_stats import ItlTable
-from kvbench.metrics import RequestRecord, request_record, summarize
-from kvbench.results import environment, write_csv, write_json, write_run_atomically
+from kvbench.metrics.latency import ItlTable
+from kvbench.metrics.summary import RequestRecord, request_record, summarize
+from kvbench.results.files import environment, write_csv, write_json, write_run_atomically
 from kvbench.runner import Runner
 from workloads.spec import dropped
 
@@ -65,7 +65,7 @@ def write_result(result: RunResult, out: Path) -> None:
     # `cost_model` path that asked for them
     config = {**result.prepared.config.to_dict(), "cost_model_constants": asdict(result.prepared.cost)}
     if result.prepared.config.cost_model is not None:
-        from kvbench.calibrate import cost_file_digest
+        from kvbench.calibrate.fit import cost_file_digest
 
         config["cost_model_sha256"] = cost_file_digest(result.prepared.config.cost_model)
 

@@ -67,7 +67,7 @@ def stop(event, args):
         os.kill(os.getpid(), signal.SIGSTOP)
 
 sys.addaudithook(stop)
-from kvbench.cli import main
+from kvbench.cli.app import main
 main()
 """
 

@@ -21,7 +21,7 @@ from engines.allocator import BlockTable, Extent, snapshot
 from engines.arena import BuddyArena, FirstFitArena
 from engines.contiguous import ContiguousAllocator, MaxReservation, OracleReservation, Pow2Reservation
 from engines.paged import PagedAllocator
-from kvbench.occupancy import Footprint, KVSnapshot
+from kvbench.metrics.occupancy import Footprint, KVSnapshot
 from kvbench.requests import Request
 from kvbench.sequence import Sequence
 from tests.support import examples, steps

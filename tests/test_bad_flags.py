@@ -1,6 +1,6 @@
 """Every bad flag and every corrupted saved result: one `error:` line naming it, exit code 2.
 
-Cases run through `kvbench.cli.main`, the `kvbench` script's entry point, in this process
+Cases run through `kvbench.cli.app.main`, the `kvbench` script's entry point, in this process
 (`sys.argv` set, SystemExit caught): hundreds of subprocesses would cost minutes on a loaded
 2-core machine, and a traceback here fails the test as surely as in a subprocess. A few cases
 also run as a real subprocess, to hold the process-level contract (stderr, exit code).
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.budget import GIB, KVBudget, check_device_memory, host_available_bytes
-from kvbench.cli import app, main
+from kvbench.cli.app import app, main
 from kvbench.errors import KvbenchError
 from kvbench.flag_ranges import CHECKED_ELSEWHERE, RANGES
 
@@ -147,7 +147,7 @@ def test_every_numeric_flag_of_every_command_has_a_range():
 def test_a_few_cases_as_a_real_process(tmp_path):
     for args, name in ((("--seed", "-1"), "--seed"), (("--seed", "x"), "--seed"), (("--nope",), "--nope")):
         proc = subprocess.run(
-            [sys.executable, "-m", "kvbench.cli", *SIMULATE, *args, "--out", str(tmp_path / "x")],
+            [sys.executable, "-m", "kvbench", *SIMULATE, *args, "--out", str(tmp_path / "x")],
             cwd=ROOT, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert_one_error(proc.returncode, proc.stdout, proc.stderr, name)
@@ -202,7 +202,7 @@ def run_dir(tmp_path_factory) -> Path:
     """A real tiny simulated run's folder (every file a run writes)."""
     out = tmp_path_factory.mktemp("run") / "a"
     proc = subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", *SIMULATE, "--trace", "uniform:prompt=4..30,output=2..12",
+        [sys.executable, "-m", "kvbench", *SIMULATE, "--trace", "uniform:prompt=4..30,output=2..12",
          "--num-requests", "20", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from kvbench.cli import app
+from kvbench.cli.app import app
 from kvbench.errors import KvbenchError
 from kvbench.modeling.weights import load_checkpoint, random_model
 from kvbench.models import ModelSpec
@@ -257,7 +257,7 @@ def test_a_broken_checkpoint_in_a_real_process_prints_one_line_and_exits_2(check
     shutil.copytree(checkpoints["llama"], folder)
     set_keys(num_hidden_layers=-2)(folder)
     proc = subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", "run", "--model", str(folder), "--device", "cpu",
+        [sys.executable, "-m", "kvbench", "run", "--model", str(folder), "--device", "cpu",
          "--engine", "paged", "--trace", "fixed:prompt=8,output=3", "--rate", "1",
          "--out", str(tmp_path / "o")],
         cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -17,8 +17,8 @@ from engines.contiguous import ContiguousAllocator, OracleReservation
 from engines.paged import PagedAllocator
 from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.engine import Engine
-from kvbench.metrics import sharing_saved_fraction
-from kvbench.occupancy import CATEGORIES
+from kvbench.metrics.occupancy import CATEGORIES
+from kvbench.metrics.summary import sharing_saved_fraction
 from kvbench.requests import Request, Trace
 from kvbench.sequence import SeqStatus, Sequence, sequence_for
 from tests.support import examples, steps

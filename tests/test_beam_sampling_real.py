@@ -8,11 +8,11 @@ import torch
 
 from engines import ENGINES, EngineOptions
 from kvbench.engine import Engine
-from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata
 from kvbench.modeling.weights import random_model
 from kvbench.models import get_model
+from kvbench.real.model_runner import ModelRunner
 from kvbench.requests import Request, Trace
 
 CPU = torch.device("cpu")

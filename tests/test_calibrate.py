@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.calibrate import calibrate, load_cost_model
+from kvbench.calibrate.fit import calibrate, load_cost_model
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
 from kvbench.simulate import simulate, write_result
@@ -43,7 +43,7 @@ def test_simulate_with_the_fitted_model_reproduces_a_held_out_run(tmp_path):
     held_out = simulated(tmp_path, "held", 12.0, 7)
     model = tmp_path / "cost.json"
     done = subprocess.run(  # the command fits real runs only
-        [sys.executable, "-m", "kvbench.cli", "calibrate", str(fitted_on), "--out", str(model)],
+        [sys.executable, "-m", "kvbench", "calibrate", str(fitted_on), "--out", str(model)],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
@@ -106,8 +106,8 @@ def test_the_fit_prices_prefill_tokens_and_decode_rows_apart(tmp_path):
 
 def test_held_out_real_runs_are_replayed_by_the_simulator(tmp_path):
     """`--held-out`: a real run's config is rebuilt exactly, simulated with the fit, compared."""
-    from kvbench.calibrate_check import check, read_config, summarize
-    from kvbench.real_run import run_real
+    from kvbench.calibrate.check import check, read_config, summarize
+    from kvbench.real.run import run_real
 
     workload = WorkloadSpec("uniform:prompt=8..24,output=4..12", num_requests=6, rate=50.0, seed=2)
     config = RunConfig(engine="paged", model="tiny-llama", workload=workload, kv_cache_gib=0.01, block_size=4)
@@ -126,7 +126,7 @@ def test_held_out_real_runs_are_replayed_by_the_simulator(tmp_path):
 def test_a_cost_file_refitted_in_place_is_a_changed_setting(tmp_path):
     """Resuming reruns a run whose cost file changed under the same path: its constants would
     otherwise be the old file's while its config named the new one."""
-    from kvbench.sweep_cell import config_differences
+    from kvbench.sweep.cell import config_differences
 
     model = tmp_path / "cost.json"
     fitted = {"model": "opt-13b", "fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}
@@ -152,7 +152,7 @@ def test_calibrate_takes_folders_of_runs_and_holds_out_others(tmp_path):
         (run / "summary.json").write_text(json.dumps(summary | {"mode": "real"}))
     model = tmp_path / "cost.json"
     done = subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", "calibrate", str(fit), "--held-out", str(held),
+        [sys.executable, "-m", "kvbench", "calibrate", str(fit), "--held-out", str(held),
          "--out", str(model)],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
@@ -170,7 +170,7 @@ def test_a_held_out_copy_of_a_fitted_run_is_skipped(tmp_path):
     """A reproduction copies runs between figures: a copy's error would be the fit's own."""
     import shutil
 
-    from kvbench.calibrate_check import fit_and_check
+    from kvbench.calibrate.check import fit_and_check
 
     fitted = simulated(tmp_path, "fit", 6.0, 0)
     copy, other = tmp_path / "copy", simulated(tmp_path, "other", 12.0, 7)
@@ -198,7 +198,7 @@ def test_calibrate_folder_errors_are_one_line(tmp_path, args, message):
     (tmp_path / "empty").mkdir()
     paths = {"EMPTY": str(tmp_path / "empty"), "FIT": str(tmp_path / "fit"), "SIM": str(tmp_path / "sim")}
     done = subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", "calibrate", *(paths.get(a, a) for a in args),
+        [sys.executable, "-m", "kvbench", "calibrate", *(paths.get(a, a) for a in args),
          "--out", str(tmp_path / "cost.json")],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip

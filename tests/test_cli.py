@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def kvbench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "kvbench", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
     )  # a safety net only: a resumed Ray sweep took over 120 s on the 2-core CI box at load 15
 
 
@@ -55,7 +55,7 @@ def test_simulate_writes_every_result_file(tmp_path):
         assert sum(int(row[c]) for c in cats) == slots
     assert sum(int(r["num_steps"]) for r in steps) == summary["num_steps"]
     env = json.loads((out / "env.json").read_text())
-    assert env["command"][0].endswith("cli.py") and env["python"]
+    assert env["command"][0].endswith("kvbench/__main__.py") and env["python"]
 
 
 def test_same_seed_same_results_and_another_seed_differs(tmp_path):

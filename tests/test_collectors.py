@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from engines.scheduler import Batch
-from kvbench.collectors import CollectingRunner, Roofline, parse_collectors
 from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.errors import KvbenchError
+from kvbench.real.collectors import CollectingRunner, Roofline, parse_collectors
 from kvbench.requests import Request
 from kvbench.runner import StepResult
 from kvbench.sequence import Sequence
@@ -88,7 +88,7 @@ def test_unknown_collector_is_a_one_line_error():
         parse_collectors("torch,gpu")
     assert parse_collectors("none") == ()
     done = subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", "run", "--engine", "paged", "--model", "tiny-llama",
+        [sys.executable, "-m", "kvbench", "run", "--engine", "paged", "--model", "tiny-llama",
          "--device", "cpu", "--collectors", "bogus", "--out", "/tmp/never"],
         capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
@@ -101,7 +101,7 @@ def test_unknown_collector_is_a_one_line_error():
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device")
 def test_a_real_run_with_every_collector(tmp_path):
     from kvbench.config import RunConfig
-    from kvbench.real_run import run_real
+    from kvbench.real.run import run_real
     from kvbench.simulate import write_result
     from workloads.spec import WorkloadSpec
 

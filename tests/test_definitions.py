@@ -1,7 +1,7 @@
 """Every metric kvbench reports, computed by hand from its definition on a hand-made timeline.
 
-The definitions are those of docs/FOUNDATION.md and the docstrings of `kvbench.metrics` and
-`kvbench.occupancy`: TTFT = first token - arrival; E2EL = finish - arrival; TPOT =
+The definitions are those of docs/FOUNDATION.md and the docstrings of `kvbench.metrics.summary` and
+`kvbench.metrics.occupancy`: TTFT = first token - arrival; E2EL = finish - arrival; TPOT =
 (E2EL - TTFT) / (output - 1); ITL = gaps between consecutive tokens, pooled over the run;
 queueing = admission - arrival; normalized latency = mean of E2EL / output; goodput = requests
 meeting every SLO per second of makespan; batched requests and occupancy time-weighted over the
@@ -19,9 +19,9 @@ import pytest
 from engines import ENGINES, EngineOptions
 from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.engine import Engine
-from kvbench.latency_stats import ItlTable
-from kvbench.metrics import Slo, latency_summary, prefix_cache_summary, request_record, summarize
-from kvbench.occupancy import Footprint, Growth, segment_integral
+from kvbench.metrics.latency import ItlTable
+from kvbench.metrics.occupancy import Footprint, Growth, segment_integral
+from kvbench.metrics.summary import Slo, latency_summary, prefix_cache_summary, request_record, summarize
 from kvbench.requests import Request, Trace
 from kvbench.sequence import Sequence, sequence_for
 

@@ -15,7 +15,7 @@ from engines.scheduler import Batch, IterationScheduler, RequestScheduler, Sched
 from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.engine import Engine
 from kvbench.errors import KvbenchError
-from kvbench.occupancy import categories
+from kvbench.metrics.occupancy import categories
 from kvbench.requests import Request, Trace
 from kvbench.sequence import SeqStatus, Sequence
 from workloads import make_trace

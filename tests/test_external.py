@@ -18,15 +18,15 @@ transformers = pytest.importorskip("transformers")
 
 from kvbench.config import RunConfig, prepare  # noqa: E402
 from kvbench.errors import KvbenchError  # noqa: E402
-from kvbench.external import base_attention  # noqa: E402
 from kvbench.external.hf_cb import CbApi, cb_api  # noqa: E402
 from kvbench.external.hf_weights import copy_into_hf, hf_config, hf_model_from_preset  # noqa: E402
 from kvbench.external.observed import Observed, integrals  # noqa: E402
+from kvbench.external.options import base_attention  # noqa: E402
 from kvbench.modeling.arena import KVArena  # noqa: E402
 from kvbench.modeling.attention import AttentionMetadata  # noqa: E402
 from kvbench.modeling.weights import random_model  # noqa: E402
 from kvbench.models import get_model  # noqa: E402
-from kvbench.real_run import run_real  # noqa: E402
+from kvbench.real.run import run_real  # noqa: E402
 from kvbench.requests import Request  # noqa: E402
 from kvbench.simulate import write_result  # noqa: E402
 from workloads.spec import WorkloadSpec  # noqa: E402
@@ -242,7 +242,7 @@ def test_bad_options_are_refused_before_any_work(options, message):
 
 def kvbench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "kvbench", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
 
 

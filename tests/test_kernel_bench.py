@@ -24,11 +24,11 @@ from typer.testing import CliRunner
 pytest.importorskip("triton")
 
 from kernels import bench, bench_backends
-from kernels.bench_plot import plot_bandwidth_fraction, plot_latency, read_rows
+from kvbench.report.kernel_plot import plot_bandwidth_fraction, plot_latency, read_rows
 from kernels.reference import decode_attention_ref
-from kvbench import cli_kernels
-from kvbench.cli import app
-from kvbench.results import write_csv
+from kvbench.cli import kernels as cli_kernels
+from kvbench.cli.app import app
+from kvbench.results.files import write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--batch", "2", "--context", "5,33", "--block-size", "4", "--kv-heads", "2", "--gqa", "2",
@@ -42,7 +42,7 @@ def kvbench(*args: str, interpret: bool = True) -> subprocess.CompletedProcess:
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     return subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", "kernels", *args],
+        [sys.executable, "-m", "kvbench", "kernels", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 

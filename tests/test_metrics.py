@@ -10,8 +10,8 @@ import pytest
 
 from kvbench.config import RunConfig, prepare
 from kvbench.errors import KvbenchError
-from kvbench.latency_stats import ItlTable, distribution
-from kvbench.metrics import (
+from kvbench.metrics.latency import ItlTable, distribution
+from kvbench.metrics.summary import (
     RequestRecord,
     Slo,
     format_slo,

@@ -15,11 +15,11 @@ from engines.scheduler import SchedulerConfig  # noqa: E402
 from kvbench.cost_model import CostModel, CostModelRunner  # noqa: E402
 from kvbench.engine import Engine  # noqa: E402
 from kvbench.errors import KvbenchError  # noqa: E402
-from kvbench.model_runner import ModelRunner, _slots, padded_tokens, prompt_token_ids  # noqa: E402
 from kvbench.modeling.arena import KVArena  # noqa: E402
 from kvbench.modeling.attention import AttentionMetadata, triton_available  # noqa: E402
 from kvbench.modeling.weights import load_checkpoint, random_model, read_checkpoint_spec  # noqa: E402
 from kvbench.models import get_model  # noqa: E402
+from kvbench.real.model_runner import ModelRunner, _slots, padded_tokens, prompt_token_ids  # noqa: E402
 from kvbench.requests import Request, Trace  # noqa: E402
 from tests.support import INTERPRETED, INTERPRETING, VIRTUAL_CLOCK  # noqa: E402
 
@@ -329,7 +329,7 @@ def test_checkpoint_errors_are_one_line(tmp_path):
 
 def test_cost_model_and_real_runs_write_the_same_files(tmp_path):
     from kvbench.config import RunConfig
-    from kvbench.real_run import run_real
+    from kvbench.real.run import run_real
     from kvbench.simulate import simulate, write_result
     from workloads.spec import WorkloadSpec
 
@@ -356,7 +356,7 @@ def test_no_garbage_collection_starts_inside_a_real_runs_engine_loop():
     import sys
 
     from kvbench.config import RunConfig
-    from kvbench.real_run import run_real
+    from kvbench.real.run import run_real
     from workloads.spec import WorkloadSpec
 
     loop = Engine.run.__code__
@@ -393,7 +393,7 @@ def test_no_garbage_collection_starts_inside_a_real_runs_engine_loop():
 def test_emulated_budget_subtracts_measured_weights_and_activations(device):
     """On CUDA the activation reserve is measured on the model; on CPU it stays the estimate."""
     from kvbench.config import RunConfig
-    from kvbench.real_run import run_real
+    from kvbench.real.run import run_real
     from workloads.spec import WorkloadSpec
 
     workload = WorkloadSpec("uniform:prompt=4..20,output=2..8", num_requests=4, rate=100.0)

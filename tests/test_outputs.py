@@ -1,6 +1,6 @@
 """Where kvbench writes: every writer refuses what it did not write, checks --out before the
 work, writes atomically with the umask's permissions, cleans its own stale temporaries, and
-identical inputs give byte-identical results (kvbench/outputs.py, kvbench/results.py)."""
+identical inputs give byte-identical results (kvbench/results/outputs.py, kvbench/results/files.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvbench.cli import app
+from kvbench.cli.app import app
 from kvbench.errors import KvbenchError
-from kvbench.outputs import MARKER, prepare_out
-from kvbench.results import atomic_open, remove_stale_temps, write_text
+from kvbench.results.files import atomic_open, remove_stale_temps, write_text
+from kvbench.results.outputs import MARKER, prepare_out
 
 ROOT = Path(__file__).resolve().parent.parent
 SIMULATE = ("simulate", "--engine", "paged", "--num-requests", "20", "--rate", "5", "--kv-cache-gib", "2")
@@ -34,7 +34,7 @@ def kvbench(*args: str):
 def kvbench_process(*args: str) -> subprocess.CompletedProcess:
     """The command as a user runs it: its own process (memory addresses of its own, too)."""
     return subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "kvbench", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
 
 
@@ -157,9 +157,9 @@ def test_demo_and_report_regenerate_their_own_output(run_folder, tmp_path):
 
 
 def test_calibrate_takes_its_own_file_as_out_and_refuses_a_users(run_folder, tmp_path):
-    from kvbench.calibrate import Calibration
+    from kvbench.calibrate.fit import Calibration
     from kvbench.cost_model import CostModel
-    from kvbench.results import write_json
+    from kvbench.results.files import write_json
 
     ours, users = tmp_path / "cost.json", tmp_path / "mine.json"
     fitted = Calibration(CostModel(0.02, 1e-4, 1e-6), "opt-13b", ("runs/a",), 61, 0.01, 0.02)
@@ -279,7 +279,7 @@ def test_prepare_out_refuses_a_link_and_names_the_flag(tmp_path):
 def test_the_itl_pool_does_not_depend_on_memory_addresses():
     """Where numpy puts each segment's array must not change the sums behind mean_itl_s."""
     from kvbench.config import RunConfig
-    from kvbench.latency_stats import ItlTable, distribution
+    from kvbench.metrics.latency import ItlTable, distribution
     from kvbench.simulate import simulate
     from workloads.spec import WorkloadSpec
 

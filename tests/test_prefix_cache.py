@@ -21,7 +21,7 @@ from engines.paged_prefix import PrefixCachingAllocator
 from kvbench.config import RunConfig
 from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.engine import Engine
-from kvbench.occupancy import Footprint
+from kvbench.metrics.occupancy import Footprint
 from kvbench.requests import Request, Trace
 from kvbench.sequence import Sequence
 from kvbench.simulate import simulate
@@ -511,10 +511,10 @@ def real_tokens(engine: str, trace: Trace, num_slots: int, block_size: int = 4):
     last what the virtual clock prices, so which request hits, waits or is preempted is the same
     on any machine under any load."""
     torch = pytest.importorskip("torch")
-    from kvbench.model_runner import ModelRunner
     from kvbench.modeling.arena import KVArena
     from kvbench.modeling.weights import random_model
     from kvbench.models import get_model
+    from kvbench.real.model_runner import ModelRunner
 
     spec = get_model("tiny-llama")
     model = random_model(spec, torch.float32, torch.device("cpu"), seed=3)

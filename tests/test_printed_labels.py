@@ -14,7 +14,7 @@ TINY = ("--model", "tiny-opt", "--kv-cache-gib", "0.002", "--trace", "uniform:pr
 
 def kvbench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "kvbench", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
 
 

@@ -66,7 +66,7 @@ def test_the_readme_commands_run(tmp_path):
         if args[0] != "kvbench" or skip_reason(command):
             continue
         proc = subprocess.run(
-            [sys.executable, "-m", "kvbench.cli", *args[1:]],
+            [sys.executable, "-m", "kvbench", *args[1:]],
             cwd=work, env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"

@@ -22,7 +22,7 @@ import pytest
 
 from engines import ENGINES
 from kvbench.config import RunConfig
-from kvbench.plots import (
+from kvbench.report.figures import (
     PlotSkipped,
     plot_batched_bars,
     plot_batched_vs_rate,
@@ -34,9 +34,9 @@ from kvbench.plots import (
     plot_occupancy_timeline,
     plot_roofline,
 )
-from kvbench.plots_data import as_runs, read_sweep
-from kvbench.plots_style import ENGINE_COLORS, step_series
-from kvbench.plots_time import roofline_efficiency
+from kvbench.report.plot_time import roofline_efficiency
+from kvbench.report.style import ENGINE_COLORS, step_series
+from kvbench.results.read import as_runs, read_sweep
 from kvbench.simulate import simulate, write_result
 from workloads.spec import WorkloadSpec
 
@@ -47,7 +47,7 @@ ERROR = "not a kvbench results folder (no summary.json or sweep.csv)"
 
 def kvbench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "kvbench", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
 
 

@@ -20,7 +20,7 @@ ENGINES = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged")
 def kvbench(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", *args], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "kvbench", *args], capture_output=True, text=True, env=env
     )
 
 
@@ -89,7 +89,7 @@ def test_recompute_overhead_survives_a_pruned_requests_file(quick, tmp_path):
     rebuilt from the run's config, to the token, so Figure 19 rebuilds from them alike."""
     import shutil
 
-    from kvbench.reproduce_sweeps import preemption_overhead_ms, prompt_tokens
+    from kvbench.reproduce.sweeps import preemption_overhead_ms, prompt_tokens
 
     cells = sorted((quick / "fig19" / "recompute" / "cells").iterdir())
     measured = [(prompt_tokens(c), preemption_overhead_ms(c, "recompute")) for c in cells]
@@ -153,7 +153,7 @@ def test_real_runs_pick_a_model_holding_the_papers_slots(tmp_path):
     paper's OPT-13B / 12 GB holds 15,728), so the engines batch as the paper's did."""
     from kvbench.budget import budget_from_gib
     from kvbench.config import resolve_model
-    from kvbench.reproduce import setting_for
+    from kvbench.reproduce.run import setting_for
 
     quick, full = setting_for(True, None, quick=True), setting_for(True, None, quick=False)
     assert (quick.model, full.model) == ("opt-125m", "opt-1.3b") and quick.real and full.real
@@ -216,8 +216,8 @@ def test_sharing_figures_decode_for_real(tmp_path, monkeypatch):
     decoding on the CPU (attention by the torch reference: the Triton kernels' own tests run
     them in the interpreter). Each figure value is checked against the run it came from and
     against what its definition allows."""
-    from kvbench import reproduce_sharing
-    from kvbench.reproduce_rows import Options, Setting
+    from kvbench.reproduce import sharing as reproduce_sharing
+    from kvbench.reproduce.rows import Options, Setting
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(reproduce_sharing, "PATTERNS", {"k": "beam"})
@@ -277,8 +277,8 @@ def test_a_real_reproduction_calibrates_the_simulator_on_its_own_runs(tmp_path, 
     """Real Figures 2 and 13 (a tiny model decoding on the CPU): the simulator is fitted to
     Figure 2's five runs, Figure 13's Alpaca runs are replayed with it (its ShareGPT runs are
     Figure 2's, so fitted, never held out), and the report states the errors."""
-    from kvbench.reproduce import run_reproduce
-    from kvbench.reproduce_rows import Options, Setting
+    from kvbench.reproduce.rows import Options, Setting
+    from kvbench.reproduce.run import run_reproduce
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     setting = Setting("tiny-opt", 0.01, 1.0, real=True, paper_threshold=False, device="cpu")

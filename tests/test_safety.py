@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from kvbench.errors import KvbenchError
-from kvbench.sweep_cell import child_env, package_root
-from kvbench.sweep_progress import Progress
+from kvbench.sweep.cell import child_env, package_root
+from kvbench.sweep.progress import Progress
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKER_CODE = "from pathlib import Path\nPath({marker!r}).write_text('ran')\n"
@@ -29,7 +29,7 @@ def kvbench_from(cwd: Path, *args: str, env: dict | None = None) -> subprocess.C
     the import path (a `python -m` from `cwd` would import that folder's packages itself)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-P", "-m", "kvbench.cli", *args],
+        [sys.executable, "-P", "-m", "kvbench", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
@@ -43,7 +43,7 @@ def hostile_folder(tmp_path: Path) -> tuple[Path, Path]:
     for package in ("engines", "kvbench", "workloads"):
         (folder / package).mkdir(parents=True)
         (folder / package / "__init__.py").write_text(MARKER_CODE.format(marker=str(marker)))
-    (folder / "kvbench" / "cli.py").write_text("raise SystemExit('the decoy kvbench ran')\n")
+    (folder / "kvbench" / "__main__.py").write_text("raise SystemExit('the decoy kvbench ran')\n")
     return folder, marker
 
 
@@ -66,7 +66,7 @@ def test_the_childs_environment_puts_this_kvbench_first_and_the_current_folder_n
     env = child_env({"PATH": os.environ.get("PATH", ""), "PYTHONPATH": "elsewhere"})
     assert env["PYTHONSAFEPATH"] == "1"
     assert env["PYTHONPATH"].split(os.pathsep) == [str(package_root()), "elsewhere"]
-    assert (package_root() / "kvbench" / "cli.py").is_file() and (package_root() / "engines").is_dir()
+    assert (package_root() / "kvbench" / "__main__.py").is_file() and (package_root() / "engines").is_dir()
 
 
 # --- tensor parallelism: loopback only, nothing executable crosses ----------------------------------
@@ -113,7 +113,7 @@ def test_a_tensor_parallel_group_listens_on_loopback_and_refuses_a_pickle(tmp_pa
     an arena operation (what the workers once unpickled) is refused, not run."""
     from kvbench.models import get_model
     from kvbench.parallel.channel import Command
-    from kvbench.parallel.launcher import launch
+    from kvbench.parallel.session import launch
 
     folder, imported = tmp_path / "hostile", tmp_path / "imported"
     (folder / "multiprocessing").mkdir(parents=True)
@@ -223,7 +223,7 @@ def test_a_dataset_trace_reads_a_local_file_offline_and_caches_nothing_at_home(t
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     env, home, log = offline_env(tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-P", "-m", "kvbench.cli", "simulate", "--engine", "paged",
+        [sys.executable, "-P", "-m", "kvbench", "simulate", "--engine", "paged",
          "--trace", f"dataset:{data}?prompt=q&response=a", "--tokenizer", str(tokenizer_folder),
          "--num-requests", "4", "--rate", "10", "--kv-cache-gib", "1", "--out", str(tmp_path / "run")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
@@ -276,7 +276,7 @@ def test_a_missing_dataset_path_is_one_line(tmp_path, tokenizer_folder):
     ],
 )
 def test_a_ray_workers_file_name_outside_the_cell_is_refused(tmp_path, name, why):
-    from kvbench.sweep_ray import write_files
+    from kvbench.sweep.ray_executor import write_files
 
     out = tmp_path / "cells" / "grid__paged__rate-2"
     with pytest.raises(KvbenchError) as error:
@@ -288,7 +288,7 @@ def test_a_ray_workers_file_name_outside_the_cell_is_refused(tmp_path, name, why
 
 
 def test_a_ray_workers_files_inside_the_cell_are_written(tmp_path):
-    from kvbench.sweep_ray import write_files
+    from kvbench.sweep.ray_executor import write_files
 
     out = tmp_path / "cells" / "c"
     write_files(out, {"summary.json": b"{}", "plots/a.png": b"png"})
@@ -321,8 +321,9 @@ def test_cells_a_bisection_does_not_need_count_as_skipped():
 def test_a_sweep_whose_bisection_ends_early_keeps_its_total(tmp_path):
     """Every rate passes: no bracket to bisect, so the 2 planned bisection cells are skipped."""
     from kvbench.config import RunConfig
-    from kvbench.sweep import SustainedOptions, SweepPlan, run_sweep
-    from kvbench.sweep_grid import Axes
+    from kvbench.sweep.grid import Axes
+    from kvbench.sweep.plan import SustainedOptions, SweepPlan
+    from kvbench.sweep.run import run_sweep
     from workloads.spec import WorkloadSpec
 
     axes = Axes(("paged",), ("sharegpt-paper",), (1.0, 2.0), (16,), (4.0,), (0,), 1)

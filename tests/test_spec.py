@@ -25,7 +25,7 @@ needs_shared = pytest.mark.skipif(not AZURE.is_file(), reason="shared/traces is 
 
 def kvbench(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=180
+        [sys.executable, "-m", "kvbench", *args], cwd=cwd, capture_output=True, text=True, timeout=180
     )
 
 

@@ -12,10 +12,9 @@ import pytest
 
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
-from kvbench.metrics import parse_slo
-from kvbench.sweep import SustainedOptions, SweepPlan, run_sweep
-from kvbench.sweep_cell import CellRun, command, config_differences, run_cell
-from kvbench.sweep_grid import (
+from kvbench.metrics.summary import parse_slo
+from kvbench.sweep.cell import CellRun, command, config_differences, run_cell
+from kvbench.sweep.grid import (
     BASELINE,
     GRID,
     Axes,
@@ -29,8 +28,10 @@ from kvbench.sweep_grid import (
     parse_seeds,
     trace_token,
 )
-from kvbench.sweep_progress import Progress
-from kvbench.sweep_stats import bisect_rate, mean_ci95, sustained_rate, t975
+from kvbench.sweep.plan import SustainedOptions, SweepPlan
+from kvbench.sweep.progress import Progress
+from kvbench.sweep.run import run_sweep
+from kvbench.sweep.stats import bisect_rate, mean_ci95, sustained_rate, t975
 from tests.support import sweep_stopped_after_its_first_cell
 from tests.test_cli import kvbench
 from workloads.spec import WorkloadSpec
@@ -280,7 +281,7 @@ def test_an_isolated_cell_runs_exactly_its_config(tmp_path):
     base = RunConfig("paged", workload=workload, percentiles=(50.0, 99.9), slo=parse_slo("tpot=0.05"))
     config = cell_config(base, Cell(GRID, "orca-oracle", "alpaca-paper", 2.5, 32, 0.5, 1))
     argv = command(config, tmp_path / "c", CellRun(isolate=True))
-    assert argv[1:4] == ["-m", "kvbench.cli", "simulate"] and argv[-2:] == ["--out", str(tmp_path / "c")]
+    assert argv[1:4] == ["-m", "kvbench", "simulate"] and argv[-2:] == ["--out", str(tmp_path / "c")]
     assert "--burstiness" in argv and "--prefix" in argv and "--slo" in argv
     outcome = run_cell(config, tmp_path / "c", CellRun(isolate=True))  # checks the child's config.json
     assert outcome.ok and outcome.summary["engine"] == "orca-oracle" and "p99.9_itl_s" in outcome.summary

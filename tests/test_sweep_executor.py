@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 
 from kvbench.errors import KvbenchError
-from kvbench.sweep import SustainedOptions, run_sweep
-from kvbench.sweep_cell import Outcome
-from kvbench.sweep_executor import CellJob, LocalExecutor, Started, gpu_devices
-from kvbench.sweep_progress import Progress
+from kvbench.sweep.cell import Outcome
+from kvbench.sweep.executor import CellJob, LocalExecutor, Started, gpu_devices
+from kvbench.sweep.plan import SustainedOptions
+from kvbench.sweep.progress import Progress
+from kvbench.sweep.run import run_sweep
 from tests.support import proc_state
 from tests.test_cli import kvbench
 from tests.test_sweep import plan, rows_of
@@ -93,7 +94,7 @@ class ChildWatch:
             except OSError:
                 continue
             folders = [a.decode() for a in argv if a.decode(errors="replace").startswith(self.cells)]
-            if b"kvbench.cli" in argv and folders:
+            if b"kvbench.cli.app" in argv and folders:
                 seen[folders[0]] = int(proc.name), env.get(b"CUDA_VISIBLE_DEVICES", b"").decode()
         # a scan takes a while: keep the processes still alive after it, alive together now
         return {
@@ -214,7 +215,7 @@ def test_bad_executor_flags_are_one_line(tmp_path, args, message):
 
 
 def test_without_ray_the_ray_executor_says_how_to_install_it(tmp_path):
-    hide_ray = "import sys; sys.modules['ray'] = None; from kvbench.cli import main; main()"
+    hide_ray = "import sys; sys.modules['ray'] = None; from kvbench.cli.app import main; main()"
     argv = ["kvbench", "sweep", "--num-requests", "5", "--executor", "ray", "--out", str(tmp_path / "x")]
     proc = subprocess.run(
         [sys.executable, "-c", hide_ray, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=120
@@ -234,7 +235,7 @@ def test_an_unreachable_ray_address_is_one_line_in_seconds(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith("error: --ray-address 127.0.0.1:1: no Ray cluster answers there (")
-    from kvbench.sweep_ray import check_address
+    from kvbench.sweep.ray_executor import check_address
 
     for address in ("nowhere", "ray://:10001", "host:port"):
         with pytest.raises(

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from kvbench.config import RunConfig
-from kvbench.sweep import SustainedOptions, SweepPlan, run_sweep
-from kvbench.sweep_grid import Axes
-from kvbench.sweep_progress import Progress
+from kvbench.sweep.grid import Axes
+from kvbench.sweep.plan import SustainedOptions, SweepPlan
+from kvbench.sweep.progress import Progress
+from kvbench.sweep.run import run_sweep
 from tests.support import sweep_stopped_after_its_first_cell
 from tests.test_cli import kvbench
 from tests.test_sweep import rows_of
@@ -31,7 +32,7 @@ from tests.test_sweep_executor import same_table
 from workloads.spec import WorkloadSpec
 
 ray = pytest.importorskip("ray")
-from kvbench.sweep_ray import TASK_NAME, RayExecutor  # noqa: E402  (needs ray)
+from kvbench.sweep.ray_executor import TASK_NAME, RayExecutor  # noqa: E402  (needs ray)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -25,13 +25,12 @@ from engines.scheduler import SchedulerConfig
 from kvbench.config import RunConfig, prepare
 from kvbench.engine import Engine, EngineRun
 from kvbench.errors import KvbenchError
-from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata
 from kvbench.modeling.weights import random_model
 from kvbench.models import get_model
-from kvbench.parallel.launcher import launch
-from kvbench.parallel.session import open_session
+from kvbench.parallel.session import launch, open_session
+from kvbench.real.model_runner import ModelRunner
 from kvbench.requests import Request, Trace
 from tests.support import VIRTUAL_CLOCK, proc_state
 from workloads.spec import WorkloadSpec
@@ -189,7 +188,7 @@ def check_swaps(group, expected: list[list[int]]) -> None:
 
 def check_real_run(group) -> None:
     """`run_real` on the split model: the same tokens, and budget and slots counted per model."""
-    from kvbench.real_run import run_real
+    from kvbench.real.run import run_real
 
     workload = WorkloadSpec("uniform:prompt=4..20,output=2..8", num_requests=6, rate=100.0)
     device = group.device.type
@@ -224,7 +223,7 @@ def test_a_degree_that_does_not_divide_the_heads_is_a_one_line_error(tmp_path):
             launch(get_model(model), size=size, device=CPU, dtype=torch.float32)
     assert set(_workers()) == before  # refused before starting anything
     proc = subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", "run", "--engine", "paged", "--model", "tiny-opt", "--device",
+        [sys.executable, "-m", "kvbench", "run", "--engine", "paged", "--model", "tiny-opt", "--device",
          "cpu", "--tensor-parallel", "3", "--out", str(tmp_path / "run")],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -236,7 +235,7 @@ def test_a_degree_that_does_not_divide_the_heads_is_a_one_line_error(tmp_path):
 BROKEN_GROUPS = """
 import os, signal, torch
 from kvbench.models import get_model
-from kvbench.parallel.launcher import launch
+from kvbench.parallel.session import launch
 
 def start():
     spec = get_model("tiny-opt")

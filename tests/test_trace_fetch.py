@@ -40,7 +40,7 @@ def kvbench(*args: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.Com
     """The CLI in a real subprocess; `env` replaces the trace variables (others are dropped)."""
     base = {k: v for k, v in os.environ.items() if k not in ENV_NAMES}
     return subprocess.run(
-        [sys.executable, "-m", "kvbench.cli", *args],
+        [sys.executable, "-m", "kvbench", *args],
         cwd=cwd, capture_output=True, text=True, timeout=300, env={**base, **env},
     )  # fmt: skip
 

@@ -12,8 +12,8 @@ from workloads.spec import WorkloadSpec, build_trace
 
 pytest.importorskip("matplotlib")
 
-from kvbench.plots_style import pyplot
-from workloads.plot import plot_trace, trace_figure
+from kvbench.report.style import pyplot
+from kvbench.report.trace_plot import plot_trace, trace_figure
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 DPI = 120  # plot_trace's

@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from engines.allocator import Extent, snapshot
 from engines.vmm import VirtualAllocator
-from kvbench.occupancy import Footprint
+from kvbench.metrics.occupancy import Footprint
 from kvbench.requests import Request
 from kvbench.sequence import Sequence, sequence_for
 from tests.support import examples, steps

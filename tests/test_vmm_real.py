@@ -11,10 +11,10 @@ import torch
 from engines import ENGINES
 from engines.allocator import address_slots
 from kvbench.engine import Engine
-from kvbench.model_runner import _slots
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.weights import random_model
 from kvbench.models import get_model
+from kvbench.real.model_runner import _slots
 from tests.support import VIRTUAL_CLOCK
 from tests.test_modeling import CPU, engine_options, small_trace
 from tests.test_modeling import RecordingRunner as _Recording

@@ -10,8 +10,8 @@ import torch
 
 from kvbench.config import Prepared, RunConfig, prepare
 from kvbench.external.hf_weights import load_hf_model, transformers_module
-from kvbench.model_runner import prompt_token_ids
-from kvbench.real_run import resolve_device, resolve_dtype
+from kvbench.real.model_runner import prompt_token_ids
+from kvbench.real.run import resolve_device, resolve_dtype
 from workloads.columns import check_vocabulary
 
 

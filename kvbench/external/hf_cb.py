@@ -34,10 +34,10 @@ import torch
 
 from kvbench.config import Prepared, RunConfig, batched_tokens
 from kvbench.errors import KvbenchError
-from kvbench.external import base_attention
 from kvbench.external.common import peak_memory, reset_peak_memory, set_up
 from kvbench.external.hf_weights import transformers_module
 from kvbench.external.observed import Observed, RunClock, build_result
+from kvbench.external.options import base_attention
 from kvbench.gc_pause import gc_paused
 from kvbench.requests import Request
 from kvbench.simulate import RunResult

@@ -21,8 +21,8 @@ import numpy as np
 
 from kvbench.config import Prepared
 from kvbench.engine import EngineRun, OccupancyTotals, StepRecord
-from kvbench.metrics import request_record, summarize
-from kvbench.occupancy import Footprint
+from kvbench.metrics.occupancy import Footprint
+from kvbench.metrics.summary import request_record, summarize
 from kvbench.requests import Request
 from kvbench.sequence import Sequence
 from kvbench.simulate import RunResult

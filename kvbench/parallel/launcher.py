@@ -1,6 +1,6 @@
 """Starting a tensor-parallel group from inside kvbench (rank 0's handle: `session.ParallelSession`).
 
-`launch` makes this process rank 0 and spawns ranks 1..N-1 (`torch.multiprocessing`, spawn:
+`session.launch` makes this process rank 0 and spawns ranks 1..N-1 (`torch.multiprocessing`, spawn:
 a fresh interpreter each, as CUDA requires), one device each (`cuda:first + rank`, or all on
 the CPU). Rendezvous goes through a TCP store that rank 0 opens on a free port of 127.0.0.1
 (the OS picks it, so two runs on one host never race for one; `loopback_store`). The group's
@@ -21,21 +21,13 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from kvbench.errors import KvbenchError
 from kvbench.models import ModelSpec
 from kvbench.parallel.layers import TensorParallel
-from kvbench.parallel.shard import build_shard
-from kvbench.parallel.sizes import check_tensor_parallel
-
-if TYPE_CHECKING:
-    from kvbench.parallel.session import ParallelSession
 
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 HOST = "127.0.0.1"  # one host: the store and gloo's sockets stay on loopback
@@ -95,57 +87,6 @@ def agree(ok: bool, size: int) -> bool:
     return int(flags) == size
 
 
-def launch(
-    spec: ModelSpec, *, size: int, device: torch.device, dtype: torch.dtype, seed: int = 0,
-    checkpoint: Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> ParallelSession:  # fmt: skip
-    """Spawn the workers, build every rank's shard, and return rank 0's session (a context manager)."""
-    from kvbench.parallel import worker  # the spawned processes' entry point
-    from kvbench.parallel.session import ParallelSession  # which imports this module
-
-    check_tensor_parallel(spec, size)
-    devices = rank_devices(device, size)
-    if dist.is_initialized():
-        raise KvbenchError(
-            f"--tensor-parallel {size}: torch.distributed is already initialised in this process"
-        )
-    settings = {**NVLS_OFF, **loopback_interfaces(), **SAFE_PATH}
-    saved_env = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)  # inherited by the workers; gloo and NCCL read them when they start
-    saved_threads = torch.get_num_threads()
-    threads = max(1, saved_threads // size) if device.type == "cpu" else 0
-    store = loopback_store(size, timeout_s)
-    context = mp.get_context("spawn")
-    processes = []
-    session = None
-    try:
-        for rank in range(1, size):
-            args = WorkerArgs(
-                rank, size, store.port, os.getpid(), spec, str(dtype).removeprefix("torch."),
-                str(devices[rank]), seed, None if checkpoint is None else str(checkpoint), timeout_s, threads,
-            )  # fmt: skip
-            process = context.Process(target=worker.main, args=(args,), name=f"kvbench-tp{rank}", daemon=True)
-            process.start()
-            processes.append(process)
-        _await_workers(store, processes, timeout_s)
-        tp = connect(store, 0, size, devices[0], timeout_s)
-        session = ParallelSession(tp, devices[0], dtype, processes, saved_env, saved_threads)
-        if threads:
-            torch.set_num_threads(threads)  # until the session closes
-        shard = build_shard(spec, tp, dtype, devices[0], seed=seed, checkpoint=checkpoint)
-        session.start(shard)
-        return session
-    except BaseException:
-        if session is not None:
-            session.close(clean=False)
-        else:
-            stop_workers(processes, clean=False)
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            restore_env(saved_env)
-        raise
-
-
 def loopback_interfaces() -> dict[str, str]:
     """gloo's and NCCL's sockets on the loopback interface, where the user named none.
 
@@ -177,7 +118,7 @@ def loopback_store(size: int, timeout_s: float) -> dist.TCPStore:
         )  # fmt: skip
 
 
-def _await_workers(store: dist.Store, processes: list, timeout_s: float) -> None:
+def await_workers(store: dist.Store, processes: list, timeout_s: float) -> None:
     """Wait until every worker has reached the store (before joining a group that would wait
     the whole timeout for a worker that died starting)."""
     keys = [f"kvbench/up/{rank}" for rank in range(1, len(processes) + 1)]

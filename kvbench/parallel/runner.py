@@ -18,11 +18,11 @@ import torch
 
 from engines.scheduler import Batch
 from kvbench.errors import KvbenchError
-from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.parallel.channel import Command, Mirror, encode_forward, encode_mirror
+from kvbench.real.model_runner import ModelRunner
 from kvbench.runner import StepResult
 
 

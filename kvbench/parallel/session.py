@@ -20,16 +20,34 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from kvbench.model_runner import ModelRunner
+from kvbench.errors import KvbenchError
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.weights import load_checkpoint, random_model
 from kvbench.models import ModelSpec
+from kvbench.parallel import worker  # the spawned processes' entry point
 from kvbench.parallel.channel import Channel, Command
-from kvbench.parallel.launcher import agree, launch, restore_env, stop_workers
+from kvbench.parallel.launcher import (
+    DEFAULT_TIMEOUT_S,
+    NVLS_OFF,
+    SAFE_PATH,
+    WorkerArgs,
+    agree,
+    await_workers,
+    connect,
+    loopback_interfaces,
+    loopback_store,
+    rank_devices,
+    restore_env,
+    stop_workers,
+)  # fmt: skip
 from kvbench.parallel.layers import TensorParallel
 from kvbench.parallel.runner import ParallelModel, ParallelRunner
+from kvbench.parallel.shard import build_shard
+from kvbench.parallel.sizes import check_tensor_parallel
+from kvbench.real.model_runner import ModelRunner
 
 
 class Session(Protocol):
@@ -190,3 +208,51 @@ def open_session(
         spec, size=tensor_parallel, device=device, dtype=dtype, seed=seed, checkpoint=checkpoint
     ) as session:
         yield session
+
+
+def launch(
+    spec: ModelSpec, *, size: int, device: torch.device, dtype: torch.dtype, seed: int = 0,
+    checkpoint: Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> ParallelSession:  # fmt: skip
+    """Spawn the workers, build every rank's shard, and return rank 0's session (a context manager)."""
+    check_tensor_parallel(spec, size)
+    devices = rank_devices(device, size)
+    if dist.is_initialized():
+        raise KvbenchError(
+            f"--tensor-parallel {size}: torch.distributed is already initialised in this process"
+        )
+    settings = {**NVLS_OFF, **loopback_interfaces(), **SAFE_PATH}
+    saved_env = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)  # inherited by the workers; gloo and NCCL read them when they start
+    saved_threads = torch.get_num_threads()
+    threads = max(1, saved_threads // size) if device.type == "cpu" else 0
+    store = loopback_store(size, timeout_s)
+    context = mp.get_context("spawn")
+    processes = []
+    session = None
+    try:
+        for rank in range(1, size):
+            args = WorkerArgs(
+                rank, size, store.port, os.getpid(), spec, str(dtype).removeprefix("torch."),
+                str(devices[rank]), seed, None if checkpoint is None else str(checkpoint), timeout_s, threads,
+            )  # fmt: skip
+            process = context.Process(target=worker.main, args=(args,), name=f"kvbench-tp{rank}", daemon=True)
+            process.start()
+            processes.append(process)
+        await_workers(store, processes, timeout_s)
+        tp = connect(store, 0, size, devices[0], timeout_s)
+        session = ParallelSession(tp, devices[0], dtype, processes, saved_env, saved_threads)
+        if threads:
+            torch.set_num_threads(threads)  # until the session closes
+        shard = build_shard(spec, tp, dtype, devices[0], seed=seed, checkpoint=checkpoint)
+        session.start(shard)
+        return session
+    except BaseException:
+        if session is not None:
+            session.close(clean=False)
+        else:
+            stop_workers(processes, clean=False)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            restore_env(saved_env)
+        raise

@@ -21,13 +21,13 @@ import torch
 import torch.distributed as dist
 
 from engines.batch import Batch
-from kvbench.model_runner import ModelRunner
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.parallel.channel import Channel, Command, Mirror, decode_forward, decode_mirror
 from kvbench.parallel.launcher import HOST, NVLS_OFF, WorkerArgs, agree, connect
 from kvbench.parallel.layers import TensorParallel
 from kvbench.parallel.shard import build_shard
+from kvbench.real.model_runner import ModelRunner
 
 
 def main(args: WorkerArgs) -> None:

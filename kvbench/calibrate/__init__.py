@@ -1,0 +1,3 @@
+"""Fitting the cost model to real runs (`fit`) and checking a fitted model against held-out
+runs (`check`).
+"""

@@ -1,0 +1,251 @@
+"""The `kvbench` command line.
+
+User mistakes surface as `error: <one line naming the parameter>` with exit code 2; a
+traceback means a kvbench bug.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from engines import ENGINES
+from kvbench.budget import GPUS
+from kvbench.cli import calibrate as cli_calibrate
+from kvbench.cli import kernels as cli_kernels
+from kvbench.cli import options as opt
+from kvbench.cli import report as cli_report
+from kvbench.cli import reproduce as cli_reproduce
+from kvbench.cli import sweep as cli_sweep
+from kvbench.cli import trace as cli_trace
+from kvbench.config import DEFAULT_GPU, RunConfig, check_real_options
+from kvbench.errors import KvbenchError
+from kvbench.flags import RealOptions
+from kvbench.models import MODELS
+from kvbench.plugins import EXTERNAL
+from workloads.presets import PRESETS
+from workloads.spec import WorkloadSpec, dropped_line
+
+app = typer.Typer(
+    help="Measure how KV-cache allocation strategies change what one GPU can serve.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    add_completion=False,
+)
+
+
+def _choices(names) -> str:
+    return ", ".join(names)
+
+
+def _job(
+    workload: WorkloadSpec,  # the workload flags, see cli_options.with_workload
+    real: RealOptions | None,  # None: simulate; else the real-run flags (options.with_real)
+    engine: Annotated[
+        str, typer.Option(help=f"Engine: {_choices(ENGINES)}; for real runs also {_choices(EXTERNAL)}.")
+    ],
+    out: Annotated[Path, typer.Option(help="Folder for config.json, steps.csv, requests.csv, summary.json.")],
+    model: Annotated[str, typer.Option(help=f"Model preset: {_choices(MODELS)}.")] = "opt-13b",
+    kv_cache_gib: Annotated[
+        float | None, typer.Option(help="KV budget in GiB (default: derived from --emulate-gpu).")
+    ] = None,
+    emulate_gpu: Annotated[
+        str,
+        typer.Option(
+            help=f"GPU whose memory sizes the budget and whose roofline sets step times: {_choices(GPUS)}."
+        ),
+    ] = DEFAULT_GPU,
+    gpu_memory_utilization: Annotated[
+        float, typer.Option(help="Share of GPU memory a server may use.")
+    ] = 0.9,
+    block_size: Annotated[int, typer.Option(help="Paged engines: slots per block (power of two).")] = 16,
+    max_num_seqs: Annotated[
+        int | None, typer.Option(help="Cap on running requests (default 256; static: memory-bound).")
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None,
+        typer.Option(help="Continuous engines: prompt tokens per prefill step (default max(max len, 2048))."),
+    ] = None,
+    contiguous_fit: Annotated[str, typer.Option(help="Contiguous engines: buddy or first-fit.")] = "buddy",
+    watermark: Annotated[
+        float, typer.Option(help="Paged engines: share of blocks kept free at admission.")
+    ] = 0.01,
+    preemption: Annotated[
+        str, typer.Option(help="Paged engines: recompute, or swap blocks to host memory.")
+    ] = "recompute",
+    swap_space_gib: Annotated[float, typer.Option(help="Paged engines: host memory for swapping.")] = 4.0,
+    vmm_layout: Annotated[
+        str,
+        typer.Option(
+            help="vmm: per-layer (vAttention's: a virtual tensor per layer for K and V) or per-request "
+            "(one range holding every layer of a request)."
+        ),
+    ] = "per-layer",
+    vmm_page_kib: Annotated[
+        int, typer.Option(help="vmm: physical page in KiB (2048: the driver's page; smaller is simulated).")
+    ] = 2048,
+    cost_model: Annotated[
+        str | None, typer.Option(help="Cost model fitted to real runs (kvbench calibrate's JSON).")
+    ] = None,
+    cost_fixed_s: Annotated[float | None, typer.Option(help="Cost model: seconds per step.")] = None,
+    cost_per_token_s: Annotated[float | None, typer.Option(help="Cost model: seconds per token fed.")] = None,
+    cost_per_kv_token_s: Annotated[
+        float | None, typer.Option(help="Cost model: seconds per context token attended.")
+    ] = None,
+    step_by_step: Annotated[
+        bool, typer.Option(help="One row per step instead of coalescing identical decode steps.")
+    ] = False,
+    percentiles: Annotated[
+        str, typer.Option(help="Percentiles in (0, 100] of TTFT, TPOT, ITL, E2EL, queueing in summary.json.")
+    ] = "50,90,99",
+    slo: Annotated[
+        str | None,
+        typer.Option(help="Goodput: seconds per objective, e.g. ttft=0.5,tpot=0.05,e2el=20 (all must hold)."),
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace the kvbench run already in --out.")] = False,
+) -> None:
+    """Drive a trace through one engine: simulated (cost model) or real (the model on a device)."""
+    from kvbench.metrics.summary import parse_percentiles, parse_slo
+    from kvbench.results.outputs import prepare_out
+    from kvbench.simulate import simulate as run_simulation
+    from kvbench.simulate import write_result
+
+    if real is None and engine in EXTERNAL:
+        raise KvbenchError(f"--engine {engine}: external engines only run for real (kvbench run)")
+    if workload.rate is None and workload.arrivals is None and workload.source in PRESETS:
+        workload = replace(workload, rate=1.0)  # presets have no timestamps; 1 req/s unless told
+    config = RunConfig(
+        engine=engine, model=model, workload=workload, kv_cache_gib=kv_cache_gib, emulate_gpu=emulate_gpu,
+        gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, contiguous_fit=contiguous_fit, watermark=watermark,
+        preemption=preemption, swap_space_gib=swap_space_gib,
+        vmm_layout=vmm_layout, vmm_page_kib=vmm_page_kib, cost_model=cost_model, cost_fixed_s=cost_fixed_s,
+        cost_per_token_s=cost_per_token_s, cost_per_kv_token_s=cost_per_kv_token_s,
+        percentiles=parse_percentiles(percentiles), slo=parse_slo(slo), **(asdict(real) if real else {}),
+    )  # fmt: skip
+    prepare_out(out, "run", overwrite)  # before the work: a bad --out fails now, not after it
+    start = time.perf_counter()
+    if real is None:
+        result = run_simulation(config, coalesce=not step_by_step)
+    else:
+        from kvbench.real.run import run_real
+
+        check_real_options(config)  # before the model loads (prepare checks it again)
+        result = run_real(config, coalesce=not step_by_step)
+    write_result(result, out)
+    s = result.summary
+    typer.echo(
+        f"{engine}: {s['completed']}/{s['num_requests']} requests in {s['makespan_s']:.1f} s {s['mode']} "
+        f"({time.perf_counter() - start:.2f} s wall), {s['request_throughput']:.2f} req/s, "
+        f"{s['mean_batched_requests']:.1f} batched, "
+        f"normalized latency {s['normalized_latency_s']:.3f} s/token, "
+        f"{s.get('num_preemptions') or 0} preemptions\n{_occupancy_lines(s)}\n"
+        f"  results: {out}"
+    )
+    if "goodput" in s:
+        typer.echo(f"  goodput: {s['goodput']:.2f} req/s ({100 * s['goodput_fraction']:.1f}% met {slo})")
+    if dropped_line(s):
+        typer.echo(f"  {dropped_line(s)}")
+
+
+def _occupancy_lines(summary: dict) -> str:
+    """Both weightings of the occupancy, each labelled: over the busy time, and over the time some
+    request waited for memory (Figure 2's, which `compare` and the report show)."""
+
+    def line(label: str, key: str, absent: str) -> str:
+        shares = summary.get(key) or {}
+        text = "  ".join(f"{k} {100 * v:.1f}%" for k, v in shares.items())
+        return f"  occupancy, {label}: {text or absent}"
+
+    return "\n".join((
+        line("busy-weighted", "occupancy", "not observable"),
+        line("saturated-weighted (while requests wait for memory)", "occupancy_saturated", "never saturated"),
+    ))  # fmt: skip
+
+
+app.command(
+    "simulate", short_help="Simulate one engine on a trace: real allocator and scheduler, modelled time."
+)(opt.user_errors(opt.with_workload(opt.without(_job, real=None))))
+app.command("run", short_help="Run one engine on a trace with real decoding, measuring step times.")(
+    opt.user_errors(opt.with_workload(opt.with_real(_job)))
+)
+
+
+@app.command(short_help="Every engine side by side, beside the paper's numbers, ending with a report.")
+@opt.user_errors
+def demo(
+    out: Annotated[
+        Path, typer.Option(help="Folder for each engine's results, demo.md and the report.")
+    ] = Path("runs/demo"),
+    mode: Annotated[
+        str, typer.Option(help="auto (real decoding on a CUDA GPU, else simulated), simulate or real.")
+    ] = "auto",
+    num_requests: Annotated[
+        int | None, typer.Option(help="Requests in the trace (default: 1000 simulated, 100 real).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the trace.")] = 0,
+) -> None:
+    """Every engine on the same trace and KV budget; simulated on CPU, real on a GPU; then the report."""
+    from kvbench.demo import REAL, format_table, run_demo
+    from kvbench.report.build import write_report
+
+    if mode not in ("auto", "simulate", "real"):
+        raise KvbenchError(f"--mode {mode!r}: choose auto, simulate or real")
+    real = mode == "real" or (mode == "auto" and opt.has_cuda())
+    default = 100 if real else 1000
+    count = default if num_requests is None else num_requests  # 0 is refused (flag_ranges), not replaced
+    if real:
+        typer.echo(
+            f"Real decoding on the GPU: {count} sharegpt-paper requests at {REAL['rate']:g} req/s, "
+            f"{REAL['model']} with {REAL['kv_cache_gib']:g} GiB of KV (16,384 slots, as the paper's "
+            "OPT-13B with 12 GiB); about two minutes...\n"
+        )
+    else:
+        typer.echo(
+            f"Simulating {count} sharegpt-paper requests at 2 req/s on OPT-13B with 12 GiB of KV cache "
+            "(the paper's A100-40GB setting)...\n"
+        )
+    rows = run_demo(out, num_requests=count, seed=seed, real=real)
+    typer.echo(format_table(rows))
+    html, _ = write_report([out], out / "report")
+    typer.echo(
+        "\nkvbench (paper): mean batched requests as in Figure 13; occupancy % as in Figure 2, "
+        "time-weighted while requests wait.\n"
+        f"Results: {out}/<engine>/ (config.json, steps.csv, requests.csv, summary.json), {out}/demo.md\n"
+        f"Report: {html}"
+    )
+
+
+app.add_typer(cli_trace.app, name="trace")
+
+
+app.command("kernels", short_help=cli_kernels.SHORT_HELP)(cli_kernels.kernels)
+app.command("sweep", short_help=cli_sweep.SHORT_HELP)(cli_sweep.command(_job))
+cli_report.register(app)
+cli_reproduce.register(app)
+cli_calibrate.register(app)
+
+
+# click's own usage errors (an unknown option, `--seed abc`), found by walking up from a class
+# typer exports: typer vendors click in some versions and re-exports it in others
+_USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def main() -> None:
+    """The `kvbench` script: click's usage errors, too, become one `error:` line and exit code 2."""
+    try:
+        code = app(standalone_mode=False)
+    except _USAGE_ERROR as error:
+        typer.echo(f"error: {' '.join(error.format_message().split())}", err=True)
+        sys.exit(2)
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+

@@ -1,0 +1,126 @@
+"""What the CLI's commands share: the workload options and error handling.
+
+`with_workload` gives a command every workload flag (`--trace`, `--rate`, `--prefix`, ...)
+and hands it one frozen `WorkloadSpec` instead, so `simulate` and `trace make` cannot drift
+apart and config.json records exactly what was asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Annotated, Any
+
+import typer
+
+from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import check_burstiness, check_flags, check_workload
+from kvbench.flags import REAL_FLAGS, WORKLOAD_FLAGS, Flag, RealOptions
+from workloads.spec import WorkloadSpec
+
+_PANEL = "Workload"
+
+
+def _parameter(flag: Flag, default: Any) -> inspect.Parameter:
+    """This flag as a keyword parameter typer reads as an option."""
+    names = (flag.flag,) if flag.flag else ()
+    option = typer.Option(*names, help=flag.help, rich_help_panel=_PANEL)
+    return inspect.Parameter(
+        flag.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[flag.kind, option]
+    )
+
+
+def _argument(flag: Flag) -> inspect.Parameter:
+    """This flag as the command's required positional argument (`trace make SPEC`)."""
+    return inspect.Parameter(
+        "spec",
+        inspect.Parameter.KEYWORD_ONLY,
+        annotation=Annotated[flag.kind, typer.Argument(help=flag.help)],
+    )
+
+
+def _with_group(command, name: str, cls: type, flags: tuple[Flag, ...], source_argument: bool = False):
+    """Append `flags` to `command`'s options and call it with `name=cls(**flag values)`.
+
+    Typer reads a command's options from its signature, so the wrapper advertises the command's
+    own parameters (minus `name`) plus one keyword parameter per flag, defaulting to `cls`'s
+    defaults. With `source_argument`, the `source` flag becomes the positional SPEC.
+    """
+    defaults = cls()
+    params = [
+        _argument(flag)
+        if source_argument and flag.field == "source"
+        else _parameter(flag, getattr(defaults, flag.field))
+        for flag in flags
+    ]
+    fields = {param.name: flag.field for param, flag in zip(params, flags, strict=True)}
+    own = inspect.signature(command, eval_str=True)
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        group = cls(**{fields[key]: kwargs.pop(key) for key in fields})
+        if isinstance(group, WorkloadSpec):
+            check_workload(group)  # flags one another would silently undo (--arrivals all --rate 5)
+            check_burstiness(group)
+        return command(**{name: group}, **kwargs)
+
+    kept = [p for p in own.parameters.values() if p.name != name]
+    wrapper.__signature__ = own.replace(parameters=kept + params)
+    wrapper.__annotations__ = {p.name: p.annotation for p in kept + params}
+    return wrapper
+
+
+def with_workload(command=None, *, source_argument: bool = False, omit: tuple[str, ...] = ()):
+    """The workload flags (`--trace`, `--rate`, ...), passed as `workload=WorkloadSpec(...)`.
+
+    `omit`: WorkloadSpec fields left out of the flags (at their defaults), for a command that
+    sets them otherwise (`sweep` takes lists: `--rates`, `--seeds`, repeated `--trace`).
+    """
+    if command is None:
+        return functools.partial(with_workload, source_argument=source_argument, omit=omit)
+    flags = tuple(flag for flag in WORKLOAD_FLAGS if flag.field not in omit)
+    return _with_group(command, "workload", WorkloadSpec, flags, source_argument)
+
+
+def with_real(command):
+    """The real-run flags (`--device`, `--dtype`, ...), passed as `real=RealOptions(...)`."""
+    return _with_group(command, "real", RealOptions, REAL_FLAGS)
+
+
+def without(command, **fixed):
+    """`command` with parameters `fixed` removed from its options and given these values."""
+    own = inspect.signature(command, eval_str=True)
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        return command(**fixed, **kwargs)
+
+    kept = [p for p in own.parameters.values() if p.name not in fixed]
+    wrapper.__signature__ = own.replace(parameters=kept)
+    wrapper.__annotations__ = {p.name: p.annotation for p in kept}
+    return wrapper
+
+
+def user_errors(command):
+    """Check every numeric flag's range (`kvbench.flag_ranges`) before the command runs, and
+    turn a KvbenchError into `error: <one line>` on stderr and exit code 2."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            check_flags(kwargs)
+            return command(*args, **kwargs)
+        except KvbenchError as error:
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def has_cuda() -> bool:
+    """Whether torch is installed and sees a CUDA GPU (imported only to ask)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()

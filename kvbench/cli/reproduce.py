@@ -1,0 +1,61 @@
+"""`kvbench reproduce`: the command line of `kvbench.reproduce.run`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvbench.cli import options as opt
+from kvbench.errors import KvbenchError
+
+SHORT_HELP = "Run the paper's figures (2, 12-19) and its claims, every number beside the paper's."
+
+
+def reproduce(
+    figures: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Figures: fig2, fig13, fig12, fig14, fig15, fig16, fig17, fig18b, fig19, claims "
+            "(default: all)."
+        ),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Folder: <figure>/, claims.md, reproduce.md.")] = Path(
+        "runs/reproduce"
+    ),
+    quick: Annotated[
+        bool, typer.Option(help="Fewer requests and rates: minutes, simulated on a CPU or real on one GPU.")
+    ] = False,
+    mode: Annotated[
+        str, typer.Option(help="auto (real decoding on a CUDA GPU, else simulated), simulate or real.")
+    ] = "auto",
+    cost_model: Annotated[
+        str | None, typer.Option(help="Simulate with this `kvbench calibrate` file instead of the roofline.")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="Real runs' model: opt-125m (default with --quick) or opt-1.3b (default without)."),
+    ] = None,
+    num_requests: Annotated[int | None, typer.Option(hidden=True, help="Requests per run (tests).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the traces.")] = 0,
+) -> None:
+    """Run, collect and report the paper's figures; kvbench's numbers beside the paper's."""
+    from kvbench.reproduce.rows import Options
+    from kvbench.reproduce.run import parse_figures, run_reproduce, setting_for
+
+    names = parse_figures(figures or [])
+    if mode not in ("auto", "simulate", "real"):
+        raise KvbenchError(f"--mode {mode!r}: choose auto, simulate or real")
+    if num_requests is not None and num_requests < 1:
+        raise KvbenchError(f"--num-requests must be at least 1, got {num_requests}")
+    real = mode == "real" or (mode == "auto" and cost_model is None and opt.has_cuda())
+    options = Options(quick, setting_for(real, cost_model, quick=quick, model=model), num_requests, seed)
+    start = time.perf_counter()
+    run_reproduce(names, options, out, echo=typer.echo)
+    typer.echo(f"done in {time.perf_counter() - start:.0f} s: {out / 'reproduce.md'}, {out / 'claims.md'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("reproduce", short_help=SHORT_HELP)(opt.user_errors(reproduce))

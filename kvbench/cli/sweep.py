@@ -1,0 +1,196 @@
+"""`kvbench sweep`: the command line of `kvbench.sweep.run`.
+
+Its options are the sweep's own (the axes as comma-separated lists, resume and failure
+handling, the sustained-rate search), the workload flags less the three that become axes
+(`--trace` repeated, `--seeds`, `--rates`), the real-run flags (used with `--real`), and every
+option of the single-run job that is not an axis (`--model`, `--emulate-gpu`, `--slo`, ...),
+borrowed from its signature so `simulate`, `run` and `sweep` cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvbench.cli import options as opt
+from kvbench.errors import KvbenchError
+from kvbench.flags import RealOptions
+from kvbench.sweep.grid import PAPER_ENGINES
+from workloads.spec import WorkloadSpec
+
+SHORT_HELP = "Sweep engines x rates x block sizes x budgets x seeds x traces; find sustained rates."
+_AXES = ("engine", "block_size", "kv_cache_gib")  # the job's single values the sweep takes as lists
+_JOB_ONLY = ("workload", "real", "out", "overwrite", *_AXES)
+
+
+def _sweep(
+    workload: WorkloadSpec,
+    real: RealOptions,
+    job_options: dict,  # the single-run options (`command` borrows them from the job)
+    out: Annotated[Path, typer.Option(help="Sweep folder: sweep.json, sweep.csv, sustained.csv, cells/.")],
+    engines: Annotated[str, typer.Option(help="Comma-separated engines, or all.")] = ",".join(PAPER_ENGINES),
+    trace: Annotated[
+        list[str] | None, typer.Option(help="Workload spec (as simulate's --trace); repeat for several.")
+    ] = None,
+    rates: Annotated[
+        str | None, typer.Option(help="Comma-separated requests/s (default: the trace's timestamps or 1).")
+    ] = None,
+    block_sizes: Annotated[str, typer.Option(help="Comma-separated block sizes.")] = "16",
+    kv_cache_gib: Annotated[
+        str | None, typer.Option(help="Comma-separated KV budgets in GiB (default: from --emulate-gpu).")
+    ] = None,
+    seeds: Annotated[str, typer.Option(help="Comma-separated workload seeds.")] = "0",
+    repeats: Annotated[int, typer.Option(help="Runs per cell, seeds shifted by 1000, for 95 % CIs.")] = 1,
+    real_mode: Annotated[
+        bool, typer.Option("--real/--simulate", help="Real decoding (kvbench run) or the simulator.")
+    ] = False,
+    isolate: Annotated[bool, typer.Option(help="Run each cell in its own kvbench process.")] = False,
+    cell_timeout: Annotated[float | None, typer.Option(help="--isolate: stop a cell after seconds.")] = None,
+    resume: Annotated[bool, typer.Option(help="Skip the cells already finished in --out.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace the sweep already in --out.")] = False,
+    continue_on_error: Annotated[
+        bool, typer.Option(help="Record a failing cell in sweep.csv and go on (default: stop).")
+    ] = False,
+    latency_threshold: Annotated[
+        float | None,
+        typer.Option(help="Sustained rate: normalized latency (s/token) to stay under (default: see below)."),
+    ] = None,
+    threshold_multiple: Annotated[
+        float, typer.Option(help="Default threshold: this many times the unloaded normalized latency.")
+    ] = 4.0,
+    bisect: Annotated[int, typer.Option(help="Extra rates per engine between last pass and first fail.")] = 0,
+    baseline_rate: Annotated[
+        float, typer.Option(help="Unloaded baseline: requests/s, evenly spaced, so each runs alone.")
+    ] = 0.001,
+    baseline_requests: Annotated[int, typer.Option(help="Unloaded baseline: requests it runs.")] = 50,
+    executor: Annotated[
+        str, typer.Option(help="Where cells run: local (this machine) or ray (a Ray cluster).")
+    ] = "local",
+    parallel_gpus: Annotated[
+        int, typer.Option(help="local: run this many cells at once, each in its own process on its own GPU.")
+    ] = 1,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="ray: the cluster's HOST:PORT (default: `ray start`'s here, else a local one)."),
+    ] = None,
+    ray_retries: Annotated[int, typer.Option(help="ray: reruns of a cell whose worker or node died.")] = 3,
+) -> None:
+    """A grid of simulated (or real) runs, one folder per cell, resumable; sustained rates per engine."""
+    from kvbench.config import RunConfig, prepare
+    from kvbench.metrics.summary import parse_percentiles, parse_slo
+    from kvbench.sweep.cell import CellRun
+    from kvbench.sweep.grid import (
+        Axes,
+        Baseline,
+        grid_cells,
+        parse_block_sizes,
+        parse_budgets,
+        parse_engines,
+        parse_rates,
+        parse_seeds,
+        parse_traces,
+    )
+    from kvbench.sweep.plan import SustainedOptions, SweepPlan
+    from kvbench.sweep.run import run_sweep
+
+    axes = Axes(
+        parse_engines(engines, real_mode), parse_traces(trace), parse_rates(rates),
+        parse_block_sizes(block_sizes), parse_budgets(kv_cache_gib), parse_seeds(seeds), repeats,
+    )  # fmt: skip
+    _check_counts(repeats, bisect, threshold_multiple, latency_threshold, baseline_rate, baseline_requests)
+    if not axes.swept_rates and (bisect or latency_threshold is not None):
+        raise KvbenchError("--bisect and --latency-threshold look for a sustained rate: give --rates")
+    options = dict(job_options)
+    step_by_step = options.pop("step_by_step")
+    percentiles, slo = parse_percentiles(options.pop("percentiles")), parse_slo(options.pop("slo"))
+    real_fields = asdict(real) if real_mode else {}
+    base = RunConfig(
+        axes.engines[0], workload=workload, percentiles=percentiles, slo=slo, **options, **real_fields
+    )
+    baseline = Baseline(baseline_rate, baseline_requests)
+    plan = SweepPlan(
+        axes, base, CellRun(real_mode, isolate, step_by_step, cell_timeout),
+        SustainedOptions(latency_threshold, threshold_multiple, bisect, baseline), continue_on_error,
+    )  # fmt: skip
+    if not real_mode and not continue_on_error:
+        prepare(plan.config(grid_cells(axes)[0]))  # a mistyped setting fails now, not in the first cell
+    start = time.perf_counter()
+    where = _executor(executor, parallel_gpus, ray_address, ray_retries, real.device if real_mode else None)
+    try:
+        result = run_sweep(plan, out, resume=resume, overwrite=overwrite, executor=where)
+    finally:
+        where.close()
+    typer.echo(
+        f"sweep: {len(result.rows)} cells ({result.ran} run, {result.resumed} resumed, "
+        f"{result.failed} failed) in {time.perf_counter() - start:.1f} s: {out / 'sweep.csv'}"
+    )
+    for row in result.sustained:
+        rate = f"{row['sustained_rate']:g} req/s" if row["sustained_rate"] is not None else "none"
+        threshold = row["latency_threshold_s"]
+        limit = f"under {threshold:.4g} s/token" if threshold is not None else "no threshold"
+        typer.echo(f"  sustained {row['engine']} ({row['trace']}, bs {row['block_size']}): {rate}, {limit}")
+    if result.sustained:
+        typer.echo(f"  {out / 'sustained.csv'}")
+
+
+def _executor(name: str, parallel_gpus: int, ray_address: str | None, ray_retries: int, device: str | None):
+    """The executor the flags ask for; bad combinations stop here, before anything runs."""
+    from kvbench.sweep.executor import LocalExecutor
+
+    if name not in ("local", "ray"):
+        raise KvbenchError(f"--executor must be local or ray, got {name!r}")
+    if name == "local" and ray_address is not None:
+        raise KvbenchError("--ray-address needs --executor ray")
+    if name == "ray" and parallel_gpus != 1:
+        raise KvbenchError("--parallel-gpus is the local executor's: Ray gives each cell its own GPU itself")
+    if parallel_gpus < 1:
+        raise KvbenchError(f"--parallel-gpus must be an integer >= 1, got {parallel_gpus}")
+    if ray_retries < 0:
+        raise KvbenchError(f"--ray-retries must be an integer >= 0, got {ray_retries}")
+    pinned = device is not None and device.startswith("cuda:")
+    if pinned and (name == "ray" or parallel_gpus > 1):
+        raise KvbenchError(f"--device {device}: each cell gets one GPU of its own, give --device cuda")
+    if name == "local":
+        return LocalExecutor(parallel_gpus)
+    from kvbench.sweep.ray_executor import RayExecutor
+
+    return RayExecutor(ray_address, ray_retries)
+
+
+def _check_counts(repeats, bisect, multiple, threshold, baseline_rate, baseline_requests) -> None:
+    for flag, ok, value, what in (
+        ("--repeats", repeats >= 1, repeats, "an integer >= 1"),
+        ("--bisect", bisect >= 0, bisect, "an integer >= 0"),
+        ("--threshold-multiple", multiple > 0, multiple, "positive"),
+        ("--latency-threshold", threshold is None or threshold > 0, threshold, "positive"),
+        ("--baseline-rate", baseline_rate > 0, baseline_rate, "positive"),
+        ("--baseline-requests", baseline_requests >= 1, baseline_requests, "an integer >= 1"),
+    ):
+        if not ok:
+            raise KvbenchError(f"{flag} must be {what}, got {value}")
+
+
+def command(job):
+    """The sweep command, with every option of `job` (simulate/run's) that is not a sweep axis."""
+    borrowed = [
+        p for p in inspect.signature(job, eval_str=True).parameters.values() if p.name not in _JOB_ONLY
+    ]
+    own = inspect.signature(_sweep, eval_str=True)
+    names = {p.name for p in borrowed}
+
+    @functools.wraps(_sweep)
+    def wrapper(**kwargs):
+        job_options = {name: kwargs.pop(name) for name in names}
+        return _sweep(job_options=job_options, **kwargs)
+
+    params = [p for p in own.parameters.values() if p.name != "job_options"] + borrowed
+    wrapper.__signature__ = own.replace(parameters=params)
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    sweep = opt.with_workload(opt.with_real(wrapper), omit=("source", "seed", "rate"))
+    return opt.user_errors(sweep)

@@ -1,0 +1,335 @@
+"""The real runner: a scheduled batch through the model, on the device, timed.
+
+Every engine uses this same runner; only the addressing differs (a block table or an extent,
+straight from the engine's allocator). A prefill step runs eagerly; a decode segment of k
+steps stays on the device (`kvbench.real.decode_loop`, CUDA graphs where available) and syncs once,
+unless an arrival may cut it, when each step is checked against the arrival.
+
+Step times are wall time: a segment's steps sum exactly to the time from the start of input
+preparation to the sampled tokens being on the host, so host-side overhead counts. On CUDA
+the steps are split by events recorded between them; the first step carries the host work.
+
+A virtual step clock (`clock=`, a `CostModel`) replaces measured times by modelled ones: the
+model still decodes every token, but the durations the engine sees, and where a segment is cut
+at the next arrival, come from the cost model (`CostModelRunner`, the simulator's own pricing).
+Why: with wall time, whether a request is preempted, swapped or admitted beside another depends
+on how fast the machine is at that moment; a test of those schedules would pass or fail with the
+load on the box. With a virtual clock a real run's schedule is a function of its inputs.
+
+Sequence groups (`engines.groups`): a step with beams runs one decode step (graphed where the
+runner was built with `keep_logits`, else eager) and hands each beam's candidates, ranked from
+that step's logits, back (`kvbench.real.sampling`), as does a prefill for its beams and for a
+parallel-sampling prompt (every sample's first token).
+K/V copies the allocator asked for (copy-on-write blocks, contiguous forks' slot ranges) are
+made before the step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engines.allocator import BlockTable, Extent, KVAllocator
+from engines.scheduler import Batch
+from kvbench.cost_model import CostModel, CostModelRunner
+from kvbench.modeling.arena import KVArena
+from kvbench.modeling.attention import AttentionMetadata, resolve_backend
+from kvbench.modeling.causal_lm import CausalLM
+from kvbench.modeling.sampling import sample
+from kvbench.real.decode_loop import DecodeLoop, block_table_array
+from kvbench.real.kv_copies import ArenaCopies
+from kvbench.real.sampling import branches_of, wants_logits
+from kvbench.requests import Request, group_number
+from kvbench.runner import StepResult
+from kvbench.sequence import Sequence
+
+
+class ModelRunner(ArenaCopies):
+    allocates_ahead = True  # a segment's slots must exist before its steps write them
+
+    def __init__(
+        self, model: CausalLM, arena: KVArena, allocator: KVAllocator, *, max_batch: int, max_len: int,
+        temperature: float = 0.0, seed: int = 0, attention: str = "auto", cuda_graphs: bool = True,
+        keep_logits: bool = False, warm_up: bool = True, clock: CostModel | None = None,
+    ) -> None:  # fmt: skip
+        self.model = model
+        # None: steps last what they take; a cost model: what it says (see the module docstring)
+        self.clock = None if clock is None else CostModelRunner(clock)
+        self.arena = arena
+        self.allocator = allocator
+        self.temperature = temperature
+        self.seed = seed
+        self.device = arena.k.device
+        self.backend = resolve_backend(attention, self.device)
+        paged = hasattr(allocator, "block_size")
+        self.decoder = DecodeLoop(
+            model, arena, max_batch=max_batch, max_len=max_len,
+            block_size=allocator.block_size if paged else 0, paged=paged,
+            backend=self.backend, temperature=temperature, seed=seed, keep_logits=keep_logits,
+        )  # fmt: skip
+        # graphs need kernels that read context lengths on the device (the reference syncs)
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda" and self.backend == "triton"
+        if self.cuda_graphs:
+            self.decoder.capture()
+        if warm_up and self.device.type == "cuda":
+            self.warm_up()
+        self._prompts: dict[int, np.ndarray] = {}  # request id -> prompt token ids
+        self._host = self._swap_space()  # made now: pinning takes seconds
+
+    def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
+        if self.clock is None:
+            return self._execute(batch, max_steps, until_s - start_s)
+        # virtual: the steps the cost model prices, cut where it puts the next arrival (the
+        # wall-clock rule, `step_ends`), then decoded for real; a prefill or a beam step is one
+        one = batch.is_prefill or (batch.has_groups and wants_logits(batch.seqs))
+        durations = self.clock.run(batch, 1 if one else max_steps, start_s, until_s).durations  # (k,)
+        result = self._execute(batch, len(durations), math.inf)
+        return StepResult(durations, result.tokens, result.branches)
+
+    def _execute(self, batch: Batch, max_steps: int, budget_s: float) -> StepResult:
+        """Run `batch` on the device, timed: a decode segment of up to `max_steps` steps stops
+        after the first step ending `budget_s` or more after the call began."""
+        start = time.perf_counter()
+        self._swap(batch)
+        self._copy_blocks(batch.block_copies)
+        self._copy_slots(batch.slot_copies)
+        if batch.is_prefill:
+            tokens, branches = self._prefill(batch)
+            return StepResult(np.array([time.perf_counter() - start]), [[t] for t in tokens], branches)
+        if batch.has_groups and wants_logits(batch.seqs):
+            return self._decode_with_logits(batch, start)
+        return self._decode(batch, max_steps, start, budget_s)
+
+    # ------------------------------------------------------------------ prefill
+    def _prefill(self, batch: Batch) -> tuple[list[int], dict | None]:
+        ids, positions, slots, seqlens = [], [], [], []
+        addressing = [self.allocator.addressing(seq) for seq in batch.seqs]
+        for seq, where in zip(batch.seqs, addressing, strict=True):
+            lo, hi = seq.num_computed, seq.num_tokens
+            pos = np.arange(lo, hi)  # [n] positions computed in this step
+            ids.append(self._token_ids(seq, lo, hi))
+            positions.append(pos)
+            slots.append(_slots(where, pos))
+            seqlens.append(hi - lo)
+        dev = self.device
+        cu = torch.tensor(np.concatenate([[0], np.cumsum(seqlens)]), device=dev)  # [B + 1]
+        input_ids, pos, slot_mapping = pad_prefill(
+            *(torch.from_numpy(np.concatenate(parts)).to(dev) for parts in (ids, positions, slots))
+        )  # [T + pad] each
+        context = torch.tensor([seq.num_tokens for seq in batch.seqs], dtype=torch.int32, device=dev)  # [B]
+        meta = AttentionMetadata(
+            True, slot_mapping, cu, context,
+            max_new=max(seqlens), backend=self.backend, **_addressing(addressing, dev),
+        )  # fmt: skip
+        with torch.inference_mode():
+            logits = self.model(input_ids, pos, meta, self.arena)  # [B, V]
+            last = pos[cu[1:] - 1]  # [B] position of each sampled token's input
+            keys = torch.tensor([seq.sample_key for seq in batch.seqs], device=dev)
+            tokens = sample(logits, self.temperature, self.seed, keys, last).tolist()
+            if not batch.has_groups:
+                return tokens, None
+            return tokens, branches_of(batch.seqs, logits, last, self.temperature, self.seed)
+
+    def warm_up(self) -> None:
+        """Run the prefill path once before any step is timed: one sequence of 16 padding tokens
+        (slot -1: nothing is stored; attention reads block 0, or slots 0-15, and writes nothing),
+        its output dropped.
+
+        Why: Triton compiles a kernel the first time it meets a variant, and the decode graphs'
+        capture compiles only the decode path. On a fresh H200 the paged prefill kernel's first
+        call took 806 ms inside the first timed step of a Figure 2 run, with every request
+        waiting; with a recompile 403 ms later (see `kernels.extend_attention`), it cut paged's
+        token-state share from about 97 % to 84 %.
+        """
+        dev, tokens = self.device, 16
+        ids = torch.zeros(tokens, dtype=torch.int64, device=dev)  # [T]
+        if self.decoder.paged:
+            size = self.allocator.block_size
+            where = BlockTable((0,) * -(-tokens // size), size)  # block 0 for every position
+        else:
+            where = Extent(0, tokens, tokens)
+        context = torch.tensor([tokens], dtype=torch.int32, device=dev)  # [1]
+        meta = AttentionMetadata(
+            True, torch.full_like(ids, -1), torch.tensor([0, tokens], device=dev), context,
+            max_new=tokens, backend=self.backend, **_addressing([where], dev),
+        )  # fmt: skip
+        with torch.inference_mode():
+            self.model(ids, torch.arange(tokens, device=dev), meta, self.arena)
+
+    # ------------------------------------------------------------------ decode segments
+    def _decode(self, batch: Batch, max_steps: int, start: float, budget_s: float) -> StepResult:
+        """Up to `max_steps` steps; stop after the first ending `budget_s` or more after `start`."""
+        seqs = batch.seqs
+        loop = self.decoder
+        rows = self._load(seqs)
+        out = torch.empty((max_steps, len(seqs)), dtype=torch.int64, device=self.device)  # [k, B]
+        clock = _StepClock(self.device, start)
+        cut = math.isfinite(budget_s)  # an arrival may end the segment: check each step's end
+        for k in range(1, max_steps + 1):
+            loop.run_step(rows)
+            out[k - 1].copy_(loop.input_ids[: len(seqs)])
+            if clock.mark(wait=cut) >= budget_s:
+                break
+        tokens = out[:k].T.tolist()  # [B][k]; waits for the last step
+        return StepResult(clock.durations(), tokens)
+
+    def _decode_with_logits(self, batch: Batch, start: float) -> StepResult:
+        """One decode step whose logits also go to the groups (beam candidates)."""
+        seqs, loop = batch.seqs, self.decoder
+        n = len(seqs)
+        rows = self._load(seqs)
+        clock = _StepClock(self.device, start)
+        with torch.inference_mode():
+            positions = loop.positions[:n].clone()  # [n] the step moves them on
+            logits = loop.run_step(rows, logits=True)[:n]  # [n, V]
+            branches = branches_of(seqs, logits, positions, self.temperature, self.seed)
+            tokens = loop.input_ids[:n].tolist()  # sampled in the step, from the same logits
+        clock.mark(wait=False)
+        return StepResult(clock.durations(), [[t] for t in tokens], branches)
+
+    def _load(self, seqs: tuple[Sequence, ...]) -> int:
+        """Put the batch's inputs into the decode buffers; the rows it runs with."""
+        loop = self.decoder
+        loop.reserve(len(seqs))
+        rows = loop.rows_for(len(seqs))
+        loop.load(
+            rows, [self._last_token(seq) for seq in seqs], [seq.num_tokens - 1 for seq in seqs],
+            [seq.sample_key for seq in seqs], [self.allocator.addressing(seq) for seq in seqs],
+        )  # fmt: skip
+        return rows
+
+    def _last_token(self, seq: Sequence) -> int:
+        """The id at the sequence's last position (its next decode step's input): a beam step
+        loads every row again, so this skips `_token_ids`' slicing."""
+        prompt, last = self.prompt_ids(seq), seq.num_tokens - 1
+        return int(prompt[last]) if last < len(prompt) else seq.output_ids[last - len(prompt)]
+
+    def prompt_ids(self, seq: Sequence) -> np.ndarray:
+        """The trace's prompt ids, or seeded random ids when the trace has only lengths."""
+        request = seq.request
+        cached = self._prompts.get(request.request_id)
+        if cached is None:
+            cached = prompt_token_ids(request, self.model.spec.vocab, self.seed)
+            self._prompts[request.request_id] = cached
+        return cached
+
+    def _token_ids(self, seq: Sequence, lo: int, hi: int) -> np.ndarray:
+        """Ids of positions [lo, hi): prompt first, then the sampled outputs."""
+        prompt = self.prompt_ids(seq)
+        if hi <= len(prompt):
+            return prompt[lo:hi]
+        outputs = np.asarray(seq.output_ids[max(lo - len(prompt), 0) : hi - len(prompt)], dtype=np.int64)
+        return np.concatenate([prompt[lo:], outputs]) if lo < len(prompt) else outputs
+
+
+def padded_tokens(tokens: int) -> int:
+    """A prefill's token count (at least 1) rounded up to a bucket: a multiple of 16 up to 255
+    tokens, then of 1/16 of the largest power of two not above the count (so at most 15 more
+    rows below 256 tokens and at most 1/16 more above; 16 buckets per doubling).
+
+    Why: an eager prefill's GEMMs would see a new row count nearly every step, and a row count
+    cuBLAS has not seen costs it a fresh algorithm choice on the host: 235-370 us per linear on
+    the H200 against 14 us for a seen one; an OPT-125M prefill forward of about 1,050 tokens
+    took 6.15 ms with a new count each time and 3.41 ms with the counts bucketed
+    (`benchmarks/prefill_shapes.py`, results/reference/quick-opt-125m/probe/prefill_shapes.txt).
+    The padding rows are computed and dropped: slot -1 (never stored), past every sequence's
+    `cu_seqlens` (never attended as queries, never sampled). Their attention output is left
+    uninitialised, which is harmless because every other op works row by row. Steps still
+    count only the real tokens.
+    """
+    tokens = int(tokens)
+    if tokens < 1:
+        raise ValueError(f"a prefill has at least one token, got {tokens}")
+    granule = max(16, (1 << (tokens.bit_length() - 1)) // 16)
+    return -(-tokens // granule) * granule
+
+
+def pad_prefill(
+    input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A prefill's packed inputs `[T]` each, padded to `padded_tokens(T)` rows: token 0 at
+    position 0, slot -1 (never stored)."""
+    pad = padded_tokens(len(input_ids)) - len(input_ids)
+    return F.pad(input_ids, (0, pad)), F.pad(positions, (0, pad)), F.pad(slots, (0, pad), value=-1)
+
+
+def prompt_token_ids(request: Request, vocab: int, seed: int) -> np.ndarray:
+    """(prompt_len,) int64: the trace's prompt ids, or seeded random ids when it has only lengths
+    (the same for every engine, external ones included).
+
+    The first `prefix_len` random ids of a prefix group come from the group's own seed, so every
+    request of the group (every uncut turn of a conversation) starts with the same tokens: a
+    prefix cache hit then holds exactly the K/V the request would have computed.
+    """
+    if request.prompt_ids is not None:
+        return np.asarray(request.prompt_ids, dtype=np.int64)
+    ids = np.random.default_rng([seed, request.request_id]).integers(0, vocab, request.prompt_len)
+    if request.prefix_group is not None and request.prefix_len:
+        # [seed, request id] and [seed, group, 1] never name the same seed sequence
+        shared = np.random.default_rng([seed, group_number(request.prefix_group), 1])
+        ids[: request.prefix_len] = shared.integers(0, vocab, request.prefix_len)
+    return ids
+
+
+def _slots(addressing: Extent | BlockTable, positions: np.ndarray) -> np.ndarray:
+    """Arena slots of `positions` `[n]` under an extent or a block table."""
+    if isinstance(addressing, Extent):
+        return addressing.start + positions
+    blocks = np.asarray(addressing.blocks, dtype=np.int64)
+    return (
+        blocks[positions // addressing.block_size] * addressing.block_size + positions % addressing.block_size
+    )
+
+
+def _addressing(addressing: list[Extent | BlockTable], device: torch.device) -> dict:
+    """Block tables `[B, max_blocks]` (padded with block 0, never read) or extent starts `[B]`."""
+    if isinstance(addressing[0], BlockTable):
+        tables = block_table_array(addressing, len(addressing), max(len(a.blocks) for a in addressing))
+        return {"block_tables": torch.from_numpy(tables).to(device), "block_size": addressing[0].block_size}
+    return {"starts": torch.tensor([a.start for a in addressing], dtype=torch.int64, device=device)}
+
+
+class _StepClock:
+    """Per-step wall times of a decode segment, summing to the segment's wall time.
+
+    CUDA: events between steps (no sync unless asked); the first step also carries the host
+    work before it and the last the wait for the results. CPU: steps are synchronous.
+    """
+
+    def __init__(self, device: torch.device, start: float) -> None:
+        self.start = start
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+        if self.cuda:
+            self.first = torch.cuda.Event(enable_timing=True)
+            self.first.record()
+            self.launched = time.perf_counter()
+
+    def mark(self, *, wait: bool) -> float:
+        """Record the end of a step; with `wait`, block until it ends and return its end time
+        (seconds after `start`), else NaN on CUDA (compares False with any budget)."""
+        if not self.cuda:
+            self.marks.append(time.perf_counter())
+            return self.marks[-1] - self.start
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self.marks.append(event)
+        if not wait:
+            return math.nan
+        event.synchronize()
+        return self.launched - self.start + self.first.elapsed_time(event) / 1e3
+
+    def durations(self) -> np.ndarray:
+        total = time.perf_counter() - self.start
+        if self.cuda:
+            self.marks[-1].synchronize()
+            ends = [self.first.elapsed_time(event) / 1e3 for event in self.marks]
+        else:
+            ends = [t - self.start for t in self.marks]
+        steps = np.diff(np.concatenate(([0.0], ends)))  # (k,)
+        steps[0] += total - float(steps.sum())  # host work before, and the final wait
+        return steps

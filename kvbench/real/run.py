@@ -1,0 +1,158 @@
+"""The run job: the same engines on real decoding, with measured step times.
+
+The model (a preset with seeded random weights, or a local checkpoint) and the KV arena are
+built once on the device; every engine's allocator carves that arena, and `ModelRunner` feeds
+each scheduled batch through the model. Results have the same files as a simulation. With
+`--tensor-parallel N` the model and arena are split over N processes (`kvbench.parallel`);
+this process is rank 0 and the budget, slots and results stay the whole model's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from kvbench.budget import check_device_memory
+from kvbench.config import Prepared, RunConfig, batched_tokens, prepare, resolve_model
+from kvbench.errors import KvbenchError
+from kvbench.modeling.attention import BACKENDS, resolve_backend
+from kvbench.parallel.session import Session, open_session
+from kvbench.parallel.sizes import check_tensor_parallel
+from kvbench.plugins import EXTERNAL
+from kvbench.real.activations import measure_activation_bytes
+from kvbench.real.collectors import CollectingRunner, build_collectors, parse_collectors
+from kvbench.gc_pause import gc_paused
+from kvbench.simulate import RunResult, execute
+from workloads.columns import check_vocabulary
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def resolve_device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise KvbenchError(f"--device {name!r} is not a device (cpu, cuda, cuda:N)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise KvbenchError(f"--device {name}: no CUDA device is available here")
+        if (device.index or 0) >= torch.cuda.device_count():
+            raise KvbenchError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type != "cpu":
+        raise KvbenchError(f"--device {name}: only cpu and cuda are supported")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise KvbenchError(f"unknown --dtype {name!r}; choose one of: auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def run_real(
+    config: RunConfig,
+    *,
+    prepared: Prepared | None = None,
+    coalesce: bool = True,
+    session: Session | None = None,
+) -> RunResult:
+    """Run the config's trace through its engine with real forward passes on `config.device`.
+
+    `session`: an open one holding `config.model` (several runs share one tensor-parallel
+    group); by default the model is built for this run alone.
+    """
+    if config.engine in EXTERNAL:  # transformers' own loops (kvbench/external/)
+        return EXTERNAL[config.engine].run(config, prepared)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    if config.attention not in BACKENDS:
+        raise KvbenchError(f"--attention {config.attention!r}: choose one of {', '.join(BACKENDS)}")
+    collect = parse_collectors(config.collectors)
+    spec = resolve_model(config.model)
+    if session is None:
+        check_tensor_parallel(spec, config.tensor_parallel)
+        with open_session(
+            config.model, spec, tensor_parallel=config.tensor_parallel, dtype=dtype, device=device,
+            seed=config.weights_seed,
+        ) as opened:  # fmt: skip
+            return run_real(config, prepared=prepared, coalesce=coalesce, session=opened)
+    if session.size != config.tensor_parallel or session.model.spec != spec:  # a caller's bug
+        raise ValueError(
+            f"the session holds {session.model.spec.name} on {session.size} ranks, not this run's"
+        )
+    model = session.model
+    weight_bytes = session.weight_bytes  # every rank's, tied parameters once
+    activation_bytes = None
+    if device.type == "cuda" and session.size == 1 and config.kv_cache_gib is None and prepared is None:
+        activation_bytes = measure_activation_bytes(
+            model, device, tokens=batched_tokens(config, spec), max_seqs=config.max_num_seqs or 256,
+            backend=resolve_backend(config.attention, device), temperature=config.temperature,
+        )  # fmt: skip
+    bandwidth = None
+    if device.type == "cuda" and "roofline" in collect:  # before the arena takes the memory it reads
+        from kernels.bandwidth import measure_read_bandwidth
+
+        bandwidth = measure_read_bandwidth(device)
+    # an emulated GPU's budget subtracts the weights as loaded (dtype included) and the
+    # activations as measured
+    prepared = prepared or prepare(config, weight_bytes=weight_bytes, activation_bytes=activation_bytes)
+    check_vocabulary(prepared.trace, spec.vocab, config.model)  # before any step: ids the model can embed
+    check_device_memory(prepared.budget, device, session.size)  # before allocating, not by OOM
+    try:
+        arena = session.arena(prepared.budget.num_slots)
+    except torch.OutOfMemoryError:
+        raise KvbenchError(
+            f"the KV arena of {prepared.budget.num_slots} slots does not fit on {device} "
+            "beside the weights; lower --kv-cache-gib"
+        ) from None
+
+    trace = prepared.trace.requests
+    max_len = max(request.kv_len for request in trace) + 1
+    # every parallel sample and every beam is a row of a decode batch: buffers (and CUDA graphs)
+    # sized by requests alone would regrow, dropping the graphs, the first time a group forks
+    rows = sum(max(request.n, request.beam_width) for request in trace)
+    max_batch = min(rows, prepared.options.scheduler.max_num_seqs or rows)
+    # beam steps rank candidates by their logits: graphs keep theirs (one [rows, V] per bucket)
+    beams = any(request.beam_width > 1 for request in trace)
+    runners = []
+
+    def make_runner(scheduler):
+        runner = session.runner(
+            arena, scheduler.allocator, max_batch=max_batch, max_len=max_len,
+            temperature=config.temperature, seed=config.weights_seed, attention=config.attention,
+            cuda_graphs=config.cuda_graphs, keep_logits=beams,
+        )  # fmt: skip
+        collectors = build_collectors(  # they see rank 0's GPU: its share of weights and K/V
+            collect, device=device, weight_bytes=weight_bytes // session.size,
+            kv_bytes_per_token=spec.kv_bytes_per_token // session.size, read_bandwidth=bandwidth,
+        )  # fmt: skip
+        runners.append(CollectingRunner(runner, collectors))
+        return runners[-1]
+
+    with gc_paused(collect=True):  # no collector pause inside a timed step (kvbench.gc_pause)
+        result = execute(config, make_runner, mode="real", coalesce=coalesce, prepared=prepared)
+    collecting = runners[0]
+    runner = collecting.inner
+    measured = collecting.finish()
+    output_tokens = sum(record.output_len for record in result.requests)
+    if "energy_j" in measured:
+        measured["energy_per_output_token_j"] = measured["energy_j"] / max(output_tokens, 1)
+    result = replace(result, step_columns=tuple(collecting.rows))
+    result.summary.update(measured)
+    result.summary.update(
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+        arena_bytes=arena.nbytes * session.size,  # every rank's
+        arena_slots=arena.num_slots,
+        tensor_parallel=session.size,
+        weight_bytes=weight_bytes,
+        activation_bytes=activation_bytes,
+        attention=runner.backend,
+        cuda_graphs=runner.cuda_graphs,
+        cuda_graph_capture_s=runner.decoder.capture_s,
+        collectors=[type(c).__name__ for c in collecting.collectors],
+    )
+    return result

@@ -1,0 +1,101 @@
+"""A real `kvbench reproduce` calibrates the simulator on its own runs and states its error.
+
+The issue's second half: every real figure beside a simulation calibrated to the same GPU, and
+the simulator's error on the real points. So once Figure 2's five runs exist in a real
+reproduction, the cost model is fitted to their step rows, and the real runs of Figures 12-17
+are replayed through the simulator with it (`kvbench.calibrate.check`):
+
+    <out>/calibration/cost.json             the fit (a `kvbench calibrate` file, held-out errors in it)
+    <out>/calibration/held_out.md           Figures 12 and 13: other rates, and another trace
+    <out>/calibration/held_out_sharing.md   Figures 14-17: samples, beams, prefixes, chat
+    <out>/calibration/held_out_sets.json    per set: errors' median, largest, count within 10 %
+
+Figures 18b and 19 vary what the fit has no term for (block size, swapping), so they are not
+held out. Figure 13's ShareGPT runs are Figure 2's (copied), so they are skipped. The folder is
+replaced whole, so it never mixes two calibrations. `kvbench reproduce --cost-model
+<out>/calibration/cost.json --mode simulate` then draws the dense curves.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kvbench.calibrate.check import fit_and_check, format_checks, runs_below, summarize
+from kvbench.demo import DEMO_ENGINES
+from kvbench.results.files import write_json, write_run_atomically
+
+FIT_FIGURE = "fig2"
+HELD_OUT = {
+    "held_out.md": ("Figures 12-13", ("fig12", "fig13")),
+    "held_out_sharing.md": ("Figures 14-17", ("fig14", "fig15", "fig16", "fig17")),
+}
+SETS_FILE = "held_out_sets.json"
+
+
+@dataclass(frozen=True)
+class HeldOutSet:
+    label: str  # "Figures 12-13"
+    summary: dict  # `kvbench.calibrate.check.summarize` of its checks
+
+
+def calibrate_reproduction(out: Path) -> list[HeldOutSet] | None:
+    """Fit on `out`'s Figure 2 runs and check the real runs of Figures 12-17; None (nothing
+    written) unless all five Figure 2 runs are real runs with step rows."""
+    fit = [out / FIT_FIGURE / engine for engine in DEMO_ENGINES]
+    if not all(_real(run) and (run / "steps.csv").is_file() for run in fit):
+        return None
+    sets = {name: (label, _real_runs(out, figures)) for name, (label, figures) in HELD_OUT.items()}
+    report: list[HeldOutSet] = []
+
+    def write(folder: Path) -> None:
+        every = [run for _, runs in sets.values() for run in runs]
+        done = fit_and_check(fit, every, folder / "cost.json", out)
+        for name, (label, runs) in sets.items():
+            names = {str(run.relative_to(out)) for run in runs}
+            mine = [c for c in done.checks if c.run in names]
+            if mine:
+                (folder / name).write_text(
+                    f"# {label}: real runs beside the calibrated simulation\n\n{format_checks(mine)}\n"
+                )
+                report.append(HeldOutSet(label, summarize(mine)))
+        write_json(folder / SETS_FILE, {"held_out_sets": [asdict(s) for s in report]})
+
+    write_run_atomically(out / "calibration", write)
+    return report
+
+
+def read_held_out(out: Path) -> list[HeldOutSet] | None:
+    """The held-out sets a real reproduction wrote into `out` (None if it wrote none)."""
+    path = out / "calibration" / SETS_FILE
+    if not path.is_file():
+        return None
+    return [HeldOutSet(**entry) for entry in json.loads(path.read_text())["held_out_sets"]]
+
+
+def held_out_markdown(sets: list[HeldOutSet]) -> str:
+    """The report's table: per held-out set and metric, the simulator's error on the real runs."""
+    lines = [
+        "| held-out runs | metric | runs | median error | largest error | within 10 % |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for s in sets:
+        for metric, m in s.summary.items():
+            lines.append(
+                f"| {s.label} | {metric} | {m['runs']} | {100 * m['median_abs_error']:.1f} % "
+                f"| {100 * m['max_abs_error']:.1f} % | {m['within_target']} of {m['runs']} |"
+            )
+    return "\n".join(lines)
+
+
+def _real(run: Path) -> bool:
+    try:
+        return json.loads((run / "summary.json").read_text()).get("mode") == "real"
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def _real_runs(out: Path, figures: tuple[str, ...]) -> list[Path]:
+    """Real run folders under the figures' folders, in name order."""
+    return [run for figure in figures for run in runs_below(out / figure, steps=False) if _real(run)]

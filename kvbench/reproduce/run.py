@@ -1,0 +1,194 @@
+"""`kvbench reproduce`: run the paper's figures, put every number beside the paper's.
+
+    <out>/<figure>/     run or sweep folders, figure.csv, figure.json, PNG/SVG plots
+    <out>/claims.md     PAPER.md's claims beside what the figures measured
+    <out>/reproduce.md  every figure's table and a one-line verdict computed from its numbers
+    <out>/calibration/  real runs: the simulator fitted to Figure 2's runs, its error on Figures 12-17's
+
+The report and the claims are rebuilt from every figure.json under <out> after each run, so
+figures may be run one invocation at a time into one folder. See docs/REPRODUCTION.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from kvbench.demo import REAL
+from kvbench.errors import KvbenchError
+from kvbench.paper import FIG13_RATE
+from kvbench.reproduce.calibration import calibrate_reproduction, held_out_markdown, read_held_out
+from kvbench.reproduce.claims import claims_table
+from kvbench.reproduce.engines import fig2, fig13
+from kvbench.reproduce.rows import FigureResult, Options, Setting, markdown, read_figure, write_figure
+from kvbench.reproduce.sharing import fig14, fig15, fig16, fig17
+from kvbench.reproduce.sweeps import fig12, fig18b, fig19
+from kvbench.results.files import write_text
+from kvbench.results.outputs import prepare_out
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    name: str
+    what: str
+    run: Callable[[Options, Path], FigureResult]
+
+
+FIGURES = {
+    spec.name: spec
+    for spec in (
+        FigureSpec("fig2", "KV memory breakdown per engine", fig2),
+        FigureSpec("fig13", "mean batched requests, ShareGPT and Alpaca", fig13),
+        FigureSpec("fig12", "normalized latency vs rate, sustained rates and their ratios", fig12),
+        FigureSpec("fig14", "parallel sampling and beam search: sustained rates (Alpaca)", fig14),
+        FigureSpec("fig15", "KV memory saved by parallel sampling and beam search", fig15),
+        FigureSpec("fig16", "shared few-shot prefix: sustained rates", fig16),
+        FigureSpec("fig17", "chatbot (history cut to 1024 tokens): sustained rates", fig17),
+        FigureSpec("fig18b", "normalized latency vs block size (paged)", fig18b),
+        FigureSpec("fig19", "preemption by recompute vs swap, overhead vs block size", fig19),
+    )
+}
+CLAIMS = "claims"  # not a figure: claims.md is written after every invocation
+NAMES = (*FIGURES, CLAIMS)
+
+
+def parse_figures(names: Sequence[str]) -> tuple[str, ...]:
+    """The figures asked for, in the registry's order; none named: all of them."""
+    unknown = [n for n in names if n not in NAMES]
+    if unknown:
+        raise KvbenchError(f"unknown figure {unknown[0]!r}; choose from {', '.join(NAMES)}")
+    wanted = set(names) or set(FIGURES)
+    return tuple(n for n in FIGURES if n in wanted)
+
+
+# Real runs' settings: a model whose KV arena holds 16,384 token slots, as the paper's OPT-13B
+# with 12 GB holds 15,728 (so the engines batch as the paper's did), and the paper's rates times
+# how much faster that model decodes on this GPU than OPT-13B on an A100 (so the same engines are
+# saturated). OPT-125M decodes the saturated ShareGPT runs 2.5-2.8x faster than OPT-1.3B on the
+# H200 with the same batches and occupancy (results/reference/quick-opt-125m): the quick run's model.
+GPU_SETTINGS = {
+    "opt-125m": Setting("opt-125m", 0.5625, 80.0, paper_threshold=False),
+    "opt-1.3b": Setting("opt-1.3b", 3.0, REAL["rate"] / FIG13_RATE["sharegpt-paper"], paper_threshold=False),
+}
+QUICK_GPU_MODEL = "opt-125m"  # a quick run on one H200: minutes
+FULL_GPU_MODEL = "opt-1.3b"  # the full grids: a prefill-to-decode cost balance nearer OPT-13B's
+
+
+def setting_for(real: bool, cost_model: str | None, *, quick: bool, model: str | None = None) -> Setting:
+    """The paper's setting when simulating; a scaled-down GPU one (`GPU_SETTINGS`) when real.
+
+    A calibrated cost model was fitted on some model's real runs: simulating that model's
+    GPU setting is what makes the simulation calibrated.
+    """
+    if real:
+        if cost_model is not None:
+            raise KvbenchError("--cost-model calibrates the simulator: it does not apply to --mode real")
+        name = model or (QUICK_GPU_MODEL if quick else FULL_GPU_MODEL)
+        if name not in GPU_SETTINGS:
+            raise KvbenchError(f"--model {name!r}: real runs use one of {', '.join(GPU_SETTINGS)}")
+        return replace(GPU_SETTINGS[name], real=True)
+    if model is not None:
+        raise KvbenchError(
+            "--model picks the real runs' model; a simulation runs opt-13b, or the model its --cost-model "
+            "was fitted on"
+        )
+    if cost_model is None:
+        return Setting()
+    from kvbench.results.read import read_json
+
+    fitted = read_json(Path(cost_model)).get("model")
+    if fitted in (None, "opt-13b"):
+        return Setting(cost_model=cost_model)
+    if fitted in GPU_SETTINGS:
+        return replace(GPU_SETTINGS[fitted], cost_model=cost_model)
+    raise KvbenchError(
+        f"--cost-model {cost_model}: fitted on {fitted}; reproduce simulates opt-13b or "
+        f"{', '.join(GPU_SETTINGS)}"
+    )
+
+
+def run_reproduce(
+    figures: Sequence[str], options: Options, out: Path, echo: Callable[[str], None] = print
+) -> list[FigureResult]:
+    """Run `figures` into `out`; then rewrite claims.md and reproduce.md from every figure there.
+
+    A previous reproduction in `out` is resumed (its runs are reused); any other folder is
+    refused before the first run (`kvbench.results.outputs`).
+    """
+    prepare_out(out, "reproduce")
+    results = []
+    for name in figures:
+        echo(f"{name}: {FIGURES[name].what}...")
+        start = time.perf_counter()
+        result = FIGURES[name].run(options, out / name)
+        write_figure(result, out / name)
+        echo(f"  {result.verdict} ({time.perf_counter() - start:.0f} s)")
+        results.append(result)
+    if options.setting.real:
+        _calibrate(out, echo)
+    write_reports(out, options)
+    return results
+
+
+def _calibrate(out: Path, echo: Callable[[str], None]) -> None:
+    """Fit the simulator to this folder's Figure 2 runs and check it on the others. A failure
+    is reported in one line, never lost figures: the report is written either way."""
+    start = time.perf_counter()
+    try:
+        sets = calibrate_reproduction(out)
+    except (KvbenchError, OSError, ValueError, KeyError) as error:
+        echo(f"calibration: skipped ({error.__class__.__name__}: {error})")
+        return
+    if sets is None:
+        echo("calibration: not yet (it needs Figure 2's five real runs in this folder)")
+        return
+    spread = "; ".join(
+        f"{s.label} {metric} {m['within_target']}/{m['runs']} within 10 %" for s in sets
+        for metric, m in s.summary.items()
+    ) or "no real run of Figures 12-17 here to hold out"  # fmt: skip
+    echo(f"calibration: fitted on fig2; {spread} ({time.perf_counter() - start:.0f} s)")
+
+
+def collected(out: Path) -> list[FigureResult]:
+    return [r for name in FIGURES if (r := read_figure(out / name)) is not None]
+
+
+def write_reports(out: Path, options: Options) -> None:
+    found = collected(out)
+    rows = [row for figure in found for row in figure.rows]
+    claims = claims_table(rows)
+    write_text(out / "claims.md", f"# PAPER.md's claims beside kvbench\n\n{_setup(options)}\n\n{claims}\n")
+    parts = [
+        f"# kvbench reproduce: the PagedAttention paper's figures\n\n{_setup(options)}\n",
+        "## Verdicts\n",
+    ]
+    parts += [f"- **{f.name}** ({f.title}): {f.verdict}" for f in found]
+    for figure in found:
+        parts.append(f"\n## {figure.name}: {figure.title}\n\nVerdict: {figure.verdict}\n")
+        parts += [f"![{figure.name}]({figure.name}/{p})" for p in figure.plots if p.endswith(".png")]
+        parts.append("\n" + markdown(figure))
+        parts += [f"\n- {note}" for note in figure.notes]
+    held_out = read_held_out(out)
+    if held_out:
+        parts.append(
+            "\n## The calibrated simulator against the real runs\n\n"
+            "The cost model fitted to Figure 2's five runs (`calibration/cost.json`), replaying the real "
+            "runs of Figures 12-17 in this folder (`calibration/held_out*.md`). Target: within 10 %.\n\n"
+            f"{held_out_markdown(held_out)}"
+        )
+    parts.append(f"\n## Claims\n\n{claims}\n")
+    write_text(out / "reproduce.md", "\n".join(parts) + "\n")
+
+
+def _setup(options: Options) -> str:
+    s = options.setting
+    mode = "real decoding on a CUDA GPU" if s.real else "simulated (roofline of an A100-40GB)"
+    if s.cost_model and not s.real:
+        mode = f"simulated with the calibrated cost model {s.cost_model}"
+    size = "quick" if options.quick else "full"
+    return (
+        f"Setting: {s.model}, {s.kv_cache_gib:g} GiB of KV, the paper's rates x {s.rate_scale:g}; {mode}; "
+        f"{size} run. The paper: OPT-13B on an A100-40GB with 12 GB of KV."
+    )

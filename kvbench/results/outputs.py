@@ -1,0 +1,209 @@
+"""Where a command may write: `prepare_out` checks `--out` before any work starts.
+
+Every command that writes (simulate, run, demo, report, calibrate, reproduce, sweep, trace
+plot, trace make and convert, kernels) calls `prepare_out(path, kind, overwrite)` first, so a
+mistyped or unusable `--out` costs a one-line error, not a ten-minute run that fails at the
+end, and kvbench never replaces what it did not write:
+
+- a new path, or an empty folder: written;
+- a kvbench result of the same kind: a run is kept unless `--overwrite` says to replace it
+  (it may have cost an hour of GPU time); a sweep or a reproduction resumes into it (their
+  own commands decide how); a demo, a report, a calibration file, a trace plot, a trace
+  file or a kernel benchmark is regenerated in place (each is a cheap function of kvbench's
+  own inputs, and `make demo` must work twice);
+- anything else (a user's folder or file, a result of another kind): refused, with or
+  without `--overwrite`.
+
+A kvbench result is recognised by what kvbench writes into it: a run folder by its
+summary.json and config.json, a sweep by sweep.json, a calibration file by its fitted keys,
+a trace plot by the text kvbench puts in the image, a trace file by its format header, a
+kernel benchmark by its kernels.csv and bandwidth.json; a demo, report or reproduction folder
+by the marker `kvbench.json` (`{"kind": ...}`) that kvbench writes into it first (older
+ones by demo.json, report.html, reproduce.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.errors import KvbenchError
+from kvbench.results.files import remove_stale_temps, temp_path, write_json
+
+MARKER = "kvbench.json"  # {"kind": ...}: a folder kvbench made for a demo, report or reproduction
+PLOT_TAG = "kvbench trace plot"  # in a trace plot's PNG and SVG metadata (kvbench/report/trace_plot.py)
+REPLACE, RESUME, REFUSE = "replace", "resume", "refuse"  # what becomes of an existing result
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of output: a folder or a file, how to recognise it, what a rerun does to it."""
+
+    what: str  # for messages: "a run folder"
+    folder: bool
+    existing: str  # REPLACE, RESUME or REFUSE (without --overwrite)
+    ours: Callable[[Path], bool]  # is this existing path a kvbench result of the kind?
+    marked: bool = False  # prepare_out makes the folder and writes MARKER into it
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _marked(kind: str, *legacy: str) -> Callable[[Path], bool]:
+    """Marked with `kind`, or holding every file in `legacy` (what that kind held before)."""
+
+    def check(folder: Path) -> bool:
+        marked = (_json(folder / MARKER) or {}).get("kind") == kind
+        return marked or (bool(legacy) and all((folder / name).is_file() for name in legacy))
+
+    return check
+
+
+def is_run(folder: Path) -> bool:
+    """A run folder as `kvbench.simulate.write_result` writes it."""
+    summary = _json(folder / "summary.json") or {}
+    return "engine" in summary and "mode" in summary and _json(folder / "config.json") is not None
+
+
+def _is_calibration(path: Path) -> bool:
+    return {"model", "runs", "rows", "median_relative_error"} <= set(_json(path) or {})
+
+
+def _is_plot(path: Path) -> bool:
+    """A PNG or SVG that kvbench's trace plot wrote (it carries PLOT_TAG in its metadata)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return PLOT_TAG.encode() in head
+
+
+def _is_trace(path: Path) -> bool:
+    """A trace file in kvbench's format (`workloads.tracefile`): its header names the format in
+    the first line (JSONL, CSV) or in the Parquet footer's schema metadata."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+            f.seek(max(0, path.stat().st_size - (1 << 20)))
+            tail = f.read()
+    except OSError:
+        return False
+    in_footer = tail.endswith(b"PAR1") and b"kvbench-trace" in tail
+    return b"kvbench-trace" in head.split(b"\n", 1)[0] or in_footer
+
+
+def _is_kernels(folder: Path) -> bool:
+    return (folder / "kernels.csv").is_file() and (folder / "bandwidth.json").is_file()
+
+
+KINDS = {
+    "run": Kind("a run folder", True, REFUSE, is_run),
+    "sweep": Kind("a sweep folder", True, RESUME, _marked("sweep", "sweep.json")),
+    "demo": Kind("a demo folder", True, REPLACE, _marked("demo", "demo.json"), marked=True),
+    "report": Kind("a report folder", True, REPLACE, _marked("report", "report.html", "report.md")),
+    "reproduce": Kind(
+        "a reproduction folder", True, RESUME, _marked("reproduce", "reproduce.md"), marked=True
+    ),
+    "calibration": Kind("a calibration file", False, REPLACE, _is_calibration),
+    "plot": Kind("a trace plot", False, REPLACE, _is_plot),
+    "trace": Kind("a trace file", False, REPLACE, _is_trace),
+    "kernels": Kind("a kernel benchmark folder", True, REPLACE, _is_kernels),
+}
+
+
+def prepare_plot(out: Path | str, flag: str = "--out") -> list[Path]:
+    """`prepare_out` for a figure's PNG and its SVG twin (`out` with either suffix)."""
+    out = Path(out)
+    _named(out, "file", f"{flag} {shown(out)}")
+    return [prepare_out(out.with_suffix(suffix), "plot", flag=flag) for suffix in (".png", ".svg")]
+
+
+def shown(path: Path | str) -> str:
+    return str(path) or "''"
+
+
+def prepare_out(path: Path | str, kind: str, overwrite: bool = False, flag: str = "--out") -> Path:
+    """Check that `kind`'s output may go to `path` (see the module docstring); returns it.
+
+    Raises a one-line `KvbenchError` naming `flag` where it may not. Nothing is written,
+    except that a marked kind's folder is made and marked (so a rerun recognises it even if
+    this one is interrupted).
+    """
+    spec = KINDS[kind]
+    path = Path(path)
+    where = f"{flag} {shown(path)}"
+    _named(path, "folder" if spec.folder else "file", where)
+    try:
+        _check(path, spec, overwrite, where)
+        if spec.marked and not path.is_dir():
+            path.mkdir(parents=True)
+        if spec.marked and not spec.ours(path):
+            write_json(path / MARKER, {"kind": kind})
+    except OSError as error:
+        raise KvbenchError(f"{where}: cannot write there ({error.strerror or error})") from None
+    return path
+
+
+def _named(path: Path, noun: str, where: str) -> None:
+    if path.name in ("", ".", ".."):  # typer reads `--out ''` as "."
+        raise KvbenchError(f"{where}: name a new {noun}, not the current or a parent folder")
+
+
+def _check(path: Path, spec: Kind, overwrite: bool, where: str) -> None:
+    """Refusals first, then the probes: a refused path and its folder are left as they were."""
+    if path.is_symlink():
+        raise KvbenchError(f"{where} is a link: kvbench writes only paths it creates; give its target")
+    ancestor = path.parent
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise KvbenchError(f"{where}: {shown(ancestor)} is a file, not a folder")
+    if os.path.lexists(path):
+        _check_existing(path, spec, overwrite, where)
+        if path.is_dir():
+            _probe(path, where)
+    _probe(ancestor, where)
+
+
+def _check_existing(path: Path, spec: Kind, overwrite: bool, where: str) -> None:
+    noun = "folder" if spec.folder else "file"
+    if spec.folder != path.is_dir():
+        raise KvbenchError(
+            f"{where} is a {'folder' if path.is_dir() else 'file'} that kvbench did not write "
+            f"(it writes {spec.what} there); choose a new {noun}"
+        )
+    if spec.folder and not any(path.iterdir()):
+        return
+    if not spec.ours(path):
+        other = next((k.what for k in KINDS.values() if k.folder == spec.folder and k.ours(path)), None)
+        if other is not None:
+            raise KvbenchError(f"{where} holds {other}, not {spec.what}: choose a new {noun}")
+        listed = ", ".join(sorted(p.name for p in path.iterdir())[:3]) if spec.folder else ""
+        raise KvbenchError(
+            f"{where} is a {noun} that kvbench did not write{f' (it holds {listed})' if listed else ''}; "
+            f"kvbench never replaces one, with or without --overwrite: choose a new {noun}"
+        )
+    if spec.existing == REFUSE and not overwrite:
+        raise KvbenchError(
+            f"{where} holds {spec.what} already: add --overwrite to replace it, or pick another"
+        )
+
+
+def _probe(folder: Path, where: str) -> None:
+    """Fail now, not after the work, where `folder` takes no new entries (read-only, /proc)."""
+    remove_stale_temps(folder / "probe")  # a probe of a process killed between its two lines
+    probe = temp_path(folder / "probe")
+    try:
+        probe.mkdir()
+    except OSError as error:
+        raise KvbenchError(f"{where}: cannot write in {shown(folder)} ({error.strerror or error})") from None
+    probe.rmdir()

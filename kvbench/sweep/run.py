@@ -1,0 +1,232 @@
+"""`kvbench sweep`: a grid of runs, resumable cell by cell, and each engine's sustained rate.
+
+    <out>/sweep.json      the grid, the base settings, the command
+    <out>/cells/<id>/     one run's folder (config.json, env.json, steps.csv, requests.csv,
+                          summary.json), written atomically by `write_result`
+    <out>/sweep.csv       one row per cell, rewritten atomically after every cell
+    <out>/sustained.csv   per engine and setup: the sustained rate and how it was found
+
+The phases: the unloaded baseline cells (when the latency threshold is not given) and the
+grid, one batch, then bisection between each engine's last passing and first failing rate, one
+batch per round (`kvbench.sweep.rounds`). An executor (`kvbench.sweep.executor`: this machine,
+or `kvbench.sweep.ray_executor`: a Ray cluster) runs each batch and hands cells back as they finish; this
+process alone writes sweep.csv. A cell whose folder holds a summary.json is finished;
+`--resume` skips it (after checking it ran the same settings), so a sweep killed at any point
+loses at most the cells it was running. See docs/SWEEPS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from contextlib import closing
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from kvbench.config import RunConfig
+from kvbench.errors import KvbenchError
+from kvbench.results.outputs import prepare_out
+from kvbench.sweep.cell import Outcome, config_differences
+from kvbench.sweep.executor import CellJob, Executor, LocalExecutor
+from kvbench.sweep.files import (
+    CELL_COLUMNS,
+    CI_METRICS,
+    SUSTAINED_COLUMNS,
+    add_confidence_intervals,
+    cell_row,
+    metric_columns,
+    read_table,
+    write_json_atomically,
+    write_table,
+)
+from kvbench.sweep.grid import (
+    BASELINE,
+    REPEAT_SEED_STRIDE,
+    Cell,
+    grid_cells,
+)
+from kvbench.sweep.plan import SweepPlan
+from kvbench.sweep.progress import Progress
+from kvbench.sweep.rounds import sustained_in_rounds
+
+OUR_FILES = ("cells", "sweep.csv", "sweep.json", "sustained.csv")
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    rows: list[dict]  # sweep.csv
+    sustained: list[dict]  # sustained.csv ([] when no rate was swept)
+    ran: int
+    resumed: int
+    failed: int
+
+
+class _Sweep:
+    """One invocation's state: the rows so far, by cell id, in the order cells were planned."""
+
+    def __init__(self, plan: SweepPlan, out: Path, resume: bool, progress: Progress, executor: Executor):
+        self.plan, self.out, self.resume, self.progress = plan, out, resume, progress
+        self.executor = executor
+        self.rows: dict[str, dict] = {}
+        self.finished: set[str] = set()  # cells whose row is final in this invocation
+        self.previous = read_table(out / "sweep.csv")  # wall times of resumed cells
+        self.columns = [*CELL_COLUMNS, *metric_columns(plan.base)]
+        if plan.axes.repeats > 1:
+            self.columns += [f"{m}_{stat}" for m in CI_METRICS for stat in ("mean", "ci95")]
+        self.ran = self.resumed = self.failed = 0
+
+    def plan_cells(self, cells: list[Cell]) -> None:
+        for cell in cells:
+            self.rows.setdefault(cell.id, cell_row(cell, self.plan.config(cell), "pending", None, "", None))
+
+    def run(self, cell: Cell) -> dict:
+        """`cell`'s row, running it first unless it is finished."""
+        self.run_batch([cell])
+        return self.rows[cell.id]
+
+    def run_batch(self, cells: list[Cell]) -> None:
+        """Run the cells not finished yet, all handed to the executor at once; record each as it ends."""
+        by_id, jobs = {cell.id: cell for cell in cells}, []
+        for cell in cells:
+            if cell.id in self.finished:
+                continue
+            config, folder = self.plan.config(cell), self.out / "cells" / cell.id
+            if self.resume and (folder / "summary.json").is_file():
+                self._found(cell, config, folder)
+            else:
+                jobs.append(CellJob(cell.id, config, folder, self.plan.run))
+        if not jobs:
+            return
+        # closed at once when a failed cell stops the sweep: the executor hands out nothing more
+        with closing(self.executor.run(jobs, lambda job: self.progress.begin(job.cell_id))) as outcomes:
+            for job, outcome in outcomes:
+                self._ran(by_id[job.cell_id], job.config, outcome)
+
+    def _found(self, cell: Cell, config: RunConfig, folder: Path) -> None:
+        """A cell a previous invocation finished (after checking it ran these settings)."""
+        differs = config_differences(config, folder)
+        if differs:
+            raise OtherSettings(
+                f"--resume: {folder} ran other settings ({', '.join(differs)}); "
+                "use another --out, or --overwrite"
+            )
+        self.progress.begin(cell.id)
+        summary = json.loads((folder / "summary.json").read_text())
+        wall = self.previous.get(cell.id, {}).get("wall_s") or None
+        self.resumed += 1
+        self.progress.finish(True, None)
+        self._record(cell, cell_row(cell, config, "ok", summary, "", float(wall) if wall else None))
+
+    def _ran(self, cell: Cell, config: RunConfig, outcome: Outcome) -> None:
+        status = "ok" if outcome.ok else "failed"
+        self.ran += 1
+        self.failed += not outcome.ok
+        self.progress.finish(outcome.ok, outcome.wall_s)
+        wall = round(outcome.wall_s, 3)
+        self._record(cell, cell_row(cell, config, status, outcome.summary, outcome.error, wall))
+
+    def _record(self, cell: Cell, row: dict) -> None:
+        self.rows[cell.id] = row
+        self.finished.add(cell.id)
+        self.write()
+        if row["status"] == "failed" and not self.plan.continue_on_error:
+            raise KvbenchError(
+                f"cell {cell.id} failed: {row['error']} (--continue-on-error records failed cells and "
+                "goes on; --resume retries them)"
+            )
+
+    def write(self) -> None:
+        rows = list(self.rows.values())
+        if self.plan.axes.repeats > 1:
+            add_confidence_intervals(rows)
+        write_table(self.out / "sweep.csv", rows, self.columns)
+
+
+class OtherSettings(KvbenchError):
+    """A resumed folder's cell ran other settings than the plan's."""
+
+
+def run_sweep(
+    plan: SweepPlan,
+    out: Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    executor: Executor | None = None,
+) -> SweepResult:
+    """Run every cell of `plan` into `out`; write sweep.csv, sweep.json and sustained.csv.
+
+    `executor`: where the cells run (default: in order, in this process); the caller closes it.
+    """
+    out = Path(out)
+    executor = executor or LocalExecutor()
+    _prepare_folder(out, resume, overwrite)
+    grid = grid_cells(plan.axes)
+    baselines = _baseline_cells(plan, grid) if plan.needs_baseline else []
+    groups = {cell.group for cell in grid}
+    bisect_cells = len(groups) * plan.sustained.bisect * plan.axes.repeats if plan.axes.swept_rates else 0
+    progress = progress or Progress(len(baselines) + len(grid) + bisect_cells)
+    write_json_atomically(out / "sweep.json", _description(plan, len(baselines) + len(grid), executor))
+    state = _Sweep(plan, out, resume, progress, executor)
+    try:
+        state.plan_cells(baselines + grid)
+        state.write()
+        state.run_batch(baselines + grid)
+        sustained = sustained_in_rounds(plan, state, grid) if plan.axes.swept_rates else []
+    finally:
+        progress.close()
+    if sustained:
+        write_table(out / "sustained.csv", sustained, SUSTAINED_COLUMNS)
+    return SweepResult(list(state.rows.values()), sustained, state.ran, state.resumed, state.failed)
+
+
+def _prepare_folder(out: Path, resume: bool, overwrite: bool) -> None:
+    if resume and overwrite:
+        raise KvbenchError("--resume and --overwrite contradict each other: pick one")
+    prepare_out(out, "sweep", overwrite)  # a folder kvbench did not write is never reused
+    if out.exists() and not out.is_dir():
+        raise KvbenchError(f"--out {out} is a file, not a folder")
+    busy = out.is_dir() and any(out.iterdir())
+    if busy and resume and not (out / "sweep.json").is_file():
+        raise KvbenchError(f"--resume: {out} holds no sweep (no sweep.json)")
+    if busy and not resume:
+        if not overwrite:
+            raise KvbenchError(
+                f"--out {out} is not empty: --resume continues that sweep, --overwrite replaces it"
+            )
+        for name in OUR_FILES:
+            target = out / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+    (out / "cells").mkdir(parents=True, exist_ok=True)
+    # what a killed sweep leaves: a cell's or a table's temporary copy (names starting with ".")
+    leftovers = [*(out / "cells").glob(".*"), *(p for name in OUR_FILES for p in out.glob(f".{name}.*"))]
+    for stale in leftovers:
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
+
+
+def _baseline_cells(plan: SweepPlan, grid: list[Cell]) -> list[Cell]:
+    """One unloaded cell per engine and setup (the first repeat's seed)."""
+    groups = dict.fromkeys(cell.group for cell in grid)
+    return [Cell(BASELINE, e, trace, None, bs, kv, seed) for e, trace, bs, kv, seed in groups]
+
+
+def _description(plan: SweepPlan, planned: int, executor: Executor) -> dict:
+    from kvbench.version import __version__
+
+    return {
+        "command": sys.argv,
+        "kvbench": __version__,
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "mode": "real" if plan.run.real else "simulated",
+        "axes": asdict(plan.axes),
+        "repeat_seed_stride": REPEAT_SEED_STRIDE,
+        "base_config": plan.base.to_dict(),
+        "cell_run": asdict(plan.run),
+        "sustained": asdict(plan.sustained),
+        "continue_on_error": plan.continue_on_error,
+        "executor": executor.describe(),
+        "cells_planned": planned,
+    }
