@@ -14,8 +14,11 @@ over a full prefill step plus the logits of a full batch::
     reserve = max_num_batched_tokens x (5 x hidden + ffn) x dtype bytes
               + max_num_seqs x vocab x 4 bytes (fp32 logits)
 
-For OPT-13B on an A100-40GB that gives 11.8 GiB (15,512 slots); the paper used 12 GB
-(15.7K slots), which `--kv-cache-gib 12` reproduces exactly. A model split across N GPUs
+For OPT-13B on an A100-40GB that estimate gives 11.8 GiB (15,512 slots), but the paper's
+server left 12 GiB (15,728 slots: Table 1, and the 8.9 % Orca (Max) leaves in Figure 2). Where
+the paper published the KV cache of a (model, GPU, GPUs) setting (`paper.TABLE1_KV_GIB`) and
+the utilization is the default, `--emulate-gpu` gives that published size instead, and its
+`source` says so beside kvbench's own estimate. A model split across N GPUs
 (`--tensor-parallel N`) has N times the memory, and N activation reserves (every GPU holds a
 whole step's hidden states); the weights are all ranks' together.
 """
@@ -28,12 +31,14 @@ from pathlib import Path
 
 from kvbench.errors import KvbenchError
 from kvbench.models import ModelSpec
+from kvbench.paper import TABLE1_KV_GIB
 
 GIB = 1 << 30
 # the most token slots one arena may have: 16.8 M, four times what any preset needs on a 141 GB
 # GPU (Llama-1B-ref: 3.9 M); beyond it a typo (`--kv-cache-gib 1e30`) would build free lists for
 # minutes, or exhaust the host's memory, before the first step
 MAX_SLOTS = 1 << 24
+DEFAULT_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,7 @@ def budget_emulating(
     gpu: GpuSpec,
     model: ModelSpec,
     *,
-    utilization: float = 0.9,
+    utilization: float = DEFAULT_UTILIZATION,
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 256,
     weight_bytes: int | None = None,
@@ -156,4 +161,12 @@ def budget_emulating(
         f"--emulate-gpu {gpu.name}: {times}{gpu.memory_bytes / GIB:.1f} GiB x {utilization} "
         f"- weights {weights / GIB:.2f} GiB ({how}) - activations {times}{reserve / GIB:.2f} GiB ({measured})"
     )
+    published = TABLE1_KV_GIB.get((model.name, gpu.name, gpus))
+    if published is not None and utilization == DEFAULT_UTILIZATION:
+        source = (
+            f"--emulate-gpu {gpu.name}: {published} GiB, the PagedAttention paper's KV cache for "
+            f"{model.name} on {times}{gpu.name} (its Table 1); kvbench's own estimate: {budget / GIB:.2f} GiB "
+            f"({source.partition(': ')[2]})"
+        )
+        budget = published * GIB
     return _budget(budget, model, source, f"--emulate-gpu {gpu.name}")

@@ -45,11 +45,24 @@ def test_the_papers_budget_gives_the_papers_slots():
 
 def test_emulated_budget_follows_the_documented_formula():
     model, gpu = get_model("opt-13b"), GPUS["a100-40gb"]
-    budget = budget_emulating(gpu, model)
-    expected = 40 * GIB * 0.9 - model.weight_bytes - activation_reserve(model, 2048, 256)
+    budget = budget_emulating(gpu, model, utilization=0.85)  # not the paper's setting: the estimate
+    expected = 40 * GIB * 0.85 - model.weight_bytes - activation_reserve(model, 2048, 256)
     assert budget.budget_bytes == int(expected)
-    assert budget.num_slots == int(expected // 819_200) == 15_512
-    assert "a100-40gb" in budget.source
+    assert budget.num_slots == int(expected // 819_200) == 12_890
+    assert budget.source.startswith("--emulate-gpu a100-40gb: 40.0 GiB x 0.85")
+
+
+def test_the_papers_own_setting_is_emulated_with_its_published_kv_cache():
+    """OPT-13B on one A100-40GB: the paper's 12 GiB (Table 1), 15,728 slots, so Orca (Max) fits
+    7 requests and leaves Figure 2's 8.9 %; the estimate (15,512 slots) is named beside it."""
+    budget = budget_emulating(GPUS["a100-40gb"], get_model("opt-13b"))
+    assert (budget.budget_bytes, budget.num_slots) == (12 * GIB, 15_728)
+    assert round(100 * (15_728 - 7 * 2048) / 15_728, 1) == 8.9
+    assert "the PagedAttention paper's KV cache" in budget.source and "estimate: 11.83 GiB" in budget.source
+    assert budget_emulating(GPUS["a100-80gb"], get_model("opt-175b"), gpus=8).num_slots == 60_074  # "60.1K"
+    assert budget_emulating(GPUS["a100-80gb"], get_model("opt-13b")).budget_bytes != 12 * GIB  # not published
+    prepared = prepare(RunConfig(engine="paged", model="opt-13b", emulate_gpu="a100-40gb"))
+    assert prepared.options.num_slots == 15_728
 
 
 def test_a_model_too_big_for_the_emulated_gpu_is_refused():
@@ -86,7 +99,7 @@ def test_check_trace_names_the_request_that_exceeds_the_model():
 def test_prepare_resolves_defaults():
     prepared = prepare(RunConfig(engine="paged", workload=WorkloadSpec(num_requests=10, rate=1.0)))
     assert prepared.options.scheduler.max_num_batched_tokens == 2048
-    assert prepared.options.num_slots == 15_512  # emulated A100-40GB by default
+    assert prepared.options.num_slots == 15_728  # the paper's A100-40GB by default
     assert len(prepared.trace) == 10
 
 
