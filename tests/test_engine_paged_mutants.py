@@ -13,9 +13,11 @@ import pytest
 
 from engines.block_keys import block_keys
 from engines.paged import PagedAllocator
+from engines.paged_prefix import PrefixCachingAllocator
 from engines.prefix_cache import PrefixCache
+from engines.vmm import VirtualAllocator
 from kvbench.requests import Request, group_number
-from kvbench.sequence import Sequence
+from kvbench.sequence import Sequence, sequence_for
 
 ROOT = 0x6B7662656E6368  # block_keys' chain start, written out: the keys are a stable format
 IDS, HASHES, GROUP, OWN = 0, 1, 2, 3  # its content tags
@@ -367,3 +369,71 @@ def test_paged_integrity_check_names_what_is_broken(message):
     PAGED_CORRUPTIONS[message](alloc, seqs)
     with pytest.raises(AssertionError, match=message):
         alloc.check_integrity()
+
+
+def test_paged_shared_footprint_counts_partial_and_uncomputed_blocks_once():
+    alloc = PagedAllocator(40, 4, watermark=0.0)  # 10 blocks
+    parent, child = forked_pair(alloc, prompt=8, output=3)  # kv_len 10: blocks 0, 1 full and shared
+    for seq in (parent, child):
+        assert alloc.append(seq) == []  # position 8: a private third block, nothing computed in it
+    assert (table(alloc, parent), table(alloc, child)) == ([0, 1, 2], [0, 1, 3])
+    alloc.check_integrity()  # the closed form agrees with counting block by block
+    assert footprint(alloc) == (8, 8 + 2 + 2, 16, 16)  # the third blocks want 2 slots each
+    assert alloc.footprint() == alloc._footprint_by_blocks()
+
+
+# ---------------------------------------------------------------- PrefixCachingAllocator
+
+
+def test_prefix_fork_of_cached_blocks_counts_the_extra_references_as_saved():
+    alloc = PrefixCachingAllocator(32, 4, watermark=0.0)  # 8 blocks
+    parent = new_seq(1, 9, 4)
+    alloc.allocate(parent)
+    parent.advance(1, 0.0)  # 9 computed: blocks 0, 1 full and keyed
+    assert alloc.can_allocate(new_seq(9, 1, 1))  # registers parent's blocks
+    assert (alloc.cache.num_cached, alloc.sharing_saved()) == (2, 0)
+    child = new_seq(1, 9, 4)
+    child.copy_progress(parent)
+    assert alloc.fork(parent, child) == []
+    assert alloc._refs[:3] == [2, 2, 2]
+    assert (alloc._num_shared, alloc._dup) == (1, 2)  # block 2 is copy-on-write; 0, 1 are cached
+    assert alloc.sharing_saved() == 12  # every shared block counts while one is copy-on-write
+    alloc.check_integrity()
+    assert alloc.append(child) == [(2, 3)]  # position 9 lies in the uncached shared block
+    assert (alloc._num_shared, alloc.sharing_saved()) == (0, 8)
+    assert footprint(alloc) == (9 + 9 - 8, 12 + 12 - 8, 16, 16)
+    alloc.check_integrity()
+    alloc.free(parent)
+    assert (alloc._refs[:4], alloc._dup, alloc.cache.num_evictable) == ([1, 1, 0, 1], 0, 0)
+    alloc.free(child)
+    assert (alloc.cache.num_evictable, alloc.num_free_blocks) == (2, 8)
+    alloc.check_integrity()
+
+
+# ---------------------------------------------------------------- VirtualAllocator
+
+
+def vmm(num_pages: int = 5, **kw) -> VirtualAllocator:
+    """4-slot pages in a 22-slot budget, ranges of 8 slots (2 pages), no watermark unless asked."""
+    args = {"num_slots": 22, "page_tokens": 4, "num_pages": num_pages, "max_len": 8, "max_requests": 3}
+    return VirtualAllocator(**(args | {"watermark": 0.0} | kw))
+
+
+def test_vmm_fork_with_no_page_left_needs_none_and_the_group_counts_its_members():
+    alloc = vmm(num_pages=2)
+    leader = sequence_for(Request(1, 0.0, 3, 2, n=2))
+    alloc.allocate(leader)  # a range per output, one page each: no page left
+    leader.advance(1, 0.0)
+    child = leader.group.members[1]
+    child.copy_progress(leader)
+    assert alloc.available_pages == 0
+    assert alloc.fork(leader, child) == [(0, 8, 3)]  # the prompt's page is already mapped
+    leader.group.forked = True
+    assert (alloc.page_table(leader), alloc.page_table(child)) == ((0,), (1,))
+    alloc.check_integrity()
+    alloc.free(child)  # the group keeps the range, not its page
+    assert (alloc.page_table(leader), list(alloc._unmapped), alloc._free_ranges) == ((0,), [1], {2})
+    alloc.check_integrity()
+    alloc.free(leader)  # the last member: every range goes, pages kept mapped idle
+    assert (alloc._free_ranges, alloc.footprint().idle) == ({0, 1, 2}, 4)
+    alloc.check_integrity()
