@@ -1,6 +1,6 @@
 """Triton kernels (paged and contiguous decode attention, KV store) and their PyTorch references.
 
-Empty in the foundation: engines are simulated with a cost model until the real-decoding
-and kernels issues land. The addressing the kernels will read is already fixed by the
-allocators (`engines.allocator.Extent` and `BlockTable`).
+One module per kernel (decode and extend attention, the split-KV merge, the KV store, fused
+Llama ops), each checked against `reference.py`; the addressing they read is the allocators'
+(`engines.allocator.Extent` and `BlockTable`). docs/KERNELS.md describes them.
 """

@@ -4,8 +4,8 @@ A decode-attention step reads each token's K and V once and does little arithmet
 byte, so its best possible time is (bytes it must read) / (read bandwidth). The kernel
 benchmark divides every backend's achieved bytes/s by the figure measured here, on the same
 GPU in the same run, rather than by a datasheet number no kernel reaches (the H200's
-4.8 TB/s). The issue that introduced the benchmark measured a streaming read kernel at
-4.44 TB/s on an H200; `measure_read_bandwidth` should land near that there.
+4.8 TB/s). A streaming read kernel measured 4.44 TB/s on an H200;
+`measure_read_bandwidth` should land near that there.
 
 Also here: `time_cuda`, the one CUDA timer every kvbench kernel measurement uses.
 """
@@ -23,7 +23,7 @@ import triton.language as tl
 from kvbench.errors import KvbenchError
 
 GIB = 1 << 30
-H200_STREAMING_READ = 4.44e12  # bytes/s, the issue's streaming read kernel on an H200
+H200_STREAMING_READ = 4.44e12  # bytes/s, a streaming read kernel measured on an H200
 _BLOCK = 4096  # float32 elements per load step of one program (16 KiB)
 
 

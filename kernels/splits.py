@@ -28,7 +28,7 @@ def choose_num_splits(batch: int, kv_heads: int, max_context: int, device: torch
     """The largest power of two of splits that keeps the grid within 4 programs per SM, none
     under 128 tokens.
 
-    Why 4 with 64-position tiles: on an H200 every cell of the kernels issue's 64K-token band
+    Why 4 with 64-position tiles: on an H200 every cell of the benchmark's 64K-token band
     ((8, 8192) to (64, 1024)) read fastest at 512 programs of 64-position tiles (0.81-0.87 of
     the read bandwidth), and cells of 256K tokens and more did as well or better than with the
     earlier rule (8 programs per SM, rounded up): more splits only added merge work and

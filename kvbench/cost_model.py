@@ -18,7 +18,7 @@ parent's K/V for a parallel sample or a beam) add `per_copy_slot_s` per slot: it
 and written once. The roofline terms divide by an efficiency (`bandwidth_efficiency` 0.8,
 `compute_efficiency` 0.6: what well-tuned kernels reach). For OPT-13B on an A100-40GB a
 decode step of 30 sequences at 400 tokens of context models at 32.7 ms (20.7 ms of it
-weights). `kvbench calibrate` (a later issue) replaces these constants by ones fitted to real
+weights). `kvbench calibrate` replaces these constants by ones fitted to real
 runs.
 """
 

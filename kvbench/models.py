@@ -70,7 +70,7 @@ MODELS: dict[str, ModelSpec] = {
         _opt("opt-66b", 64, 9216, 72),
         _opt("opt-175b", 96, 12288, 96),
         ModelSpec("llama-13b", "llama", 40, 5120, 40, 40, 13824, 32000, 2048, norm_eps=1e-6),
-        # the real-decoding issue's reference workload model (about 1.2 B parameters)
+        # the reference workload's model (benchmarks/real_decode.py; about 1.2 B parameters)
         ModelSpec("llama-1b-ref", "llama", 16, 2048, 32, 8, 8192, 32000, 2048),
         # tiny configurations for CPU tests and smoke runs (random weights only)
         ModelSpec("tiny-opt", "opt", 2, 64, 4, 4, 256, 512, 2048),

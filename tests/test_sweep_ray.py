@@ -1,6 +1,6 @@
 """`kvbench sweep --executor ray` on a real local Ray cluster of 2 CPUs, started by the test.
 
-The checks the issue asks for: a simulated sweep through Ray writes the same sweep.csv as the
+What it checks: a simulated sweep through Ray writes the same sweep.csv as the
 local executor; a cell whose worker process is killed (SIGKILL to the real worker, found by
 the process title Ray gives a running task) is run again and the sweep completes, or, with no
 retries left, is recorded as failed and `--resume` runs it; a driver killed mid-sweep resumes

@@ -147,7 +147,7 @@ class ParallelSession:
         return arena
 
     def runner(self, arena: KVArena, allocator, **options) -> ParallelRunner:
-        """A `ParallelRunner` over `arena` (this session's current one); `options` as `ModelRunner`'s."""
+        """A `ParallelRunner` over `arena` (the group's current arena); `options` as `ModelRunner`'s."""
         if arena is not self.current:
             raise ValueError("a tensor-parallel runner needs the session's current arena")
         return ParallelRunner(self, arena, allocator, **options)
