@@ -76,9 +76,6 @@ class Scheduler(Preemption):
         self._unsettled = False
         if self.swapped:
             self._bring_back()
-            if not self.running:  # a drained static batch may still hold memory: free it, retry
-                self.release([])
-                self._bring_back()
             self._unsettled |= not self.swapped  # all back: the next step may admit again
         elif prefill := self._admit():
             return prefill
