@@ -380,6 +380,12 @@ class VirtualAllocator:
         """Physical pages under `seq`'s range, in virtual order (what the real arena maps)."""
         return tuple(self._mapped[self._owner[seq]])
 
+    def mapped_counts(self) -> np.ndarray:
+        """`[max_requests]` pages mapped under each range, idle ones included: what a real
+        arena must back. A range's pages are always its first ones (mapped at its end as it
+        grows, unmapped from its end), so a count says which."""
+        return np.fromiter(map(len, self._mapped), dtype=np.int64, count=self.max_requests)
+
     def _target_of(self, request: Request, num_pages: int) -> int:
         return min(request.kv_len, self.capacity(num_pages))
 

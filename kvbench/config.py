@@ -25,6 +25,7 @@ from kvbench.requests import Trace
 from kvbench.vmm.pages import DEFAULT_PAGE_KIB, page_geometry
 from workloads.spec import WorkloadSpec, build_trace
 
+VMM_MAPS = ("sync", "ahead")  # --vmm-map (kvbench.real.model_runner)
 DEFAULT_GPU = "a100-40gb"  # the paper's GPU: budgets and step times are emulated on it
 
 
@@ -57,6 +58,7 @@ class RunConfig:
     weights_seed: int = 0  # real runs: seed of a preset's random weights
     attention: str = "auto"  # real runs: triton kernels, torch reference, or auto (triton on CUDA)
     cuda_graphs: bool = True  # real runs: replay decode steps as CUDA graphs (needs the kernels)
+    vmm_map: str = "sync"  # real vmm runs: map pages just before the step needing them, or one segment ahead
     tensor_parallel: int = 1  # real runs: GPUs one model is split across; budgets stay the model's
     collectors: str = "torch,nvml,roofline"  # real runs on CUDA: what to measure beside the steps
     hf_batch_size: int = 32  # hf-generate: requests per padded generate() batch
@@ -197,6 +199,10 @@ def check_real_options(config: RunConfig) -> None:
             f"--attention triton needs a CUDA --device, not {config.device} (--attention torch runs "
             "there; TRITON_INTERPRET=1 runs the kernels in Triton's interpreter)"
         )
+    if config.engine == "vmm" and config.tensor_parallel > 1:
+        raise KvbenchError("--engine vmm maps its virtual arena on one GPU: use --tensor-parallel 1")
+    if config.vmm_map not in VMM_MAPS:
+        raise KvbenchError(f"--vmm-map must be one of {', '.join(VMM_MAPS)}, got {config.vmm_map!r}")
 
 
 def resolve_model(name: str) -> ModelSpec:

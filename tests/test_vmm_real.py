@@ -67,3 +67,175 @@ def test_vmm_under_memory_pressure_reclaims_preempts_and_keeps_the_tokens():
     assert sum(seq.num_preemptions for seq in run.sequences) > 0  # the case is exercised
     assert alloc.unmaps > 0  # idle pages were reclaimed under other ranges
     assert [seq.output_ids for seq in run.sequences] == [seq.output_ids for seq in oracle.sequences]
+
+
+# ---------------------------------------------------------------------------- the virtual arena
+# A `kvbench run --engine vmm` decodes over `VirtualKVArena`: on CPU a stand-in tensor, on CUDA
+# memory reserved and mapped through the driver. tests/test_vmm_arena.py checks the arena's
+# bookkeeping on CPU; here, whole runs.
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def real_run(engine: str, device: str, **options):
+    from kvbench.config import RunConfig
+    from kvbench.real.run import run_real
+    from workloads.spec import WorkloadSpec
+
+    workload = WorkloadSpec("uniform:prompt=4..60,output=2..40", num_requests=12, rate=100.0, seed=2)
+    config = RunConfig(
+        engine=engine, model="tiny-llama", workload=workload, kv_cache_gib=1 / 1024, max_num_seqs=8,
+        device=device, dtype="float32", attention="torch" if device == "cpu" else "triton",
+        collectors="none", **options,
+    )  # fmt: skip
+    return run_real(config)
+
+
+@pytest.mark.parametrize("vmm_map", ["sync", "ahead"])
+def test_kvbench_run_vmm_decodes_over_the_virtual_arena(vmm_map):
+    """`run_real` builds the virtual arena (8 ranges of the model's 2,048 slots, 4 KiB pages of
+    64 tokens in each of the 4 per-layer tensors), maps pages as the allocator holds them and
+    reports the mapping work; the tokens are orca-oracle's."""
+    oracle = real_run("orca-oracle", "cpu")
+    result = real_run("vmm", "cpu", vmm_page_kib=4, vmm_map=vmm_map)
+    summary = result.summary
+    assert summary["arena_slots"] == 8 * 2048 and summary["vmm_layout"] == "per-layer"
+    assert summary["vmm_maps"] > 0 and summary["vmm_map_s"] >= 0
+    assert (summary["vmm_ahead_maps"] > 0) == (vmm_map == "ahead")
+    assert [s.output_ids for s in result.run.sequences] == [s.output_ids for s in oracle.run.sequences]
+
+
+def wide_spec():
+    """A Llama of 4 layers with 32 KV heads of 128 (128 KiB of float32 K/V per token): a 2 MiB
+    driver page holds 16 tokens per request (per-request layout) or 128 per layer (per-layer),
+    so requests of the small trace grow across pages on a real GPU."""
+    from kvbench.models import ModelSpec
+
+    return ModelSpec("wide-llama-test", "llama", 4, 4096, 32, 32, 1024, 512, 64, dtype_bytes=4)
+
+
+def gpu_decode(engine: str, *, layout="per-layer", vmm_map="sync", num_pages=10, cuda_graphs=True):
+    from engines import EngineOptions
+    from engines.scheduler import SchedulerConfig
+    from kvbench.modeling.virtual_arena import VirtualKVArena
+
+    device = torch.device("cuda")
+    spec = wide_spec()
+    model = random_model(spec, torch.float32, device, seed=3)
+    row = spec.kv_bytes_per_token if layout == "per-request" else spec.num_kv_heads * spec.head_dim * 4
+    page_tokens = 2 * 2**20 // row  # a driver page of one virtual tensor
+    scheduler = SchedulerConfig(max_num_seqs=8)
+    if engine == "vmm":
+        options = EngineOptions(
+            num_slots=num_pages * page_tokens, max_len=64, page_tokens=page_tokens, num_pages=num_pages,
+            scheduler=scheduler,
+        )  # fmt: skip
+    else:
+        options = EngineOptions(num_slots=1024, max_len=64, scheduler=scheduler)
+    sched = ENGINES[engine].build(options)
+    if engine == "vmm":
+        arena = VirtualKVArena.for_allocator(spec, sched.allocator, layout, torch.float32, device)
+    else:
+        arena = KVArena(spec, 1024, torch.float32, device)
+    runner = _Recording(
+        model, arena, sched.allocator, max_batch=8, max_len=64, seed=5, attention="triton",
+        cuda_graphs=cuda_graphs, clock=VIRTUAL_CLOCK, vmm_map=vmm_map,
+    )  # fmt: skip
+    run = Engine(sched, runner).run(small_trace(16, seed=1))
+    torch.cuda.synchronize()
+    return run, sched.allocator, arena, runner
+
+
+@CUDA
+@pytest.mark.gpu
+@pytest.mark.parametrize("vmm_map", ["sync", "ahead"])
+@pytest.mark.parametrize("layout", ["per-layer", "per-request"])
+def test_gpu_virtual_arena_gives_orca_oracles_tokens_and_gives_its_memory_back(layout, vmm_map):
+    """Real pages mapped through the driver, the contiguous Triton kernels and CUDA graphs
+    captured before any page was mapped: orca-oracle's greedy tokens. No page is mapped twice
+    (the driver wrapper refuses it, and its counts agree with the pages mapped at the end),
+    physical memory never exceeds the budget, and closing the arena gives it back (the run's
+    own allocations stay with torch's caching allocator, so the arena's are counted alone)."""
+    oracle, _, _, _ = gpu_decode("orca-oracle")
+    want = [seq.output_ids for seq in oracle.sequences]
+    run, alloc, arena, runner = gpu_decode("vmm", layout=layout, vmm_map=vmm_map)
+    assert runner.cuda_graphs and runner.virtual is arena
+    assert [seq.output_ids for seq in run.sequences] == want
+    buffer = arena._pages.buffer
+    # every driver map and unmap is the arena's, or the warm-up's one page (mapped and unmapped)
+    assert arena.maps > 0 and buffer.maps == (arena.maps + 1) * arena.tensors
+    assert buffer.unmaps == (arena.unmaps + 1) * arena.tensors
+    assert buffer.maps - buffer.unmaps == len(buffer.mapped_pages) == int(arena.mapped.sum()) * arena.tensors
+    assert buffer.mapped_pages == arena.driver_pages
+    assert (arena.mapped >= alloc.mapped_counts()).all()
+    assert buffer.held_bytes <= arena.nbytes  # spare handles included: never beyond the budget
+    if layout == "per-request":  # pages of 16 tokens: requests grew across pages, and pages moved
+        assert arena.unmaps > 0 and alloc.unmaps > 0
+    held = buffer.held_bytes
+    free = torch.cuda.mem_get_info()[0]
+    arena.close()
+    torch.cuda.synchronize()
+    slack = arena.tensors * buffer.page  # one page of each virtual tensor
+    assert held > 0 and torch.cuda.mem_get_info()[0] >= free + held - slack  # what it held came back
+
+
+@CUDA
+@pytest.mark.gpu
+def test_gpu_arena_memory_follows_its_mapped_pages():
+    from kvbench.modeling.virtual_arena import VirtualKVArena
+
+    spec = wide_spec()
+    arena = VirtualKVArena(
+        spec, ranges=4, range_slots=128, page_tokens=128, num_pages=6, layout="per-layer",
+        dtype=torch.float32, device=torch.device("cuda"),
+    )  # fmt: skip  # per-layer: 8 tensors of 4 ranges of one 2 MiB page
+    torch.cuda.synchronize()
+    before = torch.cuda.mem_get_info()[0]
+    arena.sync(np.array([1, 1, 1, 0]))
+    arena.k[:, :384].fill_(1.0)  # every mapped page of K, all layers
+    torch.cuda.synchronize()
+    used = before - torch.cuda.mem_get_info()[0]
+    assert used >= 3 * 8 * 2 * 2**20 and float(arena.k[3, 255].sum()) == 1.0 * 32 * 128
+    arena.close()
+    assert torch.cuda.mem_get_info()[0] >= before - 8 * 2 * 2**20
+
+
+@CUDA
+@pytest.mark.gpu
+def test_gpu_driver_refuses_a_page_mapped_twice_and_a_graph_survives_a_remap():
+    from kvbench.vmm.driver import Driver, DriverError, VirtualBuffer
+
+    torch.cuda.init()
+    buffer = VirtualBuffer(Driver(torch.cuda.current_device()), 2 * 2 * 2**20)
+    n = buffer.page // 4
+    try:
+        buffer.map_page(0)
+        with pytest.raises(DriverError, match="mapped already"):
+            buffer.map_page(0)
+        with pytest.raises(DriverError, match="not mapped"):
+            buffer.unmap_page(1)
+        t = buffer.tensor((2 * n,), torch.float32)[:n]  # page 0
+        t.fill_(1.0)
+        out = torch.zeros((), device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out.copy_(t.sum())
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out.copy_(t.sum())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert float(out) == n
+        buffer.unmap_page(0)
+        buffer.map_page(1)  # takes page 0's handle
+        buffer.map_page(0)  # a new handle: other physical memory at the same address
+        assert buffer.creates == 2 and buffer.maps == 3 and buffer.unmaps == 1
+        t.fill_(2.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert float(out) == 2 * n
+    finally:
+        torch.cuda.synchronize()
+        buffer.close()

@@ -22,12 +22,18 @@ that step's logits, back (`kvbench.real.sampling`), as does a prefill for its be
 parallel-sampling prompt (every sample's first token).
 K/V copies the allocator asked for (copy-on-write blocks, contiguous forks' slot ranges) are
 made before the step.
+
+A `vmm` run over a `VirtualKVArena` maps the pages the allocator holds before each call's
+steps, inside its timed work (`vmm_map="sync"`); with `"ahead"` it also maps, while a decode
+segment runs on the device, the pages the batch will need in the next segment, so that
+segment finds them mapped. Kernels and graphs are the contiguous ones: addresses never move.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -40,6 +46,7 @@ from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata, resolve_backend
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.sampling import sample
+from kvbench.modeling.virtual_arena import VirtualKVArena
 from kvbench.real.decode_loop import DecodeLoop, block_table_array
 from kvbench.real.kv_copies import ArenaCopies
 from kvbench.real.sampling import branches_of, wants_logits
@@ -55,12 +62,16 @@ class ModelRunner(ArenaCopies):
         self, model: CausalLM, arena: KVArena, allocator: KVAllocator, *, max_batch: int, max_len: int,
         temperature: float = 0.0, seed: int = 0, attention: str = "auto", cuda_graphs: bool = True,
         keep_logits: bool = False, warm_up: bool = True, clock: CostModel | None = None,
+        vmm_map: str = "sync",
     ) -> None:  # fmt: skip
         self.model = model
         # None: steps last what they take; a cost model: what it says (see the module docstring)
         self.clock = None if clock is None else CostModelRunner(clock)
         self.arena = arena
         self.allocator = allocator
+        # a virtual arena backs only the pages its allocator (a VirtualAllocator) holds
+        self.virtual = arena if isinstance(arena, VirtualKVArena) else None
+        self.map_ahead = vmm_map == "ahead"
         self.temperature = temperature
         self.seed = seed
         self.device = arena.k.device
@@ -94,6 +105,7 @@ class ModelRunner(ArenaCopies):
         """Run `batch` on the device, timed: a decode segment of up to `max_steps` steps stops
         after the first step ending `budget_s` or more after the call began."""
         start = time.perf_counter()
+        self._map_pages(batch.seqs)
         self._swap(batch)
         self._copy_blocks(batch.block_copies)
         self._copy_slots(batch.slot_copies)
@@ -157,7 +169,8 @@ class ModelRunner(ArenaCopies):
             True, torch.full_like(ids, -1), torch.tensor([0, tokens], device=dev), context,
             max_new=tokens, backend=self.backend, **_addressing([where], dev),
         )  # fmt: skip
-        with torch.inference_mode():
+        scratch = self.virtual.scratch(tokens) if self.virtual is not None else nullcontext()
+        with torch.inference_mode(), scratch:  # a virtual arena backs the slots it reads meanwhile
             self.model(ids, torch.arange(tokens, device=dev), meta, self.arena)
 
     # ------------------------------------------------------------------ decode segments
@@ -174,6 +187,7 @@ class ModelRunner(ArenaCopies):
             out[k - 1].copy_(loop.input_ids[: len(seqs)])
             if clock.mark(wait=cut) >= budget_s:
                 break
+        self._map_ahead(seqs, k)  # while the steps run on the device
         tokens = out[:k].T.tolist()  # [B][k]; waits for the last step
         return StepResult(clock.durations(), tokens)
 
@@ -190,6 +204,25 @@ class ModelRunner(ArenaCopies):
             tokens = loop.input_ids[:n].tolist()  # sampled in the step, from the same logits
         clock.mark(wait=False)
         return StepResult(clock.durations(), [[t] for t in tokens], branches)
+
+    def _map_pages(self, seqs: tuple[Sequence, ...]) -> None:
+        """Back exactly the pages the allocator holds (deferred ones included) before the
+        steps that write them; ahead, the batch's ranges keep pages mapped early while the
+        budget allows."""
+        if self.virtual is None:
+            return
+        keep = [self._range(seq) for seq in seqs] if self.map_ahead else ()
+        self.virtual.sync(self.allocator.mapped_counts(), keep)
+
+    def _map_ahead(self, seqs: tuple[Sequence, ...], steps: int) -> None:
+        """Ahead: map the pages each sequence needs for another `steps` steps after these."""
+        if self.virtual is None or not self.map_ahead:
+            return
+        pages_for = self.allocator.pages_for
+        self.virtual.prefetch({self._range(seq): pages_for(seq.num_tokens + 2 * steps) for seq in seqs})
+
+    def _range(self, seq: Sequence) -> int:
+        return self.allocator.addressing(seq).start // self.virtual.range_slots
 
     def _load(self, seqs: tuple[Sequence, ...]) -> int:
         """Put the batch's inputs into the decode buffers; the rows it runs with."""

@@ -16,13 +16,15 @@ import torch
 from kvbench.budget import check_device_memory
 from kvbench.config import Prepared, RunConfig, batched_tokens, prepare, resolve_model
 from kvbench.errors import KvbenchError
+from kvbench.gc_pause import gc_paused
 from kvbench.modeling.attention import BACKENDS, resolve_backend
+from kvbench.modeling.virtual_arena import VirtualKVArena
 from kvbench.parallel.session import Session, open_session
 from kvbench.parallel.sizes import check_tensor_parallel
 from kvbench.plugins import EXTERNAL
 from kvbench.real.activations import measure_activation_bytes
 from kvbench.real.collectors import CollectingRunner, build_collectors, parse_collectors
-from kvbench.gc_pause import gc_paused
+from kvbench.real.vmm_arena import open_vmm_arena
 from kvbench.simulate import RunResult, execute
 from workloads.columns import check_vocabulary
 
@@ -102,7 +104,10 @@ def run_real(
     check_vocabulary(prepared.trace, spec.vocab, config.model)  # before any step: ids the model can embed
     check_device_memory(prepared.budget, device, session.size)  # before allocating, not by OOM
     try:
-        arena = session.arena(prepared.budget.num_slots)
+        arena = (  # vmm: virtual ranges whose pages the runner maps as the allocator holds them
+            open_vmm_arena(prepared, dtype, device) if config.engine == "vmm"
+            else session.arena(prepared.budget.num_slots)
+        )  # fmt: skip
     except torch.OutOfMemoryError:
         raise KvbenchError(
             f"the KV arena of {prepared.budget.num_slots} slots does not fit on {device} "
@@ -123,7 +128,7 @@ def run_real(
         runner = session.runner(
             arena, scheduler.allocator, max_batch=max_batch, max_len=max_len,
             temperature=config.temperature, seed=config.weights_seed, attention=config.attention,
-            cuda_graphs=config.cuda_graphs, keep_logits=beams,
+            cuda_graphs=config.cuda_graphs, keep_logits=beams, vmm_map=config.vmm_map,
         )  # fmt: skip
         collectors = build_collectors(  # they see rank 0's GPU: its share of weights and K/V
             collect, device=device, weight_bytes=weight_bytes // session.size,
@@ -132,8 +137,12 @@ def run_real(
         runners.append(CollectingRunner(runner, collectors))
         return runners[-1]
 
-    with gc_paused(collect=True):  # no collector pause inside a timed step (kvbench.gc_pause)
-        result = execute(config, make_runner, mode="real", coalesce=coalesce, prepared=prepared)
+    try:
+        with gc_paused(collect=True):  # no collector pause inside a timed step (kvbench.gc_pause)
+            result = execute(config, make_runner, mode="real", coalesce=coalesce, prepared=prepared)
+    finally:
+        if isinstance(arena, VirtualKVArena):
+            arena.close()  # its pages go back to the device now, not when collected
     collecting = runners[0]
     runner = collecting.inner
     measured = collecting.finish()
@@ -155,4 +164,6 @@ def run_real(
         cuda_graph_capture_s=runner.decoder.capture_s,
         collectors=[type(c).__name__ for c in collecting.collectors],
     )
+    if isinstance(arena, VirtualKVArena):
+        result.summary.update(arena.stats())
     return result

@@ -194,26 +194,71 @@ def range_tokens(max_len: int, row_bytes: int, page: int) -> int:
 class VirtualBuffer:
     """A span of virtual memory with a page created and mapped wherever asked; `close` unmaps and
     releases every page and frees the span. Pages are one handle each, as an allocator that
-    maps a sequence's growth page by page holds them."""
+    maps a sequence's growth page by page holds them.
 
-    def __init__(self, driver: Driver, size: int) -> None:
+    `page` (bytes, a multiple of the driver's granularity; default the granularity) is what one
+    handle holds. An unmapped page's handle is kept for the next map (`spare`): creating
+    physical memory costs more than mapping it, and a KV arena's pages come and go within the
+    same budget. `maps` and `unmaps` count the driver's map and unmap calls; mapping a page that
+    is mapped, or unmapping one that is not, is a `DriverError` (a caller's bookkeeping bug).
+    """
+
+    def __init__(self, driver: Driver, size: int, page: int | None = None) -> None:
         self.driver = driver
-        self.page = driver.granularity()
+        granularity = driver.granularity()
+        self.page = page or granularity
+        if self.page % granularity:
+            raise DriverError(f"a page of {self.page} bytes is not a multiple of {granularity} (granularity)")
         self.size = -(-size // self.page) * self.page
         self.address = driver.reserve(self.size, self.page)
         self._handles: dict[int, int] = {}  # page index -> handle
+        self._spare: list[int] = []  # handles of unmapped pages, kept for the next map
+        self.maps = self.unmaps = self.creates = 0
 
     @property
     def mapped_bytes(self) -> int:
         return len(self._handles) * self.page
 
+    @property
+    def mapped_pages(self) -> frozenset[int]:
+        return frozenset(self._handles)
+
+    @property
+    def held_bytes(self) -> int:
+        """Physical memory this buffer holds: mapped pages and spare handles."""
+        return (len(self._handles) + len(self._spare)) * self.page
+
+    def map_page(self, index: int) -> None:
+        """Back page `index` (unmapped now) with a spare handle, else a new one."""
+        if index in self._handles:
+            raise DriverError(f"page {index} is mapped already")
+        if self._spare:
+            handle = self._spare.pop()
+        else:
+            handle = self.driver.create(self.page)
+            self.creates += 1
+        try:
+            self.driver.map(self.address + index * self.page, self.page, handle)
+        except DriverError:
+            self._spare.append(handle)
+            raise
+        self._handles[index] = handle
+        self.maps += 1
+
+    def unmap_page(self, index: int) -> None:
+        """Unmap page `index` (mapped now); its handle waits for the next `map_page`."""
+        handle = self._handles.pop(index, None)
+        if handle is None:
+            raise DriverError(f"page {index} is not mapped")
+        self.driver.unmap(self.address + index * self.page, self.page)
+        self._spare.append(handle)
+        self.unmaps += 1
+
     def map(self, offset: int, size: int) -> None:
         """Back bytes `[offset, offset + size)`, a page at a time (pages already mapped stay)."""
         for index in range(offset // self.page, -(-(offset + size) // self.page)):
             if index not in self._handles:
-                handle = self.driver.create(self.page)
-                self.driver.map(self.address + index * self.page, self.page, handle)
-                self._handles[index] = handle
+                self.map_page(index)
 
     def tensor(self, shape: tuple[int, ...], dtype) -> object:
         """The whole span as a tensor; only its mapped pages may be touched."""
@@ -224,6 +269,9 @@ class VirtualBuffer:
             self.driver.unmap(self.address + index * self.page, self.page)
             self.driver.release(handle)
         self._handles.clear()
+        for handle in self._spare:
+            self.driver.release(handle)
+        self._spare.clear()
         if self.address:
             self.driver.free(self.address, self.size)
             self.address = 0

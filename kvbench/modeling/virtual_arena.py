@@ -1,0 +1,259 @@
+"""The KV arena of a real `vmm` run: virtual tensors whose physical pages come and go.
+
+Same indexing as `KVArena` (`k[layer]`, `v[layer]`: `[S, Hkv, D]`, a token per slot, a request's
+range of `range_slots` slots starting at `range * range_slots`), so the runner, the contiguous
+kernels and the decode graphs address it as they address any contiguous arena; but only the
+pages the allocator holds are backed by memory. Why one layout for all: a slot's address never
+moves, so a CUDA graph captured once replays over pages mapped after its capture.
+
+Layouts (`kvbench.vmm.pages`), both one reservation carved by strides:
+
+- `per-layer` (vAttention's): a virtual K and a virtual V tensor per layer, `[S, Hkv, D]` each,
+  one after the other (`[L, 2, S, Hkv, D]`); an allocator page is a driver page at the same
+  offset in each of the 2 x L tensors.
+- `per-request`: a token's K and V of every layer together (`[S, L, 2, Hkv, D]`), so a range
+  holds all of a request's K/V; an allocator page is one driver page.
+
+A range's pages are always its first ones, so the arena keeps one count per range and
+`sync` maps or unmaps at the ends to match the allocator's counts (`mapped_counts`): deferred
+reclamation (pages kept under a finished request's range) is the allocator's choice and simply
+stays mapped. `prefetch` maps pages beyond them early (`--vmm-map ahead`), never more pages in
+all than the budget's; `sync` unmaps such pages first when the allocator needs the memory.
+
+On CUDA the memory is reserved and mapped through the driver (`kvbench.vmm.driver`); elsewhere
+a plain tensor stands in, and a page is filled with NaN when it is mapped or unmapped, so a
+read of memory that a GPU would not have backed poisons the logits instead of faulting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from fractions import Fraction
+
+import numpy as np
+import torch
+
+from kvbench.errors import KvbenchError
+from kvbench.models import ModelSpec
+from kvbench.vmm.pages import LAYOUTS
+
+
+class _HostPages:
+    """CPU stand-in for a virtual span: a tensor, and the set of pages a GPU would have mapped."""
+
+    def __init__(self, numel: int, page_elems: int, dtype: torch.dtype) -> None:
+        self.flat = torch.zeros(numel, dtype=dtype)  # [numel]
+        self.page_elems = page_elems
+        self.mapped: set[int] = set()
+        self.maps = self.unmaps = 0
+
+    def map_page(self, index: int) -> None:
+        if index in self.mapped:
+            raise RuntimeError(f"page {index} is mapped already")
+        self.mapped.add(index)
+        self._poison(index)  # a fresh page's content is undefined
+        self.maps += 1
+
+    def unmap_page(self, index: int) -> None:
+        if index not in self.mapped:
+            raise RuntimeError(f"page {index} is not mapped")
+        self.mapped.remove(index)
+        self._poison(index)
+        self.unmaps += 1
+
+    def _poison(self, index: int) -> None:
+        self.flat[index * self.page_elems : (index + 1) * self.page_elems].fill_(float("nan"))
+
+    def close(self) -> None:
+        self.mapped.clear()
+
+
+class _DevicePages:
+    """A virtual span on the device (`VirtualBuffer`) viewed as one flat tensor."""
+
+    def __init__(self, numel: int, page_elems: int, dtype: torch.dtype, device: torch.device) -> None:
+        from kvbench.vmm.driver import Driver, DriverError, VirtualBuffer, view
+
+        element = torch.empty((), dtype=dtype).element_size()
+        torch.cuda.init()
+        with torch.cuda.device(device):
+            driver = Driver(device.index or 0)
+            granularity = driver.granularity()
+            if page_elems * element % granularity:
+                raise KvbenchError(
+                    f"--vmm-page-kib {page_elems * element // 1024}: a real vmm arena's page must be a "
+                    f"multiple of the driver's granularity, {granularity // 1024} KiB"
+                )
+            try:
+                self.buffer = VirtualBuffer(driver, numel * element, page_elems * element)
+            except DriverError as error:
+                raise KvbenchError(f"the vmm arena's virtual reservation failed: {error}") from None
+            self.flat = view(self.buffer.address, (numel,), dtype)  # [numel]
+        self.page_elems = page_elems
+
+    @property
+    def mapped(self) -> frozenset[int]:
+        return self.buffer.mapped_pages
+
+    def map_page(self, index: int) -> None:
+        self.buffer.map_page(index)
+
+    def unmap_page(self, index: int) -> None:
+        self.buffer.unmap_page(index)
+
+    def close(self) -> None:
+        self.buffer.close()
+
+
+class VirtualKVArena:
+    """`ranges` virtual ranges of `range_slots` slots; pages of `page_tokens` slots (maybe a
+    fraction), at most `num_pages` of them mapped at once. See the module docstring."""
+
+    def __init__(
+        self, spec: ModelSpec, *, ranges: int, range_slots: int, page_tokens: Fraction | int, num_pages: int,
+        layout: str, dtype: torch.dtype, device: torch.device,
+    ) -> None:  # fmt: skip
+        if layout not in LAYOUTS:
+            raise KvbenchError(f"--vmm-layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        layers, heads, dim = spec.num_layers, spec.num_kv_heads, spec.head_dim
+        per_layer = layout == "per-layer"
+        row = heads * dim * (1 if per_layer else 2 * layers)  # elements of a token in one virtual tensor
+        self.tensors = 2 * layers if per_layer else 1
+        page_elems = Fraction(page_tokens) * row
+        range_pages = Fraction(range_slots * row) / page_elems if page_elems.denominator == 1 else None
+        if range_pages is None or range_pages.denominator != 1:  # a caller's bug: the allocator's geometry
+            raise ValueError(f"{range_slots} slots of {row} elements are not whole pages of {page_tokens}")
+        self.layout, self.ranges, self.range_slots = layout, ranges, range_slots
+        self.page_tokens, self.num_pages = Fraction(page_tokens), num_pages
+        self.range_pages = int(range_pages)
+        self.num_slots = ranges * range_slots
+        self._tensor_pages = ranges * self.range_pages  # pages of one virtual tensor
+        numel = self.tensors * self.num_slots * row
+        if device.type == "cuda":
+            self._pages: _HostPages | _DevicePages = _DevicePages(numel, int(page_elems), dtype, device)
+        else:
+            self._pages = _HostPages(numel, int(page_elems), dtype)
+        flat, slots = self._pages.flat, self.num_slots
+        if per_layer:
+            both = flat.view(layers, 2, slots, heads, dim)
+            self.k, self.v = both[:, 0], both[:, 1]  # [L, S, Hkv, D] each
+        else:
+            both = flat.view(slots, layers, 2, heads, dim)
+            self.k, self.v = both[:, :, 0].transpose(0, 1), both[:, :, 1].transpose(0, 1)  # [L, S, Hkv, D]
+        self._page_bytes = int(page_elems) * flat.element_size()
+        self.mapped = np.zeros(ranges, dtype=np.int64)  # pages mapped under each range
+        self.maps = self.unmaps = self.ahead_maps = 0  # allocator pages (each a driver page per tensor)
+        self.map_s = 0.0  # seconds in driver calls (map, unmap) of `sync` and `prefetch`
+
+    @classmethod
+    def for_allocator(
+        cls, spec: ModelSpec, allocator, layout: str, dtype: torch.dtype, device: torch.device
+    ) -> VirtualKVArena:
+        """The arena a `VirtualAllocator`'s ranges and pages address."""
+        return cls(
+            spec, ranges=allocator.max_requests, range_slots=allocator.range_slots,
+            page_tokens=allocator.page_tokens, num_pages=allocator.num_pages, layout=layout, dtype=dtype,
+            device=device,
+        )  # fmt: skip
+
+    @property
+    def nbytes(self) -> int:
+        """Physical bytes the budget's pages hold (what may be mapped at once)."""
+        return self.num_pages * self.tensors * self._page_bytes
+
+    @property
+    def mapped_bytes(self) -> int:
+        return int(self.mapped.sum()) * self.tensors * self._page_bytes
+
+    @property
+    def driver_pages(self) -> frozenset[int]:
+        """Driver pages (of `_page_bytes` each, across the whole span) mapped now."""
+        return frozenset(self._pages.mapped)
+
+    def group(self, r: int, j: int) -> list[int]:
+        """Driver pages of page `j` of range `r`: one per virtual tensor."""
+        return [t * self._tensor_pages + r * self.range_pages + j for t in range(self.tensors)]
+
+    def _grow(self, r: int, count: int) -> None:
+        for j in range(int(self.mapped[r]), count):
+            for page in self.group(r, j):
+                self._pages.map_page(page)
+            self.mapped[r] = j + 1
+
+    def _shrink(self, r: int, count: int) -> None:
+        for j in range(int(self.mapped[r]) - 1, count - 1, -1):
+            for page in self.group(r, j):
+                self._pages.unmap_page(page)
+            self.mapped[r] = j
+
+    def sync(self, need: np.ndarray, keep: Iterable[int] = ()) -> None:
+        """Map exactly `need[r]` pages under each range `r` (the allocator's counts), unmapping
+        first; ranges in `keep` keep pages mapped ahead beyond theirs while the budget allows."""
+        start = time.perf_counter()
+        need = np.asarray(need, dtype=np.int64)  # [ranges]
+        target = need.copy()
+        kept = np.fromiter(keep, dtype=np.int64)
+        if len(kept):
+            target[kept] = np.maximum(need[kept], self.mapped[kept])
+            if target.sum() > self.num_pages:
+                target = need
+        shrink = np.flatnonzero(self.mapped > target)
+        grow = np.flatnonzero(self.mapped < target)
+        for r in shrink.tolist():
+            self.unmaps += int(self.mapped[r] - target[r])
+            self._shrink(r, int(target[r]))
+        for r in grow.tolist():
+            self.maps += int(target[r] - self.mapped[r])
+            self._grow(r, int(target[r]))
+        if len(shrink) or len(grow):
+            self.map_s += time.perf_counter() - start
+
+    def prefetch(self, wants: dict[int, int]) -> None:
+        """Map pages early: up to `wants[r]` under each range `r` (capped at the range), while
+        the pages mapped in all stay within the budget."""
+        start = time.perf_counter()
+        room = self.num_pages - int(self.mapped.sum())
+        for r, want in wants.items():
+            add = min(want, self.range_pages) - int(self.mapped[r])
+            if add <= 0 or room <= 0:
+                continue
+            add = min(add, room)
+            room -= add
+            self.maps += add
+            self.ahead_maps += add
+            self._grow(r, int(self.mapped[r]) + add)
+        self.map_s += time.perf_counter() - start
+
+    @contextmanager
+    def scratch(self, tokens: int) -> Iterator[None]:
+        """Back range 0's first `tokens` slots for the duration (a warm-up that reads them before
+        any allocation); pages mapped for it are unmapped after."""
+        before = int(self.mapped[0])
+        pages = -(-tokens * self.page_tokens.denominator // self.page_tokens.numerator)
+        self._grow(0, max(before, min(self.range_pages, pages)))
+        try:
+            yield
+        finally:
+            if self._pages.flat.is_cuda:
+                torch.cuda.synchronize(self._pages.flat.device)  # no unmap under a running kernel
+            self._shrink(0, before)
+
+    def fill(self, value: float) -> None:
+        """Fill every mapped page (tests poison them; an unmapped page cannot be written)."""
+        size = self._pages.page_elems
+        for page in self._pages.mapped:
+            self._pages.flat[page * size : (page + 1) * size].fill_(value)
+
+    def stats(self) -> dict:
+        """The run's mapping work, for summaries and benchmarks."""
+        return {
+            "vmm_layout": self.layout, "vmm_maps": self.maps, "vmm_unmaps": self.unmaps,
+            "vmm_ahead_maps": self.ahead_maps, "vmm_map_s": self.map_s,
+        }  # fmt: skip
+
+    def close(self) -> None:
+        """Unmap and release every page and the reservation (the device memory returns)."""
+        self.mapped[:] = 0
+        self._pages.close()
