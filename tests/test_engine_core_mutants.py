@@ -56,8 +56,9 @@ def fields(batch: Batch) -> tuple:
 # ------------------------------------------------------------------ arenas
 
 
-@pytest.mark.parametrize("arena", [BuddyArena(16), FirstFitArena(16)])
-def test_an_arena_names_a_grant_its_caller_does_not_know(arena):
+@pytest.mark.parametrize("make", [BuddyArena, FirstFitArena])
+def test_an_arena_names_a_grant_its_caller_does_not_know(make):
+    arena = make(16)
     start = arena.alloc(4)
     arena.check_integrity({start: 4})  # the caller's view agrees: no complaint
     with pytest.raises(AssertionError, match="^grants differ$"):
@@ -457,3 +458,28 @@ def test_synthetic_scores_are_the_log_softmax_of_seeded_normal_logits():
         np.testing.assert_allclose(got, np.take_along_axis(logprobs[i], best[i], axis=-1)[:beams], rtol=1e-12)
     every = SyntheticScores(7, 1, 64).next(1)[0]
     assert sorted(every[0].tolist()) == list(range(64))
+
+
+def test_a_beam_group_that_runs_out_while_placed_gives_back_its_copies_and_goes_whole():
+    # 4 blocks of 4 slots; two beam groups of 3-token prompts share one block each after the fork,
+    # and each beam's first decode writes into that shared block: copy-on-write takes a new one
+    alloc = PagedAllocator(16, 4, watermark=0.0)
+    sched = IterationScheduler(alloc, SchedulerConfig())
+    first, second = seq(0, 3, 4, beam_width=2), seq(1, 3, 4, beam_width=3)
+    sched.add(first)
+    sched.add(second)
+    prefill = sched.schedule()
+    assert prefill.seqs == (first, second)
+    assert fields(prefill) == (True, 6, 6, 1, (), (), (), 0, True)
+    step(sched, prefill, 0.0)
+    assert sched.running == [*first.group.members, *second.group.members]
+    decode = sched.schedule()
+    # first's leader copies block 0 into 2, its other beam then writes in place; second's leader
+    # copies block 1 into 3, its next beam finds no block: the whole group goes, copy included
+    assert decode.seqs == first.group.members
+    assert fields(decode) == (False, 2, 8, 1, ((0, 2),), (), (), 4, True)
+    assert list(sched.waiting) == list(second.group.members)
+    assert sched.num_preempted == 3
+    assert [m.num_computed for m in second.group.members] == [0, 0, 0]
+    assert alloc.num_free_blocks == 2
+    sched.check_integrity()
