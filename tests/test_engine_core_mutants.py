@@ -9,6 +9,8 @@ mutants they kill, and those that are equivalent, are in results/mutation/engine
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -483,3 +485,64 @@ def test_a_beam_group_that_runs_out_while_placed_gives_back_its_copies_and_goes_
     assert [m.num_computed for m in second.group.members] == [0, 0, 0]
     assert alloc.num_free_blocks == 2
     sched.check_integrity()
+
+
+def test_forks_of_two_groups_in_one_step_are_all_copied_before_the_next():
+    arena = FirstFitArena(100)
+    sched = IterationScheduler(ContiguousAllocator(arena, OracleReservation()), SchedulerConfig())
+    a, b = seq(0, 4, 3, n=2), seq(1, 2, 2, n=2)  # extents of 6 at 0, 6 and of 3 at 12, 15
+    sched.add(a)
+    sched.add(b)
+    prefill = sched.schedule()
+    assert fields(prefill) == (True, 6, 6, 1, (), (), (), 0, True)
+    step(sched, prefill, 0.0)
+    decode = sched.schedule()
+    assert decode.seqs == (*a.group.members, *b.group.members)
+    assert fields(decode) == (False, 4, 16, 1, (), (), ((0, 6, 4), (12, 15, 2)), 6, True)
+
+
+# ------------------------------------------------------------------ admission caps
+
+
+def test_scheduler_caps_default_to_vllm_and_to_a_whole_static_batch():
+    alloc = PagedAllocator(64, 4, watermark=0.0)
+    iteration = IterationScheduler(alloc, SchedulerConfig())
+    assert (iteration.max_num_seqs, iteration.token_cap, iteration.swap) == (256, math.inf, False)
+    static = RequestScheduler(alloc, SchedulerConfig())
+    assert (static.max_num_seqs, static.token_cap, static.swap) == (math.inf, math.inf, False)
+    capped = IterationScheduler(alloc, SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=9))
+    assert (capped.max_num_seqs, capped.token_cap) == (3, 9)
+
+
+def test_the_token_cap_admits_up_to_exactly_its_tokens_and_always_the_first_prompt():
+    sched = IterationScheduler(
+        PagedAllocator(64, 4, watermark=0.0), SchedulerConfig(max_num_batched_tokens=8)
+    )
+    r0, r1, r2, r3 = seq(0, 4, 2), seq(1, 4, 2), seq(2, 1, 2), seq(3, 9, 2)
+    for s in (r0, r1, r2, r3):
+        sched.add(s)
+    first = sched.schedule()
+    assert first.seqs == (r0, r1)  # 4 + 4 = 8 tokens; r2's one more would pass the cap
+    assert fields(first) == (True, 8, 8, 1, (), (), (), 0, False)
+    step(sched, first, 0.0)
+    second = sched.schedule()
+    assert second.seqs == (r2,)  # 1 + 9 > 8
+    step(sched, second, 1.0)
+    third = sched.schedule()
+    assert third.seqs == (r3,)  # alone, a prompt longer than the cap still runs
+    assert fields(third) == (True, 9, 9, 1, (), (), (), 0, False)
+
+
+def test_a_prompt_found_in_the_prefix_cache_is_not_fed_again():
+    options = EngineOptions(num_slots=64, max_len=32, block_size=4, watermark=0.0)
+    sched = ENGINES["paged-prefix"].build(options)
+    ids = tuple(range(1, 10))  # 9 tokens: two full blocks and one more
+    r0 = sequence_for(Request(0, 0.0, 9, 2, prompt_ids=ids))
+    r1 = sequence_for(Request(1, 0.5, 9, 2, prompt_ids=ids))
+    sched.add(r0)
+    step(sched, sched.schedule(), 0.0)
+    sched.add(r1)
+    prefill = sched.schedule()
+    assert prefill.seqs == (r1,)
+    assert (r1.num_computed, r1.num_cached_tokens) == (8, 8)
+    assert fields(prefill) == (True, 1, 9, 1, (), (), (), 0, False)
