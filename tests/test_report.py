@@ -36,7 +36,7 @@ from kvbench.report.figures import (
 )
 from kvbench.report.plot_time import roofline_efficiency
 from kvbench.report.style import ENGINE_COLORS, step_series
-from kvbench.results.read import as_runs, read_sweep
+from kvbench.results.load import as_runs, load_sweep
 from kvbench.simulate import simulate, write_result
 from workloads.spec import WorkloadSpec
 
@@ -188,7 +188,7 @@ def test_step_series_keeps_the_time_weighted_mean():
 
 
 def test_sweep_figures_render_from_saved_files(sweep_dir, tmp_path):
-    sweep = read_sweep(sweep_dir)
+    sweep = load_sweep(sweep_dir)
     svg = _check_written(plot_latency_vs_rate(sweep_dir, tmp_path / "latency"))
     assert "sustained rate" in svg and "paged" in svg and "block size 16" in svg
     _check_written(plot_batched_vs_rate(sweep, tmp_path / "batched"))

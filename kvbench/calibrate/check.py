@@ -18,7 +18,8 @@ from kvbench.calibrate.fit import Calibration
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
 from kvbench.metrics.summary import Slo
-from kvbench.results.read import read_json
+from kvbench.results.files import read_json
+from kvbench.results.load import runs_below
 from kvbench.results.shape import check_summary
 from workloads.spec import WorkloadSpec
 
@@ -61,19 +62,6 @@ def read_config(run: Path) -> RunConfig:
         raise KvbenchError(f"{run}/config.json: not a kvbench run config ({error})") from None
 
 
-def runs_below(path: Path, *, steps: bool) -> list[Path]:
-    """`path` if it is a run folder (summary.json and config.json, and steps.csv where `steps`),
-    else the run folders below it (a figure's, a sweep's `cells/`), in name order; hidden
-    folders (a run being written) are skipped."""
-    if _is_run(path, steps):
-        return [path]
-    return sorted(
-        summary.parent for summary in path.rglob("summary.json")
-        if _is_run(summary.parent, steps)
-        and not any(part.startswith(".") for part in summary.parent.relative_to(path).parts)
-    )  # fmt: skip
-
-
 def find_runs(paths: list[Path], *, steps: bool, flag: str) -> list[Path]:
     """The run folders `paths` name (`runs_below` each); a path holding no run is a one-line
     error naming `flag`."""
@@ -85,14 +73,6 @@ def find_runs(paths: list[Path], *, steps: bool, flag: str) -> list[Path]:
             raise KvbenchError(f"{flag} {path}: no kvbench run folder ({need}) there or below")
         found += below
     return list(dict.fromkeys(found))  # a run named twice counts once
-
-
-def _is_run(path: Path, steps: bool) -> bool:
-    return (
-        (path / "summary.json").is_file()
-        and (path / "config.json").is_file()
-        and (not steps or (path / "steps.csv").is_file())
-    )
 
 
 def check(cost_model: Path, runs: list[Path]) -> list[Check]:
@@ -119,7 +99,7 @@ def _real_summary(run: Path) -> dict:
     return summary
 
 
-TARGET = 0.10  # the issue's target: within 10 % of the real run
+TARGET = 0.10  # the target: within 10 % of the real run
 
 
 def summarize(checks: list[Check]) -> dict:

@@ -39,7 +39,7 @@ import numpy as np
 
 from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
-from kvbench.results.read import read_json, read_table
+from kvbench.results.files import read_json
 from kvbench.results.shape import STEP_TEXT, check_summary
 
 TERMS = ("num_steps", "num_tokens", "context_tokens", "swapped_blocks")  # steps.csv columns
@@ -82,19 +82,21 @@ def read_rows(run: Path, *, simulated_ok: bool = False) -> tuple[str, np.ndarray
             "to them would return that model; fit real runs (kvbench run)"
         )
     model = facts.get("model", "?")
-    table = read_table(steps, text=STEP_TEXT)
+    from kvbench.results.load import read_csv  # pandas, only where steps are read: not on a simulation's path
+
+    table = read_csv(steps, text=STEP_TEXT)
     missing = [name for name in (*TERMS, "kind", "duration_s") if name not in table]
     if missing:
         raise KvbenchError(f"{steps}: no column {missing[0]!r} (written by an older kvbench?)")
     names = (*TERMS, "duration_s")
-    data = np.column_stack([table[name] for name in names]).reshape(-1, len(names))  # [R, 5]
+    data = table[list(names)].to_numpy(dtype=np.float64).reshape(-1, len(names))  # [R, 5]
     bad = ~(np.isfinite(data) & (data >= 0))  # [R, 5]
     if bad.any():
         row, col = np.argwhere(bad)[0]
         raise KvbenchError(
             f"{steps}: line {row + 2}, column {names[col]!r}: {data[row, col]} is not a finite number >= 0"
         )
-    prefill = (table["kind"].astype(str) == PREFILL).astype(np.float64)  # [R] 1 for a prefill row
+    prefill = (table["kind"].astype(str).to_numpy() == PREFILL).astype(np.float64)  # [R] 1 for a prefill row
     counts = data[:, : len(TERMS)].copy()  # [R, 4]
     tokens = counts[:, 1].copy()  # [R]
     counts[:, 1] = tokens * (1 - prefill)  # decode rows' tokens

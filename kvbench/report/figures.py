@@ -26,7 +26,7 @@ from kvbench.report.plot_runs import plot_batched_bars, plot_latency_cdfs, plot_
 from kvbench.report.plot_sweep import plot_batched_vs_rate, plot_block_size, plot_latency_vs_rate
 from kvbench.report.plot_time import plot_memory_timeline, plot_occupancy_timeline, plot_roofline
 from kvbench.report.style import PlotSkipped
-from kvbench.results.read import Run, Sweep
+from kvbench.results.load import Run, Sweep
 
 __all__ = [
     "Figure",

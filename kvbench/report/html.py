@@ -22,7 +22,8 @@ from kvbench.paper import FIG2_OCCUPANCY, FIG13_BATCHED, FIG13_RATE, PAPER_NAMES
 from kvbench.report.figures import Figure
 from kvbench.report.style import engine_colors
 from kvbench.report.tables import KEY_METRICS, Results, markdown_table, metric_table, optional_metrics
-from kvbench.results.read import Run, Sweep, read_json
+from kvbench.results.files import read_json
+from kvbench.results.load import Run, Sweep
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1200px; padding: 0 1em; }
@@ -178,17 +179,14 @@ def _sweep_env(sweep: Sweep) -> dict:
 
 def _sweep_tables(sweep: Sweep) -> tuple[str, list[list[str]], tuple[list[str], list[list[str]]]]:
     """(status line, cell rows, sustained table) of a sweep."""
-    header = list(sweep.cells)
-    rows = [[_cell(sweep.cells[c][i]) for c in header] for i in range(sweep.num_cells)]
+    header = [str(c) for c in sweep.cells.columns]
+    rows = [[_cell(v) for v in row] for row in sweep.cells.itertuples(index=False)]
     status = Counter(sweep.strings("status", "?")) if "status" in sweep.cells else Counter()
     line = f"{sweep.num_cells} cells" + (
         " (" + ", ".join(f"{n} {s}" for s, n in sorted(status.items())) + ")" if status else ""
     )
-    sustained = sweep.sustained
-    s_header = list(sustained)
-    s_rows = [
-        [_cell(sustained[c][i]) for c in s_header] for i in range(len(next(iter(sustained.values()), ())))
-    ]
+    s_header = [str(c) for c in sweep.sustained.columns]
+    s_rows = [[_cell(v) for v in row] for row in sweep.sustained.itertuples(index=False)]
     return line, [header, *rows], (s_header, s_rows)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
+from pandas.api.types import is_numeric_dtype
 
 from kvbench.metrics.occupancy import CATEGORIES
 from kvbench.paper import FIG13_BATCHED, FIG13_RATE, PAPER_NAMES
@@ -25,7 +26,7 @@ from kvbench.report.style import (
     pyplot,
     save,
 )
-from kvbench.results.read import Run, as_runs
+from kvbench.results.load import Run, as_runs
 
 LINESTYLES = ("-", "--", ":", "-.")
 
@@ -171,8 +172,10 @@ def plot_latency_cdfs(runs: Iterable[Run | Path | str], out: Path) -> list[Path]
     for ax, (column, title) in zip(axes, _LATENCIES, strict=True):
         positive = True
         for r, name, style in zip(runs, names, styles, strict=True):
-            col = r.requests.get(column)
-            if col is None or col.dtype.kind != "f" or not np.isfinite(col).any():
+            if column not in r.requests or not is_numeric_dtype(r.requests[column]):
+                continue
+            col = r.requests[column].to_numpy(dtype=np.float64)
+            if not np.isfinite(col).any():
                 continue
             values = np.sort(col[np.isfinite(col)])
             positive &= bool(values[0] > 0)

@@ -13,9 +13,10 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from pandas.api.types import is_numeric_dtype
 
 from kvbench.report.style import PlotSkipped, engine_colors, engine_rank, legend_outside, pyplot, save
-from kvbench.results.read import Sweep, read_sweep
+from kvbench.results.load import Sweep, load_sweep
 
 PANEL_KEYS = ("model", "trace", "kv_cache_gib")
 DEFAULT_BLOCK_SIZE = 16
@@ -23,7 +24,7 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 def _sweep(sweep: Sweep | Path | str) -> Sweep:
-    return sweep if isinstance(sweep, Sweep) else read_sweep(Path(sweep))
+    return sweep if isinstance(sweep, Sweep) else load_sweep(Path(sweep))
 
 
 def panels(sweep: Sweep) -> list[tuple[str, np.ndarray]]:
@@ -71,13 +72,15 @@ def _sustained(sweep: Sweep, engine: str, title_values: dict[str, str], block: f
     column = next((c for c in ("sustained_rate", "sustained_rate_rps", "rate") if c in table), None)
     if column is None or "engine" not in table:
         return None
-    mask = table["engine"].astype(str) == engine
+    mask = table["engine"].astype(str).to_numpy() == engine
     for key, value in title_values.items():
         if key in table:
             mask &= np.array([f"{v:g}" if isinstance(v, float) else str(v) for v in table[key]]) == value
-    if block is not None and "block_size" in table and table["block_size"].dtype.kind == "f":
-        mask &= table["block_size"] == block
-    rates = table[column][mask] if table[column].dtype.kind == "f" else np.array([])
+    if block is not None and "block_size" in table and is_numeric_dtype(table["block_size"]):
+        mask &= table["block_size"].to_numpy(dtype=np.float64) == block
+    if not is_numeric_dtype(table[column]):
+        return None
+    rates = table[column].to_numpy(dtype=np.float64)[mask]
     rates = rates[np.isfinite(rates)]
     return float(rates.mean()) if len(rates) else None
 
@@ -85,8 +88,10 @@ def _sustained(sweep: Sweep, engine: str, title_values: dict[str, str], block: f
 def _threshold(sweep: Sweep) -> float | None:
     table = sweep.sustained
     for column in ("threshold_s", "threshold", "latency_threshold_s"):
-        if column in table and table[column].dtype.kind == "f" and np.isfinite(table[column]).any():
-            return float(np.nanmax(table[column]))
+        if column in table and is_numeric_dtype(table[column]):
+            values = table[column].to_numpy(dtype=np.float64)
+            if np.isfinite(values).any():
+                return float(np.nanmax(values))
     return None
 
 

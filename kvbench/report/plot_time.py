@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from pandas.api.types import is_numeric_dtype
 
 from kvbench.metrics.occupancy import CATEGORIES
 from kvbench.report.plot_runs import display_names, linestyles, ordered
@@ -25,7 +27,7 @@ from kvbench.report.style import (
     save,
     step_series,
 )
-from kvbench.results.read import Run
+from kvbench.results.load import Run
 
 GIB = 2**30
 MAX_PANELS = 12  # one panel per run; past this a figure is unreadable
@@ -33,9 +35,12 @@ MAX_PANELS = 12  # one panel per run; past this a figure is unreadable
 
 def _has(run: Run, *columns: str) -> bool:
     steps = run.steps
-    return (
-        all(c in steps and steps[c].dtype.kind == "f" for c in columns) and len(steps.get("start_s", ())) > 0
-    )
+    return all(c in steps and is_numeric_dtype(steps[c]) for c in columns) and len(steps) > 0
+
+
+def _floats(steps: pd.DataFrame, column: str) -> np.ndarray:
+    """A numeric steps.csv column as a float array (`_has` checked it is there)."""
+    return steps[column].to_numpy(dtype=np.float64)
 
 
 def _panels(plt, n: int, height: float, width: float = 11.0):
@@ -64,11 +69,12 @@ def plot_occupancy_timeline(runs: Iterable[Run | Path | str], out: Path) -> list
     handles = {}
     for ax, r, name in zip(axes, shown, names, strict=True):
         steps = r.steps
-        columns = [steps[c] if c in steps else np.zeros(len(steps["start_s"])) for c in CATEGORIES]
+        start, duration = _floats(steps, "start_s"), _floats(steps, "duration_s")
+        columns = [_floats(steps, c) if c in steps else np.zeros(len(steps)) for c in CATEGORIES]
         slots = sum(column[0] for column in columns)
         stack = np.stack(columns, axis=1) * (100.0 / slots)  # (rows, categories) %
-        extra = np.stack([steps["num_running"]], axis=1) if "num_running" in steps else None
-        x, y = step_series(steps["start_s"], steps["duration_s"], stack)
+        extra = np.stack([_floats(steps, "num_running")], axis=1) if "num_running" in steps else None
+        x, y = step_series(start, duration, stack)
         top = np.cumsum(y, axis=1)
         for j, cat in enumerate(CATEGORIES):
             low = top[:, j - 1] if j else np.zeros(len(x))
@@ -80,7 +86,7 @@ def plot_occupancy_timeline(runs: Iterable[Run | Path | str], out: Path) -> list
         _title(ax, name, colors[r.engine], f"  ({int(slots):,} slots)")
         if extra is not None:
             twin = ax.twinx()
-            xr, running = step_series(steps["start_s"], steps["duration_s"], extra[:, 0])
+            xr, running = step_series(start, duration, extra[:, 0])
             (line,) = twin.plot(xr, running, drawstyle="steps-post", color="black", linewidth=0.8)
             handles["running requests (right axis)"] = line
             twin.set_ylabel("running")
@@ -103,7 +109,7 @@ _MEMORY_COLORS = {
 
 def memory_columns(run: Run) -> list[str]:
     """Every numeric `*_bytes` column of steps.csv (torch and NVML collectors, and any later one)."""
-    return [c for c, v in run.steps.items() if c.endswith("_bytes") and v.dtype.kind == "f"]
+    return [c for c, v in run.steps.items() if c.endswith("_bytes") and is_numeric_dtype(v)]
 
 
 def plot_memory_timeline(runs: Iterable[Run | Path | str], out: Path) -> list[Path]:
@@ -121,13 +127,14 @@ def plot_memory_timeline(runs: Iterable[Run | Path | str], out: Path) -> list[Pa
     spare = iter(("#55A868", "#CCB974", "#64B5CD", "#8C8C8C", "#DA8BC3", "#1B9E77"))
     for ax, r, name in zip(axes, shown, names, strict=True):
         steps = r.steps
+        start, duration = _floats(steps, "start_s"), _floats(steps, "duration_s")
         for column in memory_columns(r):
             color = palette.get(column) or palette.setdefault(column, next(spare, "black"))
-            values = steps[column] / GIB
+            values = _floats(steps, column) / GIB
             ok = np.isfinite(values)
             if not ok.any():
                 continue
-            x, y = step_series(steps["start_s"][ok], steps["duration_s"][ok], values[ok])
+            x, y = step_series(start[ok], duration[ok], values[ok])
             (line,) = ax.plot(x, y, drawstyle="steps-post", color=color, linewidth=1.2)
             handles.setdefault(column, line)
         arena, source = r.arena_bytes
@@ -152,12 +159,14 @@ def roofline_efficiency(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows carry NaN and are left out.
     """
     steps = run.steps
-    per_step = steps["duration_s"] / steps.get("num_steps", np.ones_like(steps["duration_s"]))
-    roof = steps["roofline_s"] / steps.get("num_steps", np.ones_like(steps["duration_s"]))
+    count = _floats(steps, "num_steps") if "num_steps" in steps else np.ones(len(steps))
+    per_step = _floats(steps, "duration_s") / count
+    roof = _floats(steps, "roofline_s") / count
     keep = np.isfinite(roof) & (per_step > 0)
     if "kind" in steps:
-        keep &= steps["kind"].astype(str) == "decode"
-    return steps["start_s"][keep], steps["batch_size"][keep], roof[keep] / per_step[keep]
+        keep &= steps["kind"].astype(str).to_numpy() == "decode"
+    start, batch = _floats(steps, "start_s"), _floats(steps, "batch_size")
+    return start[keep], batch[keep], roof[keep] / per_step[keep]
 
 
 def plot_roofline(runs: Iterable[Run | Path | str], out: Path) -> list[Path]:

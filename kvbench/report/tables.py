@@ -15,11 +15,11 @@ from pathlib import Path
 from kvbench.errors import KvbenchError
 from kvbench.metrics.occupancy import PAPER_OTHER
 from kvbench.report.style import engine_rank
-from kvbench.results.read import Run, Sweep, label_runs, read_run, read_sweep
+from kvbench.results.load import NOT_RESULTS, Run, Sweep, label_runs, load_run, load_sweep
 
 
 def not_results(path: Path) -> KvbenchError:
-    return KvbenchError(f"{path}: not a kvbench results folder (no summary.json or sweep.csv)")
+    return KvbenchError(f"{path}: {NOT_RESULTS}")
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,13 @@ class Results:
 
     def all_runs(self) -> list[Run]:
         """The runs, then every sweep's cell folders (what `compare` lists)."""
-        cells = [p for sweep in self.sweeps for p in sweep.run_folders()]
+        cells = [p for sweep in self.sweeps for p in sweep.folders]
         return list(self.runs) + _load_runs(cells, taken=[r.path for r in self.runs])
 
 
 def _load_runs(paths: Sequence[Path], taken: Sequence[Path] = ()) -> list[Run]:
     labels = label_runs([*taken, *paths])[len(taken) :]
-    return [read_run(p, label) for p, label in zip(paths, labels, strict=True)]
+    return [load_run(p, label) for p, label in zip(paths, labels, strict=True)]
 
 
 def discover(paths: Sequence[Path]) -> Results:
@@ -63,7 +63,7 @@ def discover(paths: Sequence[Path]) -> Results:
     run_paths = list(dict.fromkeys(p.resolve() for p in run_paths))  # a run given twice counts once
     sweep_paths = list(dict.fromkeys(p.resolve() for p in sweep_paths))
     runs = sorted(_load_runs(run_paths), key=lambda r: (engine_rank(r.engine), r.label))
-    return Results(tuple(runs), tuple(read_sweep(p) for p in sweep_paths), tuple(map(Path, paths)))
+    return Results(tuple(runs), tuple(load_sweep(p) for p in sweep_paths), tuple(map(Path, paths)))
 
 
 # ---- the key table: one column per metric, one row per run ----------------------------------

@@ -1,7 +1,7 @@
 """A real `kvbench reproduce` calibrates the simulator on its own runs and states its error.
 
-The issue's second half: every real figure beside a simulation calibrated to the same GPU, and
-the simulator's error on the real points. So once Figure 2's five runs exist in a real
+Every real figure beside a simulation calibrated to the same GPU, and the simulator's error on
+the real points. So once Figure 2's five runs exist in a real
 reproduction, the cost model is fitted to their step rows, and the real runs of Figures 12-17
 are replayed through the simulator with it (`kvbench.calibrate.check`):
 
@@ -18,13 +18,13 @@ replaced whole, so it never mixes two calibrations. `kvbench reproduce --cost-mo
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvbench.calibrate.check import fit_and_check, format_checks, runs_below, summarize
+from kvbench.calibrate.check import fit_and_check, format_checks, summarize
 from kvbench.demo import DEMO_ENGINES
-from kvbench.results.files import write_json, write_run_atomically
+from kvbench.results.files import read_json, write_json, write_run_atomically
+from kvbench.results.load import runs_below
 
 FIT_FIGURE = "fig2"
 HELD_OUT = {
@@ -71,7 +71,7 @@ def read_held_out(out: Path) -> list[HeldOutSet] | None:
     path = out / "calibration" / SETS_FILE
     if not path.is_file():
         return None
-    return [HeldOutSet(**entry) for entry in json.loads(path.read_text())["held_out_sets"]]
+    return [HeldOutSet(**entry) for entry in read_json(path)["held_out_sets"]]
 
 
 def held_out_markdown(sets: list[HeldOutSet]) -> str:
@@ -90,10 +90,7 @@ def held_out_markdown(sets: list[HeldOutSet]) -> str:
 
 
 def _real(run: Path) -> bool:
-    try:
-        return json.loads((run / "summary.json").read_text()).get("mode") == "real"
-    except (OSError, json.JSONDecodeError):
-        return False
+    return read_json(run / "summary.json").get("mode") == "real"
 
 
 def _real_runs(out: Path, figures: tuple[str, ...]) -> list[Path]:

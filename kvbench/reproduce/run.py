@@ -96,7 +96,7 @@ def setting_for(real: bool, cost_model: str | None, *, quick: bool, model: str |
         )
     if cost_model is None:
         return Setting()
-    from kvbench.results.read import read_json
+    from kvbench.results.files import read_json
 
     fitted = read_json(Path(cost_model)).get("model")
     if fitted in (None, "opt-13b"):

@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from kvbench.calibrate.fit import calibrate
 from kvbench.config import RunConfig
 from kvbench.cost_model import CostModel
@@ -30,7 +28,7 @@ from kvbench.paper import (
 from kvbench.report.figures import PlotSkipped, plot_block_size, plot_latency_vs_rate
 from kvbench.report.style import pyplot, save
 from kvbench.reproduce.rows import FigureResult, Options, Row
-from kvbench.results.read import read_json, read_table
+from kvbench.results.load import Run, load_run
 from kvbench.sweep.cell import CellRun
 from kvbench.sweep.grid import PAPER_ENGINES, Axes, Baseline
 from kvbench.sweep.plan import SustainedOptions, SweepPlan
@@ -249,34 +247,35 @@ def preemption_overhead_ms(cell: Path, preemption: str) -> float | None:
     measured cost of the copies or of the tokens fed again. None when the cell never preempted,
     or when the fit left its constant at zero (the cell's step times do not resolve it).
     """
-    summary = read_json(cell / "summary.json")
-    count = summary.get("num_preemptions") or 0
+    run = load_run(cell)
+    count = run.summary.get("num_preemptions") or 0
     if not count:
         return None
-    if summary.get("mode") == "real":
+    if run.summary.get("mode") == "real":
         cost = calibrate([cell]).cost
     else:
-        cost = CostModel(**read_json(cell / "config.json")["cost_model_constants"])
-    steps = read_table(cell / "steps.csv")
+        cost = CostModel(**run.config["cost_model_constants"])
+    steps = run.steps
     if preemption == "swap":
-        units, constant = float(np.sum(steps["swapped_blocks"])), cost.per_swap_block_s
+        units, constant = float(steps["swapped_blocks"].sum()), cost.per_swap_block_s
     else:
-        prefill = float(np.sum(steps["num_tokens"][steps["kind"] == "prefill"]))
-        units = max(prefill - prompt_tokens(cell), 0.0)
+        prefill = float(steps.loc[steps["kind"] == "prefill", "num_tokens"].sum())
+        units = max(prefill - prompt_tokens(run), 0.0)
         constant = cost.per_token(prefill=True)  # recomputed tokens are prefilled
     if constant <= 0:
         return None
     return 1e3 * units * constant / count
 
 
-def prompt_tokens(cell: Path) -> float:
+def prompt_tokens(run: Run | Path) -> float:
     """The prompt tokens of a run's requests: requests.csv's, or, where that file was left out
     (committed results keep summaries and steps), the run's trace rebuilt from its config."""
-    if (cell / "requests.csv").is_file():
-        return float(np.sum(read_table(cell / "requests.csv")["prompt_len"]))
+    run = run if isinstance(run, Run) else load_run(run)
+    if "prompt_len" in run.requests:
+        return float(run.requests["prompt_len"].sum())
     from kvbench.calibrate.check import read_config
 
-    return float(sum(request.prompt_len for request in build_trace(read_config(cell).workload).requests))
+    return float(sum(r.prompt_len for r in build_trace(read_config(run.path).workload).requests))
 
 
 def fig19(options: Options, folder: Path) -> FigureResult:

@@ -33,24 +33,17 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
+from kvbench.errors import KvbenchError
+
 
 def environment() -> dict:
-    """What produced a result: versions, host, git SHA, command line."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        sha = (
-            subprocess.run(
-                ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
-            ).stdout.strip()
-            or None
-        )
-    except OSError:
-        sha = None
+    """What produced a result: versions, host, kvbench's own commit, command line."""
     from kvbench.version import __version__
 
+    package = Path(__file__).resolve().parents[1]  # kvbench/, as kvbench.__file__'s folder
     return {
         "kvbench": __version__,
-        "git_sha": sha,
+        "git_sha": checkout_sha(package.parent),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "command": sys.argv,
@@ -58,6 +51,35 @@ def environment() -> dict:
         "packages": {name: _version(name) for name in ("torch", "triton", "transformers", "numpy")},
         **_gpu(),
     }
+
+
+def checkout_sha(root: Path) -> str:
+    """The commit checked out at `root`, where `root` is the top of a git work tree holding
+    kvbench/ (a source checkout of kvbench), else "unknown".
+
+    Only that folder counts: an installed kvbench sits inside site-packages, which may lie in
+    some other project's repository, and the current directory may be any repository at all;
+    their commits say nothing about the code that ran. Git's environment variables (GIT_DIR,
+    set inside hooks, and the like) are dropped for the same reason.
+    """
+    root = Path(root).resolve()
+    if not (root / "kvbench").is_dir() or not (root / ".git").exists():
+        return "unknown"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5, env=env
+            )
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    top = git("rev-parse", "--show-toplevel")
+    if not top or Path(top).resolve() != root:
+        return "unknown"
+    return git("rev-parse", "--verify", "HEAD") or "unknown"
 
 
 def _version(package: str) -> str | None:
@@ -95,6 +117,35 @@ def write_csv(path: Path, rows: Iterable, row_type: type, extra: Sequence[dict] 
             return
         for row, columns in zip(rows, extra, strict=True):
             writer.writerow([*astuple(row), *(columns.get(name, "") for name in names)])
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from `path`; a missing file is `{}`, a broken one a one-line error naming it.
+
+    Here, beside `write_json`, rather than with the table readers (`kvbench.results.load`): the
+    cost-model file is read on every simulation's path, which should not import pandas.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise KvbenchError(f"{path}: not UTF-8 text (byte {error.start}): not a file kvbench wrote") from None
+    except json.JSONDecodeError as error:
+        raise KvbenchError(f"{path}: not valid JSON ({error}): truncated or not kvbench's") from None
+    except RecursionError:
+        raise KvbenchError(f"{path}: not valid JSON (nested too deeply): not a file kvbench wrote") from None
+    except OSError as error:
+        raise KvbenchError(f"{path}: cannot read it ({error.strerror})") from None
+    if not isinstance(data, dict):
+        raise KvbenchError(f"{path}: expected a JSON object, got a JSON {_json_type(data)}")
+    return data
+
+
+def _json_type(value) -> str:
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -1,4 +1,4 @@
-"""The shape of saved results, as far as their readers rely on it (kvbench.results.read).
+"""The shape of saved results, as far as their readers rely on it (kvbench.results.load).
 
 A summary.json edited by hand, half-written by a killed process or from another tool can
 parse as JSON and still hold a string where a metric belongs; a report would then crash in a
@@ -61,3 +61,4 @@ def check_config(path: Path, config: dict) -> dict:
 STEP_TEXT = ("kind",)  # steps.csv's only column of words: prefill or decode
 SWEEP_KEYS = ("engine", "status")  # every sweep.csv row names its engine and outcome
 SWEEP_TEXT = ("cell_id", "role", "status", "engine", "model", "trace", "emulate_gpu", "mode", "error")
+FIGURE_TEXT = ("figure", "engine", "workload", "metric")  # a reproduction's figure.csv: the rest are numbers

@@ -1,0 +1,331 @@
+"""Saved results read back as pandas DataFrames: `load_run`, `load_sweep`, `load_runs`.
+
+Results on disk are the source of truth (DESIGN.md, "Results on disk"), so everything a plot,
+a report, a calibration or a notebook shows is read here from the files a run wrote, never
+from a live run. The columns of every file are listed in docs/RESULTS_FILES.md.
+
+Columns are read by name and every column beyond the ones a reader needs is optional:
+collectors add step columns (torch/NVML memory, roofline) and metrics add summary keys over
+time, and an older folder without them must still load. A file that is broken (not UTF-8, a
+short or long line from a truncated write, a word where a number belongs) is refused with
+one line naming the file, the line and the column (`KvbenchError`), never a traceback or a
+silently wrong plot.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvbench.errors import KvbenchError
+from kvbench.results.files import read_json
+from kvbench.results.shape import (
+    FIGURE_TEXT,
+    STEP_TEXT,
+    SWEEP_KEYS,
+    SWEEP_TEXT,
+    check_config,
+    check_summary,
+)
+
+NOT_RESULTS = "not a kvbench results folder (no summary.json or sweep.csv)"
+
+
+def read_csv(path: Path, text: Collection[str] | None = None) -> pd.DataFrame:
+    """A CSV file kvbench wrote, as a DataFrame; a missing or empty file is an empty one.
+
+    `text`: the columns that hold words (kept as strings, "" where empty); every other column
+    must hold numbers (int64, or float64 where a cell is empty: NaN), or the file is refused
+    naming its column and line. None: a column is numbers where every cell parses as one,
+    words otherwise.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return pd.DataFrame()
+    try:
+        content = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise KvbenchError(f"{path}: not UTF-8 text (byte {error.start}): not a file kvbench wrote") from None
+    except OSError as error:
+        raise KvbenchError(f"{path}: cannot read it ({error.strerror})") from None
+    width = _check_lines(path, content)
+    if width is None:
+        return pd.DataFrame()
+    try:  # every cell as written; the columns are typed below, where a bad cell can be named
+        frame = pd.read_csv(io.StringIO(content), dtype=object, keep_default_na=False, na_filter=False)
+    except (ValueError, pd.errors.ParserError) as error:  # _check_lines lets no such file through
+        raise KvbenchError(f"{path}: not CSV ({str(error).strip()})") from None
+    for name in frame.columns:
+        if text is not None and name in text:
+            continue
+        cells = frame[name]
+        numbers = _numbers(cells)
+        if numbers is not None:
+            frame[name] = numbers
+        elif text is not None:
+            row = _first_word(cells)
+            bad = cells.iloc[row]
+            raise KvbenchError(f"{path}: column {name!r}, line {row + 2}: {bad!r} is not a number")
+    return frame
+
+
+def _check_lines(path: Path, content: str) -> int | None:
+    """The header's width, after checking every line has as many cells (None: no header).
+
+    pandas pads a short line with empty cells and stops at a long one with a message of its
+    own; a short line is what a killed writer leaves, so every line is counted here first.
+    """
+    reader = csv.reader(io.StringIO(content))
+    line = 1
+    try:
+        header = next(reader, None)
+        if header is None:
+            return None
+        for row in reader:
+            line = reader.line_num
+            if len(row) != len(header):
+                raise KvbenchError(f"{path}: line {line} has {len(row)} cells, the header {len(header)}")
+    except csv.Error as error:
+        raise KvbenchError(f"{path}: line {line + 1}: not CSV ({error})") from None
+    return len(header)
+
+
+def _missing(cells: pd.Series) -> np.ndarray:
+    """Cells that are numbers not measured: empty, or the `nan` Python's csv writes for NaN."""
+    words = cells.str.strip().str.lower()
+    return words.isin(("", "nan", "+nan", "-nan")).to_numpy(dtype=bool)
+
+
+def _numbers(cells: pd.Series) -> pd.Series | None:
+    """`cells` as numbers (NaN where `_missing`), or None where one of them is not a number."""
+    missing = _missing(cells)
+    if missing.all():
+        return pd.Series(np.full(len(cells), math.nan), index=cells.index)
+    try:
+        return pd.to_numeric(cells.where(~missing, math.nan))
+    except (ValueError, TypeError):
+        return None
+
+
+def _first_word(cells: pd.Series) -> int:
+    """The row of the first cell of `cells` that is neither missing nor a number."""
+    missing = _missing(cells)
+    unread = pd.to_numeric(cells.where(~missing, "0"), errors="coerce").isna().to_numpy(dtype=bool)
+    return int(np.flatnonzero(unread & ~missing)[0])
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """One run folder: its summary, config and environment (dicts), steps and requests
+    (DataFrames), all read when it is loaded, so a broken file stops every reader at once.
+
+    `label` tells runs apart in plots and tables: the folder name, or a longer relative path
+    where several selected folders share a name (see `label_runs`).
+    """
+
+    path: Path
+    label: str
+    summary: dict
+    config: dict
+    env: dict
+    steps: pd.DataFrame
+    requests: pd.DataFrame
+
+    @property
+    def engine(self) -> str:
+        return str(self.summary.get("engine", self.config.get("engine", "?")))
+
+    @property
+    def rate(self) -> float | None:
+        """Requests/s the workload asked for (None: replayed timestamps or all at once)."""
+        rate = (self.config.get("workload") or {}).get("rate")
+        return float(rate) if rate is not None else None
+
+    @property
+    def occupancy(self) -> tuple[dict[str, float], bool]:
+        """Figure 2's breakdown: the saturated occupancy where the run ever saturated, else busy.
+
+        Returns (fractions, saturated?).
+        """
+        saturated = self.summary.get("occupancy_saturated") or {}
+        if saturated:
+            return saturated, True
+        return self.summary.get("occupancy") or {}, False
+
+    @property
+    def arena_bytes(self) -> tuple[float | None, str]:
+        """The KV arena's size in bytes and where it came from (summary or slots x bytes/token)."""
+        if self.summary.get("arena_bytes") is not None:
+            return float(self.summary["arena_bytes"]), "arena_bytes"
+        slots, per_token = self.summary.get("num_slots"), self.summary.get("kv_bytes_per_token")
+        if slots and per_token:
+            return float(slots) * float(per_token), "num_slots × kv_bytes_per_token"
+        return None, ""
+
+
+def _summary_and_config(path: Path) -> tuple[dict, dict]:
+    summary = check_summary(path / "summary.json", read_json(path / "summary.json"))
+    if not summary:
+        raise KvbenchError(f"{path}: {NOT_RESULTS}")
+    return summary, check_config(path / "config.json", read_json(path / "config.json"))
+
+
+def load_run(path: Path | str, label: str | None = None) -> Run:
+    """The run folder at `path` (summary.json, config.json, env.json, steps.csv, requests.csv)."""
+    path = Path(path)
+    summary, config = _summary_and_config(path)
+    return Run(
+        path, label or path.name, summary, config, read_json(path / "env.json"),
+        read_csv(path / "steps.csv", text=STEP_TEXT), read_csv(path / "requests.csv", text=()),
+    )  # fmt: skip
+
+
+def label_runs(paths: Sequence[Path]) -> list[str]:
+    """Short distinct names: folder names, lengthened with parents where two would collide."""
+    paths = [Path(p).resolve() for p in paths]
+    depth = 1
+    while True:
+        labels = ["/".join(p.parts[-depth:]) for p in paths]
+        if len(set(labels)) == len(labels) or depth >= max((len(p.parts) for p in paths), default=1):
+            return labels
+        depth += 1
+
+
+def as_runs(runs: Iterable[Run | Path | str]) -> list[Run]:
+    """Accept loaded runs or folder paths (plot functions take either)."""
+    runs = list(runs)
+    paths = [Path(r) for r in runs if not isinstance(r, Run)]
+    labels = iter(label_runs(paths))
+    return [r if isinstance(r, Run) else load_run(Path(r), next(labels)) for r in runs]
+
+
+def runs_below(path: Path, *, steps: bool = False) -> list[Path]:
+    """`path` if it is a run folder (summary.json and config.json, and steps.csv where `steps`),
+    else the run folders anywhere below it (a sweep's `cells/`, a demo's or a reproduction's
+    folders), in name order; hidden folders (a run being written) are skipped."""
+    path = Path(path)
+
+    def is_run(folder: Path) -> bool:
+        need = ("summary.json", "config.json", "steps.csv") if steps else ("summary.json", "config.json")
+        return all((folder / name).is_file() for name in need)
+
+    if is_run(path):
+        return [path]
+    return sorted(
+        summary.parent for summary in path.rglob("summary.json")
+        if is_run(summary.parent)
+        and not any(part.startswith(".") for part in summary.parent.relative_to(path).parts)
+    )  # fmt: skip
+
+
+def _scalar(value) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+# the settings that tell runs of a comparison apart, first in a row of `load_runs`
+FIRST_SETTINGS = ("engine", "model", "trace", "rate", "arrivals", "num_requests", "seed", "block_size",
+                  "kv_cache_gib", "emulate_gpu")  # fmt: skip
+
+
+def settings(config: dict) -> dict:
+    """A run's settings as one flat row: config.json's scalars, its workload's beside them
+    (`source` named `trace`), nested objects (cost model, SLO) and lists left out."""
+    workload = config.get("workload") or {}
+    row = {"trace" if key == "source" else key: v for key, v in workload.items() if _scalar(v)}
+    row.update({key: v for key, v in config.items() if key != "workload" and _scalar(v)})
+    return {key: row[key] for key in FIRST_SETTINGS if key in row} | row
+
+
+def load_runs(paths: Path | str | Iterable[Path | str]) -> pd.DataFrame:
+    """One row per run folder under `paths` (a run, a sweep's cells, a demo's or a
+    reproduction's folder): `label`, `path`, the settings of config.json (`settings`), then
+    summary.json's scalars, which win where both name a value (summary.json holds what ran:
+    `dtype` resolved, `trace` named). Only summary.json and config.json are read.
+    """
+    paths = [paths] if isinstance(paths, str | Path) else list(paths)
+    folders: list[Path] = []
+    for path in map(Path, paths):
+        below = runs_below(path)
+        if not below:
+            raise KvbenchError(f"{path}: {NOT_RESULTS}")
+        folders += below
+    folders = list(dict.fromkeys(folders))  # a run named twice counts once
+    rows = []
+    for folder, label in zip(folders, label_runs(folders), strict=True):
+        summary, config = _summary_and_config(folder)
+        scalars = {key: v for key, v in summary.items() if _scalar(v)}
+        rows.append({"label": label, "path": str(folder), **settings(config), **scalars})
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True, eq=False)
+class Sweep:
+    """A sweep folder: `cells` (sweep.csv, one row per cell), `sustained` (sustained.csv, one
+    row per group; empty where the sweep swept no rate) and `folders`, the cell folders that
+    hold a summary.json (in name order: load them with `load_run` or `load_runs`)."""
+
+    path: Path
+    cells: pd.DataFrame
+    sustained: pd.DataFrame
+    folders: tuple[Path, ...]
+
+    @property
+    def num_cells(self) -> int:
+        return len(self.cells)
+
+    def column(self, name: str, default: float = math.nan) -> np.ndarray:
+        """A numeric sweep.csv column as floats, or `default` everywhere where the sweep did not
+        write it."""
+        if name not in self.cells:
+            return np.full(self.num_cells, default)
+        return self.cells[name].to_numpy(dtype=np.float64)
+
+    def strings(self, name: str, default: str = "") -> np.ndarray:
+        """A sweep.csv column as text (numbers printed plainly, `default` where empty)."""
+        if name not in self.cells:
+            return np.full(self.num_cells, default, dtype=object)
+        values = self.cells[name]
+        if pd.api.types.is_numeric_dtype(values):
+            return np.array([f"{v:g}" if v == v else default for v in values], dtype=object)
+        return np.array([v if v != "" else default for v in values.astype(str)], dtype=object)
+
+
+def load_sweep(path: Path | str) -> Sweep:
+    """The sweep folder at `path` (sweep.csv, optional sustained.csv, cells/)."""
+    path = Path(path)
+    if not (path / "sweep.csv").is_file():
+        raise KvbenchError(f"{path}: {NOT_RESULTS}")
+    cells = read_csv(path / "sweep.csv", text=SWEEP_TEXT)
+    missing = [name for name in SWEEP_KEYS if name not in cells]
+    if missing:  # a garbage file would otherwise report an empty sweep
+        raise KvbenchError(f"{path / 'sweep.csv'}: no {missing[0]} column: not a sweep kvbench wrote")
+    folder = path / "cells"
+    folders = sorted(p for p in folder.iterdir() if (p / "summary.json").is_file()) if folder.is_dir() else []
+    return Sweep(path, cells, read_csv(path / "sustained.csv"), tuple(folders))
+
+
+def load_figures(path: Path | str) -> pd.DataFrame:
+    """A reproduction's tables (`kvbench reproduce --out PATH`): every `<figure>/figure.csv`
+    below `path`, one row per number (`figure`, `engine`, `workload`, `metric`, then
+    `kvbench`, `paper` and `ratio` as floats, NaN where there is none), figures in name order."""
+    path = Path(path)
+    files = sorted(p for p in path.glob("*/figure.csv") if not p.parent.name.startswith("."))
+    if not files:
+        raise KvbenchError(f"{path}: not a kvbench reproduce folder (no <figure>/figure.csv)")
+    frames = [read_csv(f, text=FIGURE_TEXT) for f in files]
+    for f, frame in zip(files, frames, strict=True):
+        missing = [name for name in (*FIGURE_TEXT, "kvbench", "paper") if name not in frame]
+        if missing:
+            raise KvbenchError(f"{f}: no {missing[0]} column: not a figure table kvbench wrote")
+    frame = pd.concat(frames, ignore_index=True)
+    for name in ("kvbench", "paper", "ratio"):  # a figure with no paper value reads as integers
+        if name in frame:
+            frame[name] = frame[name].astype(np.float64)
+    return frame
