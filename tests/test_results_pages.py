@@ -1,0 +1,92 @@
+"""docs/results/ is what tools/results_pages.py makes of the committed result folders.
+
+The pages are generated, never typed: this regenerates every page in memory from results/ and
+fails on any difference, naming the command that rewrites them. It also checks that the
+generator reads what the folders hold (a number changed in a folder changes its page) and that
+every committed result folder has a README whose provenance table the pages can read.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = ROOT / "docs" / "results"
+
+
+@pytest.fixture(scope="module")
+def pages_module():
+    spec = importlib.util.spec_from_file_location("results_pages", ROOT / "tools" / "results_pages.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_committed_pages_are_what_the_folders_give(pages_module):
+    pages = pages_module.render()
+    committed = {path.name for path in PAGES.glob("*.md")}
+    assert committed == set(pages), (
+        f"docs/results/ holds {sorted(committed)}, the generator makes {sorted(pages)}: "
+        f"run {pages_module.REGENERATE}"
+    )
+    for name, text in pages.items():
+        assert (PAGES / name).read_text(encoding="utf-8") == text, (
+            f"docs/results/{name} differs from the result folders: run {pages_module.REGENERATE}"
+        )
+
+
+def test_rendering_is_deterministic(pages_module):
+    assert pages_module.render() == pages_module.render()
+
+
+def test_a_number_in_a_folder_reaches_its_page(pages_module, tmp_path, monkeypatch):
+    """The pages read the folders: a changed token-state share shows up on the reproduction page."""
+    copy = tmp_path / "repo"
+    for folder in ("results/reproduce", "results/reference"):
+        shutil.copytree(ROOT / folder, copy / folder, copy_function=os.symlink)  # links: fast
+    figure = copy / "results/reproduce/quick-real/fig2/figure.csv"
+    text = figure.read_text(encoding="utf-8")
+    figure.unlink()  # the link only: the committed file stays as it is
+    assert "fig2,paged,sharegpt-paper,token_states_%," in text
+    lines = [
+        "fig2,paged,sharegpt-paper,token_states_%,12.3456,96.3,"
+        if line.startswith("fig2,paged,sharegpt-paper,token_states_%,")
+        else line
+        for line in text.splitlines()
+    ]
+    figure.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.setattr(pages_module, "ROOT", copy)
+    page = pages_module.render()["reproduction.md"]
+    row = next(
+        line for line in page.splitlines() if line.startswith("| sharegpt-paper | paged | `token_states_%` |")
+    )
+    cells = row.split(" | ")
+    assert cells[3] == "96.3"  # the paper
+    assert cells[5] == "12.3"  # real OPT-125M: the changed folder
+    assert cells[4] == "97.3"  # the simulated run, another folder, as committed
+
+
+def test_every_result_folder_has_a_readme_with_provenance(pages_module):
+    folders = [p for p in (ROOT / "results/reference").iterdir() if p.is_dir()]
+    folders += [p for p in (ROOT / "results/reproduce").iterdir() if p.is_dir()]
+    assert folders
+    for folder in sorted(folders):
+        fields = pages_module.readme_fields(folder)
+        missing = {"measures", "command", *pages_module.PROVENANCE_KEYS} - set(fields)
+        assert not missing, f"{folder.relative_to(ROOT)}/README.md: no {sorted(missing)} in its field table"
+
+
+def test_check_mode_names_the_command(pages_module, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(pages_module, "PAGES_DIR", Path("nowhere") / "results")
+    monkeypatch.setattr(pages_module, "ROOT", ROOT)
+    assert pages_module.main(["--check"]) == 1
+    assert f"run {pages_module.REGENERATE}" in capsys.readouterr().out
+    assert not (ROOT / "nowhere").exists()
