@@ -9,6 +9,8 @@ tiny sizes, no engine loop: every test runs in milliseconds.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 
 from engines.block_keys import block_keys
@@ -437,3 +439,92 @@ def test_vmm_fork_with_no_page_left_needs_none_and_the_group_counts_its_members(
     alloc.free(leader)  # the last member: every range goes, pages kept mapped idle
     assert (alloc._free_ranges, alloc.footprint().idle) == ({0, 1, 2}, 4)
     alloc.check_integrity()
+
+
+def test_vmm_geometry_of_fractional_pages_and_its_defaults():
+    alloc = VirtualAllocator(21, Fraction(5, 2), 8, max_len=11, max_requests=2, watermark=0.25)
+    # 11 tokens need 5 pages; a range starts on a token boundary: a multiple of 2 pages, 6 (15 tokens)
+    assert (alloc.page_tokens, alloc.num_pages) == (Fraction(5, 2), 8)
+    assert (alloc.range_pages, alloc.range_slots, alloc.max_requests, alloc.virtual_slots) == (6, 15, 2, 30)
+    assert (alloc.watermark_pages, alloc.deferred) == (2, True)
+    assert (alloc.maps, alloc.unmaps, alloc.reused, alloc.available_pages) == (0, 0, 0, 8)
+    assert [alloc.pages_for(n) for n in (0, 1, 2, 3, 5, 6)] == [0, 1, 1, 2, 2, 3]
+    assert [alloc.capacity(n) for n in (0, 1, 2, 3)] == [0, 2, 5, 7]
+    assert (alloc.external_frag(None), alloc.sharing_saved()) == (1.0, 0)
+    assert list(alloc._unmapped) == list(range(8))
+    assert VirtualAllocator(16, 4, 4, max_len=8, max_requests=1).range_pages == 2
+    with pytest.raises(AssertionError, match="^pages exceed the budget$"):
+        VirtualAllocator(20, 4, 6, max_len=8, max_requests=1)
+    with pytest.raises(AssertionError, match="^pages exceed the budget$"):
+        VirtualAllocator(20, 0, 6, max_len=8, max_requests=1)
+    VirtualAllocator(24, 4, 6, max_len=8, max_requests=1)  # exactly the budget
+
+
+def test_vmm_never_swaps():
+    alloc = vmm()
+    seq = new_seq(1, 4, 1)
+    alloc.allocate(seq)
+    assert not alloc.can_swap_out(seq) and not alloc.can_swap_in(seq)
+    with pytest.raises(NotImplementedError, match="^virtual ranges are never swapped$"):
+        alloc.swap_out(seq)
+    with pytest.raises(NotImplementedError, match="^virtual ranges are never swapped$"):
+        alloc.swap_in(seq)
+
+
+def test_vmm_admission_takes_the_range_needing_fewest_driver_calls_lowest_first():
+    alloc = VirtualAllocator(64, 4, 16, max_len=16, max_requests=5, watermark=0.0)  # ranges of 4 pages
+    seqs = [new_seq(i, p, 1) for i, p in enumerate((16, 8, 8, 4, 4))]
+    for seq in seqs:
+        alloc.allocate(seq)  # ranges 0..4 with 4, 2, 2, 1, 1 pages: pages 0-9, 6 unmapped
+    for seq in seqs:
+        seq.advance(1, 0.0)
+        alloc.free(seq)
+    assert (alloc.available_pages, alloc.footprint().idle) == (16, 40.0)
+    assert list(alloc._unmapped) == [10, 11, 12, 13, 14, 15]
+    e = new_seq(10, 8, 1)  # 2 pages: ranges 1 and 2 hold exactly 2; the lower
+    alloc.allocate(e)
+    assert (alloc.addressing(e).start, alloc.page_table(e), alloc.reused, alloc.maps) == (16, (4, 5), 2, 10)
+    f = new_seq(11, 12, 1)  # 3 pages: only range 0 holds enough; its fourth page is unmapped
+    alloc.allocate(f)
+    assert (alloc.addressing(f).start, alloc.page_table(f), alloc.unmaps) == (0, (0, 1, 2), 1)
+    assert list(alloc._unmapped) == [10, 11, 12, 13, 14, 15, 3]
+    g = new_seq(12, 16, 1)  # 4 pages: none holds enough; the most (range 2: 2 pages), topped up
+    alloc.allocate(g)
+    assert (alloc.addressing(g).start, alloc.page_table(g)) == (32, (6, 7, 10, 11))
+    assert (alloc.reused, alloc.maps) == (7, 12)
+    h = new_seq(13, 16, 1)  # ranges 3 and 4 hold 1 page each: the lower, topped up
+    alloc.allocate(h)
+    assert (alloc.addressing(h).start, alloc.page_table(h)) == (48, (8, 12, 13, 14))
+    assert (alloc.reused, alloc.maps) == (8, 15)
+    assert (alloc.footprint().idle, alloc.available_pages) == (4.0, 3)  # range 4's page; 15 and 3
+    fp = alloc.footprint()
+    assert (fp.tokens, fp.target, fp.asked, fp.granted) == (0, 8 + 12 + 16 + 16, 52, 52.0)
+    alloc.check_integrity()
+
+
+def test_vmm_reclaims_from_the_idle_range_holding_fewest_pages_lowest_first():
+    alloc = VirtualAllocator(40, 4, 10, max_len=16, max_requests=5, watermark=0.0)
+    seqs = [new_seq(i, p, 1) for i, p in enumerate((8, 4, 8, 4))]  # ranges 0-3: 2, 1, 2, 1 pages
+    for seq in seqs:
+        alloc.allocate(seq)
+    grower = new_seq(9, 16, 9)
+    alloc.allocate(grower)  # range 4: pages 6-9, the pool is empty
+    for seq in seqs:
+        seq.advance(1, 0.0)
+        alloc.free(seq)  # idle: ranges 0 (pages 0, 1), 1 (2), 2 (3, 4), 3 (5)
+    grower.advance(1, 0.0)  # 17 tokens: its range holds 16
+    assert alloc.range_slots == 16 and not alloc.can_ever_hold(grower.request)
+    taken = [alloc._take_page() for _ in range(6)]
+    # fewest first (ranges 1 and 3 hold one each; the lower first), each range's last page first
+    assert taken == [2, 5, 1, 0, 4, 3]
+    assert (alloc.unmaps, alloc.maps, alloc.footprint().idle, alloc._mapped[:4]) == (6, 16, 0.0, [[]] * 4)
+
+
+def test_vmm_can_allocate_all_needs_a_range_and_pages_for_each():
+    alloc = vmm(num_pages=5, watermark=0.2)  # 1 page kept free at admission, 3 ranges
+    two = [new_seq(1, 8, 1), new_seq(2, 8, 1)]
+    assert alloc.can_allocate_all(two)  # 4 pages leave 1
+    assert not alloc.can_allocate_all([new_seq(1, 8, 1), new_seq(2, 9, 1)])
+    assert not alloc.can_allocate_all([new_seq(i, 1, 1) for i in range(4)])  # 4 ranges
+    assert alloc.can_allocate_all([new_seq(i, 1, 1) for i in range(3)])
+    assert alloc.can_allocate(new_seq(1, 16, 1)) and not alloc.can_allocate(new_seq(1, 17, 1))
