@@ -28,6 +28,8 @@ from pathlib import Path
 from kvbench.config import RunConfig
 from kvbench.metrics.occupancy import PAPER_OTHER
 from kvbench.paper import FIG2_OCCUPANCY, FIG13_BATCHED, FIG13_RATE, PAPER_NAMES
+from kvbench.report.format import percent, significant
+from kvbench.report.tables import markdown_table
 from kvbench.results.files import write_json, write_run_atomically, write_text
 from kvbench.results.outputs import prepare_out
 from kvbench.simulate import simulate, write_result
@@ -125,20 +127,24 @@ def run_demo(
 
 
 def _pair(ours: float, paper: float | None) -> str:
+    """kvbench's number beside the paper's, both with the one decimal the paper gives."""
     return f"{ours:5.1f} ({paper:5.1f})" if paper is not None else f"{ours:5.1f} (   - )"
 
 
-def format_table(rows: list[DemoRow], trace: str = "sharegpt-paper") -> str:
-    """Markdown table: kvbench's number, the paper's in parentheses."""
-    head = (
-        "| engine | paper name | batched req. | token states % | reservation % "
-        "| internal frag. % | ext. frag. & other % | saturated | norm. latency s/tok |"
-    )
-    lines = [head, "|" + "---|" * 9]
+def table_cells(rows: list[DemoRow], trace: str = "sharegpt-paper") -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the side-by-side table: kvbench's number, the paper's in parentheses.
+
+    One set of cells for demo.md (`format_table`) and the terminal (`kvbench.report.format`).
+    """
+    header = [
+        "engine", "paper name", "batched req.", "token states %", "reservation %", "internal frag. %",
+        "ext. frag. & other %", "saturated %", "norm. latency s/tok",
+    ]  # fmt: skip
+    body = []
     for row in rows:
         fig2 = FIG2_OCCUPANCY.get(row.engine, {})
         paper_batched = FIG13_BATCHED.get(trace, {}).get(row.engine)
-        cells = [
+        body.append([
             row.engine,
             PAPER_NAMES.get(row.engine, "-"),
             _pair(row.batched, paper_batched),
@@ -146,8 +152,12 @@ def format_table(rows: list[DemoRow], trace: str = "sharegpt-paper") -> str:
                 _pair(row.occupancy[k], fig2.get(k))
                 for k in ("token_states", "reservation", "internal_frag", "other")
             ),
-            f"{100 * row.saturated_share:.0f} %",
-            f"{row.normalized_latency_s:.3f}",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            percent(row.saturated_share),
+            significant(row.normalized_latency_s),
+        ])  # fmt: skip
+    return header, body
+
+
+def format_table(rows: list[DemoRow], trace: str = "sharegpt-paper") -> str:
+    """Markdown table: kvbench's number, the paper's in parentheses."""
+    return markdown_table(*table_cells(rows, trace))

@@ -34,6 +34,7 @@ from kvbench.report.figures import (
     plot_occupancy_timeline,
     plot_roofline,
 )
+from kvbench.report.format import significant
 from kvbench.report.plot_time import roofline_efficiency
 from kvbench.report.style import ENGINE_COLORS, step_series
 from kvbench.results.load import as_runs, load_sweep
@@ -230,7 +231,7 @@ def test_report_tables_environment_and_commands(combined, runs_dir, sweep_dir):
     assert html.escape(shlex.join(env["command"])) in page  # the exact command
     md = (combined / "report.md").read_text()
     summary = json.loads((runs_dir / "paged" / "summary.json").read_text())
-    latency = f"{summary['normalized_latency_s']:.4f}"
+    latency = significant(summary["normalized_latency_s"])  # a time: kvbench.report.format's digits
     assert re.search(rf"^\| runs\d*/paged \| paged \| simulated \| 24/24 \|.*\| {latency} \|", md, re.M), md
     assert (combined / "plots" / "occupancy.svg").is_file() and "plots/occupancy.png" in md
     assert f"## Sweep `{sweep_dir.resolve()}`" in md and "plots/sweep_block_size.svg" in md

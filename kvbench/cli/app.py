@@ -28,6 +28,7 @@ from kvbench.errors import KvbenchError
 from kvbench.flags import RealOptions
 from kvbench.models import MODELS
 from kvbench.plugins import EXTERNAL
+from kvbench.report.format import aligned, count, percent, show, significant
 from workloads.presets import PRESETS
 from workloads.spec import WorkloadSpec, dropped_line
 
@@ -141,15 +142,16 @@ def _job(
     write_result(result, out)
     s = result.summary
     typer.echo(
-        f"{engine}: {s['completed']}/{s['num_requests']} requests in {s['makespan_s']:.1f} s {s['mode']} "
-        f"({time.perf_counter() - start:.2f} s wall), {s['request_throughput']:.2f} req/s, "
-        f"{s['mean_batched_requests']:.1f} batched, "
-        f"normalized latency {s['normalized_latency_s']:.3f} s/token, "
-        f"{s.get('num_preemptions') or 0} preemptions\n{_occupancy_lines(s)}\n"
+        f"{engine}: {count(s['completed'])}/{count(s['num_requests'])} requests in "
+        f"{significant(s['makespan_s'])} s {s['mode']} ({significant(time.perf_counter() - start)} s wall), "
+        f"{significant(s['request_throughput'])} req/s, {significant(s['mean_batched_requests'])} batched, "
+        f"normalized latency {significant(s['normalized_latency_s'])} s/token, "
+        f"{count(s.get('num_preemptions') or 0)} preemptions\n{_occupancy_lines(s)}\n"
         f"  results: {out}"
     )
     if "goodput" in s:
-        typer.echo(f"  goodput: {s['goodput']:.2f} req/s ({100 * s['goodput_fraction']:.1f}% met {slo})")
+        goodput, met = significant(s["goodput"]), percent(s["goodput_fraction"])
+        typer.echo(f"  goodput: {goodput} req/s ({met}% met {slo})")
     if dropped_line(s):
         typer.echo(f"  {dropped_line(s)}")
 
@@ -160,7 +162,7 @@ def _occupancy_lines(summary: dict) -> str:
 
     def line(label: str, key: str, absent: str) -> str:
         shares = summary.get(key) or {}
-        text = "  ".join(f"{k} {100 * v:.1f}%" for k, v in shares.items())
+        text = "  ".join(f"{k} {percent(v)}%" for k, v in shares.items())
         return f"  occupancy, {label}: {text or absent}"
 
     return "\n".join((
@@ -192,7 +194,7 @@ def demo(
     seed: Annotated[int, typer.Option(help="Seed of the trace.")] = 0,
 ) -> None:
     """Every engine on the same trace and KV budget; simulated on CPU, real on a GPU; then the report."""
-    from kvbench.demo import REAL, format_table, run_demo
+    from kvbench.demo import REAL, run_demo, table_cells
     from kvbench.report.build import write_report
 
     if mode not in ("auto", "simulate", "real"):
@@ -212,7 +214,7 @@ def demo(
             "(the paper's A100-40GB setting)...\n"
         )
     rows = run_demo(out, num_requests=count, seed=seed, real=real)
-    typer.echo(format_table(rows))
+    show(aligned(*table_cells(rows)))
     html, _ = write_report([out], out / "report")
     typer.echo(
         "\nkvbench (paper): mean batched requests as in Figure 13; occupancy % as in Figure 2, "

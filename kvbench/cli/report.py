@@ -40,9 +40,10 @@ def compare(
     ] = False,
 ) -> None:
     """Print the runs under DIRS side by side: one column per run, one row per metric."""
+    from kvbench.report.format import show
     from kvbench.report.tables import compare as compare_table
 
-    typer.echo(compare_table(dirs, markdown=markdown, everything=all_keys))
+    show(compare_table(dirs, markdown=markdown, everything=all_keys))  # a rich table on a terminal
 
 
 def register(app: typer.Typer) -> None:

@@ -120,7 +120,7 @@ def rich_table(table: Table, title: str | None = None):
     from rich.table import Table as RichTable
     from rich.text import Text
 
-    drawn = RichTable(title=title, header_style="bold", pad_edge=False)
+    drawn = RichTable(title=title, header_style="bold")
     for name in table.header:
         drawn.add_column(name, no_wrap=True)
     for row in table.rows:

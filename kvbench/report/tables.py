@@ -7,13 +7,13 @@ is a one-line error. Everything shown is read from those files.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
 from kvbench.metrics.occupancy import PAPER_OTHER
+from kvbench.report.format import aligned, count, number, percent, significant
 from kvbench.report.style import engine_rank
 from kvbench.results.load import NOT_RESULTS, Run, Sweep, label_runs, load_run, load_sweep
 
@@ -70,11 +70,11 @@ def discover(paths: Sequence[Path]) -> Results:
 
 
 def _num(key: str, digits: int, scale: float = 1.0) -> Callable[[Run], str]:
+    """digits 0: a count (`format.count`); otherwise a rate or time (`format.significant`)."""
+
     def get(run: Run) -> str:
         value = run.summary.get(key)
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return "-"
-        return f"{scale * float(value):,.{digits}f}"
+        return (count if digits == 0 else significant)(None if value is None else scale * float(value))
 
     return get
 
@@ -86,10 +86,7 @@ def _occ(category: str) -> Callable[[Run], str]:
             value = sum(occupancy.get(c, 0.0) for c in PAPER_OTHER)
         else:
             value = occupancy.get(category)
-        if value is None:
-            return "-"
-        percent = 100 * value
-        return f"{0.0 if abs(percent) < 0.05 else percent:.1f}"  # no "-0.0" from rounding residue
+        return percent(value)  # None: "-"
 
     return get
 
@@ -180,13 +177,7 @@ def scalar_keys(runs: Sequence[Run]) -> list[str]:
 
 
 def _plain(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, int) or (float(value).is_integer() and abs(value) < 1e15):
-        return f"{int(value):,}"
-    return f"{value:.4g}"
+    return number(value)
 
 
 def optional_metrics(
@@ -217,23 +208,9 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Aligned columns for a terminal: text left, numbers right."""
-    table = [list(header), *map(list, rows)]
-    widths = [max(len(str(line[i])) for line in table) for i in range(len(header))]
-
-    def numeric(text: str) -> bool:  # "-" (missing) aligns with the numbers of its row
-        return text == "-" or text.replace(",", "").replace(".", "", 1).replace("-", "", 1).isdigit()
-
-    out = []
-    for n, line in enumerate(table):
-        cells = [
-            str(c).rjust(w) if n and numeric(str(c)) else str(c).ljust(w)
-            for c, w in zip(line, widths, strict=True)
-        ]
-        out.append("  ".join(cells).rstrip())
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    """Aligned columns for a terminal, text left, numbers right (`kvbench.report.format.aligned`:
+    the CLI draws the same cells as a rich table on a terminal)."""
+    return aligned(header, rows)
 
 
 def side_by_side(runs: Sequence[Run], metrics: Sequence[Metric]) -> tuple[list[str], list[list[str]]]:
