@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Annotated
@@ -53,7 +54,8 @@ def reproduce(
     real = mode == "real" or (mode == "auto" and cost_model is None and opt.has_cuda())
     options = Options(quick, setting_for(real, cost_model, quick=quick, model=model), num_requests, seed)
     start = time.perf_counter()
-    run_reproduce(names, options, out, echo=typer.echo)
+    # print, not typer.echo: under the progress bar (stderr), a terminal's stdout lines go above it
+    run_reproduce(names, options, out, echo=functools.partial(print, flush=True))
     typer.echo(f"done in {time.perf_counter() - start:.0f} s: {out / 'reproduce.md'}, {out / 'claims.md'}")
 
 

@@ -27,6 +27,7 @@ from kvbench.reproduce.sharing import fig14, fig15, fig16, fig17
 from kvbench.reproduce.sweeps import fig12, fig18b, fig19
 from kvbench.results.files import write_text
 from kvbench.results.outputs import prepare_out
+from kvbench.sweep.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -119,13 +120,19 @@ def run_reproduce(
     """
     prepare_out(out, "reproduce")
     results = []
-    for name in figures:
-        echo(f"{name}: {FIGURES[name].what}...")
-        start = time.perf_counter()
-        result = FIGURES[name].run(options, out / name)
-        write_figure(result, out / name)
-        echo(f"  {result.verdict} ({time.perf_counter() - start:.0f} s)")
-        results.append(result)
+    progress = Progress(len(figures), unit="figures", label="reproduce")  # each sweep's cells below it
+    try:
+        for name in figures:
+            echo(f"{name}: {FIGURES[name].what}...")
+            progress.begin(name)
+            start = time.perf_counter()
+            result = FIGURES[name].run(options, out / name)
+            write_figure(result, out / name)
+            progress.finish(True, time.perf_counter() - start)
+            echo(f"  {result.verdict} ({time.perf_counter() - start:.0f} s)")
+            results.append(result)
+    finally:
+        progress.close()
     if options.setting.real:
         _calibrate(out, echo)
     write_reports(out, options)

@@ -1,0 +1,157 @@
+"""The progress of sweeps and reproductions: a rich bar on a terminal, plain lines elsewhere.
+
+The terminal path is drawn by rich on a Console forced to be a terminal over a StringIO, so what
+a user's terminal receives is read back exactly; each event redraws the bar (a frame), and rich's
+own refresh thread may add copies of a frame, never a frame out of order.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import re
+
+from rich.console import Console
+
+from kvbench.config import RunConfig
+from kvbench.sweep import progress as progress_module
+from kvbench.sweep.grid import Axes
+from kvbench.sweep.plan import SustainedOptions, SweepPlan
+from kvbench.sweep.progress import Progress
+from kvbench.sweep.run import run_sweep
+from workloads.spec import WorkloadSpec
+
+ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def terminal() -> Console:
+    return Console(file=io.StringIO(), force_terminal=True, width=160)
+
+
+def frames(console: Console, label: str = "sweep") -> list[str]:
+    """The bar's successive states as the terminal shows them (escape codes removed)."""
+    text = ESCAPE.sub("", console.file.getvalue())
+    return [f.strip() for f in re.split(r"[\r\n]", text) if f.startswith(label + " ")]
+
+
+def counts(frame: str, unit: str = "cells") -> tuple[int, int]:
+    done, total = re.search(rf" (\d+)/(\d+) {unit}", frame).groups()
+    return int(done), int(total)
+
+
+def forward_only(states: list[tuple[int, int]]) -> bool:
+    return all(a[0] <= b[0] and a[1] <= b[1] for a, b in itertools.pairwise(states))
+
+
+def sweep_plan(engines, rates, kv, **kw) -> SweepPlan:
+    axes = Axes(tuple(engines), ("sharegpt-paper",), tuple(rates), (16,), (kv,), (0,), 1)
+    base = RunConfig("paged", workload=WorkloadSpec(num_requests=20, max_total_len=1000))
+    return SweepPlan(axes, base, **kw)
+
+
+def test_the_bar_moves_forward_and_its_total_never_shrinks():
+    console = terminal()
+    progress = Progress(6, console=console)
+    for n in range(2):
+        progress.begin(f"cell-{n}")
+        progress.finish(True, 0.5)
+    progress.plan(-3)  # a bisection needs 3 planned cells less: done, skipped
+    progress.plan(+2)  # a later round asks for 2 more after all: the total grows
+    progress.begin("cell-2")
+    progress.finish(True, 0.5)
+    progress.plan(-9)  # never past the total
+    progress.close()
+    states = [counts(f) for f in frames(console)]
+    assert states[0] == (0, 6) and states[-1] == (8, 8), states
+    assert forward_only(states), states
+    assert {(2, 6), (5, 6), (5, 8), (6, 8)} <= set(states), states
+    assert frames(console)[-1].split(" 8/8 cells")[1].startswith(", 5 skipped")
+    assert "[####" not in console.file.getvalue()  # the rich bar, not the plain lines
+    assert progress_module._DISPLAY is None  # the display is given back
+
+
+def test_a_sweep_whose_bisection_ends_early_keeps_its_total_on_the_bar(tmp_path):
+    """Every rate passes, so the 2 planned bisection cells are skipped: 4/4, never 2/2."""
+    plan = sweep_plan(("paged",), (1.0, 2.0), 4.0, sustained=SustainedOptions(threshold_s=1e6, bisect=2))
+    console = terminal()
+    run_sweep(plan, tmp_path / "s", progress=Progress(4, console=console))
+    states = [counts(f) for f in frames(console)]
+    assert {total for _, total in states} == {4} and forward_only(states), states
+    assert states[-1] == (4, 4) and "4/4 cells, 2 skipped" in frames(console)[-1]
+
+
+def test_failed_cells_are_counted_on_the_bar(tmp_path):
+    # orca-max reserves 2048 slots per request: more than 1 GiB of OPT-13B KV holds (1310 slots)
+    plan = sweep_plan(
+        ("orca-max", "paged"),
+        (1.0, 2.0),
+        1.0,
+        sustained=SustainedOptions(threshold_s=1.0),
+        continue_on_error=True,
+    )
+    console = terminal()
+    result = run_sweep(plan, tmp_path / "s", progress=Progress(4, console=console))
+    assert result.failed == 2
+    shown = frames(console)
+    assert "1/4 cells, 1 failed" in " ".join(shown) and "4/4 cells, 2 failed" in shown[-1], shown
+    assert "__rate-" in " ".join(shown)  # the cell being run is named
+
+
+def test_progress_lines_alive_at_once_share_one_display():
+    """A reproduction's figures and the sweep inside one: one line each on one display; the sweep's
+    line, once finished, is printed above the display for good and leaves it."""
+    console = terminal()
+    figures = Progress(1, console=console, unit="figures", label="reproduce")
+    figures.begin("fig12")
+    cells = Progress(3, console=console)
+    for n in range(3):
+        cells.begin(f"cell-{n}")
+        cells.finish(n != 1, 0.5)
+    assert progress_module._DISPLAY is not None and progress_module._DISPLAY.users == 2
+    cells.close()
+    figures.finish(True, 2.0)
+    figures.close()
+    text = ESCAPE.sub("", console.file.getvalue())
+    assert re.search(r"sweep: 3/3 cells, 1 failed in \d+:\d\d\n", text), text
+    assert forward_only([counts(f, "figures") for f in frames(console, "reproduce")])
+    assert "1/1 figures" in frames(console, "reproduce")[-1]
+    assert progress_module._DISPLAY is None
+
+
+def test_plain_lines_when_not_a_terminal(tmp_path):
+    """Into a file or a pipe: one line per finished cell, no escape codes, no carriage returns."""
+    plan = sweep_plan(
+        ("orca-max", "paged"),
+        (1.0,),
+        1.0,
+        sustained=SustainedOptions(threshold_s=1.0),
+        continue_on_error=True,
+    )
+    for stream, console in ((io.StringIO(), None), (None, Console(file=io.StringIO()))):
+        progress = Progress(2, stream=stream, console=console)
+        assert not progress.tty
+        run_sweep(plan, tmp_path / f"s{id(progress)}", progress=progress)
+        text = (stream or console.file).getvalue()
+        assert "\x1b" not in text and "\r" not in text
+        lines = text.splitlines()
+        assert len(lines) == 2 and lines[0].startswith("[############............] 1/2 cells, 1 failed"), (
+            lines
+        )
+        assert lines[1].startswith("[" + "#" * 24 + "] 2/2 cells, 1 failed") and "ETA 0:00" in lines[1]
+        assert "orca-max__" in lines[0] and "paged__" in lines[1]
+    assert progress_module._DISPLAY is None  # nothing drawn
+
+
+def test_resumed_cells_print_no_line_of_their_own_but_the_last_line_counts_them():
+    stream = io.StringIO()
+    progress = Progress(3, stream=stream)
+    progress.begin("a")
+    progress.finish(True, None)  # found finished by --resume
+    progress.begin("b")
+    progress.finish(True, 1.0)
+    progress.begin("c")
+    progress.finish(True, None)
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == ["2/3", "3/3"], lines
+    assert "3/3 cells, 2 resumed" in lines[-1]
