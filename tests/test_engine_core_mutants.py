@@ -10,6 +10,7 @@ mutants they kill, and those that are equivalent, are in results/mutation/engine
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -183,6 +184,32 @@ def test_engine_options_reach_the_allocator():
         3,
         8,
     )
+
+
+def test_vmm_options_reach_its_allocator():
+    vmm = (
+        ENGINES["vmm"].build(EngineOptions(num_slots=64, max_len=32, block_size=4, watermark=0.25)).allocator
+    )
+    # pages of a block (4 slots), as many as the slots hold, a range per running sequence
+    assert (vmm.page_tokens, vmm.num_pages, vmm.max_requests, vmm.watermark_pages) == (4, 16, 256, 4)
+    assert vmm.range_slots == 32
+    options = EngineOptions(
+        num_slots=64,
+        max_len=32,
+        block_size=4,
+        page_tokens=Fraction(1, 2),
+        num_pages=10,
+        scheduler=SchedulerConfig(max_num_seqs=3),
+    )
+    vmm = ENGINES["vmm"].build(options).allocator
+    assert (vmm.page_tokens, vmm.num_pages, vmm.max_requests, vmm.watermark_pages) == (
+        Fraction(1, 2),
+        10,
+        3,
+        0,
+    )
+    options = EngineOptions(num_slots=64, max_len=32, block_size=4, page_tokens=Fraction(3, 2))
+    assert ENGINES["vmm"].build(options).allocator.num_pages == 42  # 64 / 1.5, rounded down
 
 
 def test_an_unknown_engine_is_refused_naming_the_choices():
