@@ -63,7 +63,7 @@ def test_a_number_in_a_folder_reaches_its_page(pages_module, tmp_path, monkeypat
         for line in text.splitlines()
     ]
     figure.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    monkeypatch.setattr(pages_module, "ROOT", copy)
+    monkeypatch.setattr(pages_module.common, "ROOT", copy)
     page = pages_module.render()["reproduction.md"]
     row = next(
         line for line in page.splitlines() if line.startswith("| sharegpt-paper | paged | `token_states_%` |")
@@ -79,14 +79,13 @@ def test_every_result_folder_has_a_readme_with_provenance(pages_module):
     folders += [p for p in (ROOT / "results/reproduce").iterdir() if p.is_dir()]
     assert folders
     for folder in sorted(folders):
-        fields = pages_module.readme_fields(folder)
-        missing = {"measures", "command", *pages_module.PROVENANCE_KEYS} - set(fields)
+        fields = pages_module.common.readme_fields(folder)
+        missing = {"measures", "command", *pages_module.common.PROVENANCE_KEYS} - set(fields)
         assert not missing, f"{folder.relative_to(ROOT)}/README.md: no {sorted(missing)} in its field table"
 
 
 def test_check_mode_names_the_command(pages_module, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(pages_module, "PAGES_DIR", Path("nowhere") / "results")
-    monkeypatch.setattr(pages_module, "ROOT", ROOT)
     assert pages_module.main(["--check"]) == 1
     assert f"run {pages_module.REGENERATE}" in capsys.readouterr().out
     assert not (ROOT / "nowhere").exists()
