@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,41 @@ def test_type_names_follow_the_annotation():
     assert tool.type_name(list[Path] | None) == "path, repeatable"
     assert tool.type_name(bool) == "flag"
     assert tool.cell("a|b\n  c") == "a\\|b c"
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's ids for a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
+    found = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", text, flags=re.M):
+        found.add(re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-"))
+    return found
+
+
+def test_the_guides_links_resolve():
+    """Every relative link of the README and the docs/ guide names a file that exists, and a
+    heading of it where it names one."""
+    docs = ROOT / "docs"
+    pages = [ROOT / "README.md", *sorted(docs.glob("*.md")), *sorted(docs.glob("*/*.md"))]
+    broken = []
+    for page in pages:
+        text = page.read_text()
+        for target in LINK.findall(re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text()):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_anchors_follow_github():
+    assert anchors("# kvbench trace make\n## The demo beside the paper\n### `kvbench trace`\n") == {
+        "kvbench-trace-make", "the-demo-beside-the-paper", "kvbench-trace",
+    }

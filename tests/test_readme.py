@@ -1,5 +1,6 @@
 """The README's own commands work: every `kvbench ...` line of its ```sh blocks runs, in order, in a
-fresh folder, with the public traces taken from KVBENCH_TRACE_DIR (the project's shared copies).
+fresh folder, with the public traces taken from KVBENCH_TRACE_DIR (the project's shared copies),
+and then its ```python blocks read the results back there.
 
 A line is left out only for a reason in SKIPPED (CUDA, a user's checkpoint, elided options, a Ray
 cluster); `make` and `pip` lines are not kvbench commands. Nothing is shrunk here: a command too
@@ -39,6 +40,10 @@ def sh_commands(text: str) -> list[str]:
     return commands
 
 
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+
+
 def skip_reason(command: str) -> str | None:
     return next((why for part, why in SKIPPED.items() if part in command), None)
 
@@ -49,7 +54,16 @@ def test_the_readme_lists_commands_to_run():
     assert len(run) >= 12, run  # the parser found the blocks
     assert "../shared" not in README.read_text()  # a fresh clone has no such folder
     assert any(c.startswith("kvbench trace fetch ") for c in run)
-    assert len(commands) - len(run) == 5  # the CUDA, checkpoint and elided lines: see SKIPPED
+    assert len(commands) - len(run) == 7  # the CUDA, checkpoint and elided lines: see SKIPPED
+    assert "make demo" in README.read_text() and "make test" in README.read_text()
+    assert python_blocks(README.read_text())  # the tour reads results back in Python
+
+
+def test_the_readme_reads_in_five_minutes():
+    """The README is a front page: what kvbench answers, the two commands, a tour, links; the
+    details live in docs/."""
+    size = len(README.read_text())
+    assert size <= 8000, f"README.md has {size} characters; move details to docs/ (at most 8,000)"
 
 
 @pytest.mark.slow
@@ -63,7 +77,7 @@ def test_the_readme_commands_run(tmp_path):
     ran = []
     for command in sh_commands(README.read_text()):
         args = shlex.split(command, comments=True)
-        if args[0] != "kvbench" or skip_reason(command):
+        if not args or args[0] != "kvbench" or skip_reason(command):  # a comment line, make, pip
             continue
         proc = subprocess.run(
             [sys.executable, "-m", "kvbench", *args[1:]],
@@ -73,5 +87,10 @@ def test_the_readme_commands_run(tmp_path):
         ran.append(command)
     assert len(ran) >= 12
     assert not (tmp_path / "cache").exists()  # the copies served every name
-    for made in ("runs/paged/summary.json", "runs/azure/summary.json", "mooncake.png", "mooncake.parquet"):
-        assert (work / made).is_file(), made
+    made = ("runs/paged/summary.json", "runs/azure/summary.json", "runs/paged/report/report.html",
+            "runs/sweep/sustained.csv", "mooncake.png", "mooncake.parquet")  # fmt: skip
+    for name in made:
+        assert (work / name).is_file(), name
+    for code in python_blocks(README.read_text()):
+        proc = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, f"{code}\n{proc.stderr[-2000:]}"
