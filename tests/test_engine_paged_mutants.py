@@ -528,3 +528,76 @@ def test_vmm_can_allocate_all_needs_a_range_and_pages_for_each():
     assert not alloc.can_allocate_all([new_seq(i, 1, 1) for i in range(4)])  # 4 ranges
     assert alloc.can_allocate_all([new_seq(i, 1, 1) for i in range(3)])
     assert alloc.can_allocate(new_seq(1, 16, 1)) and not alloc.can_allocate(new_seq(1, 17, 1))
+
+
+def vmm_segment(page, prompts: tuple[int, ...], spare_pages: int, idle_prompt: int = 0):
+    """A vmm decode batch right after step 0's append, with `spare_pages` unmapped pages left
+    (and, with `idle_prompt`, a finished request's pages mapped idle beside them)."""
+    page = Fraction(page)
+    pages = VirtualAllocator(1000, page, 0, 64, 1).pages_for
+    num_pages = sum(pages(p + 1) for p in prompts) + pages(idle_prompt) + spare_pages
+    alloc = VirtualAllocator(int(num_pages * page) + 1, page, num_pages, 64, len(prompts) + 1, watermark=0.0)
+    seqs = tuple(new_seq(i, p, 40) for i, p in enumerate(prompts))
+    for seq in seqs:
+        alloc.allocate(seq)
+    if idle_prompt:
+        idle = new_seq(99, idle_prompt, 1)
+        alloc.allocate(idle)
+        idle.advance(1, 0.0)
+        alloc.free(idle)
+    for seq in seqs:
+        seq.advance(1, 0.0)
+        alloc.append(seq)
+    assert len(alloc._unmapped) == spare_pages
+    return alloc, seqs
+
+
+def vmm_state(alloc: VirtualAllocator, seqs) -> tuple:
+    fp = alloc.footprint()  # tokens left out: the grown batch has not run its steps
+    tables = [alloc.page_table(seq) for seq in seqs]
+    return tables, (fp.target, fp.asked, fp.granted, fp.idle), alloc.maps, list(alloc._unmapped)
+
+
+VMM_SEGMENTS = [  # page tokens, prompts, spare pages, idle pages' prompt
+    (4, (3, 6, 9), 14, 0),
+    (4, (4, 1), 5, 8),
+    (Fraction(5, 2), (2, 7, 5), 9, 5),
+    (Fraction(4, 3), (1, 6), 7, 0),
+]
+
+
+@pytest.mark.parametrize("case", VMM_SEGMENTS)
+def test_vmm_growth_and_trim_equal_step_by_step_appends(case):
+    page, prompts, spare, idle = case
+    stepped, seqs = vmm_segment(page, prompts, spare, idle)
+    states, asked, target, granted, horizon = [vmm_state(stepped, seqs)], [0], [0], [0.0], None
+    for step in range(1, 30):
+        for seq in seqs:
+            seq.advance(1, 0.0)
+        before, unmaps = stepped.footprint(), stepped.unmaps
+        if stepped.append_all(seqs) is None:  # not enough pages, even reclaiming idle ones
+            horizon = step
+            break
+        if stepped.unmaps > unmaps:
+            horizon = step  # the first step that had to reclaim an idle page
+            break
+        after = stepped.footprint()
+        asked.append(after.asked - before.asked)
+        target.append(after.target - before.target)
+        granted.append(after.granted - before.granted)
+        states.append(vmm_state(stepped, seqs))
+    grown, seqs = vmm_segment(page, prompts, spare, idle)
+    assert grown.grow(seqs, 1) is None  # one step needs nothing beyond step 0's append
+    expected_horizon = horizon or 30
+    assert grown.growth_horizon(seqs, 30) == expected_horizon
+    assert grown.growth_horizon(seqs, 3) == min(3, expected_horizon)
+    k = expected_horizon
+    growth = grown.grow(seqs, k)
+    assert (list(growth.asked), list(growth.target)) == (asked[:k], target[:k])
+    assert list(growth.granted) == pytest.approx(granted[:k])
+    assert vmm_state(grown, seqs) == states[k - 1]
+    grown.trim(k - 2)  # a segment that ran 2 steps short of its plan
+    assert vmm_state(grown, seqs) == states[k - 3]
+    for seq in seqs:
+        seq.advance(k - 2, 0.0)
+    grown.check_integrity()
