@@ -10,7 +10,7 @@ OPT-13B / 12 GiB (15,728), so the engines batch about as the paper's did; the ra
 64 req/s because a 1.3B model on a modern GPU decodes far faster than OPT-13B on an A100, and
 the contiguous engines must still be saturated for the comparison to mean anything (at 8 req/s
 on the H200 only static was; at 64 req/s every contiguous engine is past its sustained rate in
-`results/reference/gpu-sweep-opt-1.3b`).
+`results/reproduce/quick-real-opt-1.3b/fig12`).
 
 Occupancy is time-weighted over each run's saturated part (steps during which a request
 waited for admission), the setting of the paper's Figure 2.
