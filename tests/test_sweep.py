@@ -31,7 +31,7 @@ from kvbench.sweep.grid import (
 from kvbench.sweep.plan import SustainedOptions, SweepPlan
 from kvbench.sweep.progress import Progress
 from kvbench.sweep.run import run_sweep
-from kvbench.sweep.stats import bisect_rate, mean_ci95, sustained_rate, t975
+from kvbench.sweep.stats import bisect_rate, bracket_width, mean_ci95, ratio_interval, sustained_rate, t975
 from tests.support import sweep_stopped_after_its_first_cell
 from tests.test_cli import kvbench
 from workloads.spec import WorkloadSpec
@@ -150,6 +150,29 @@ def test_bisection_on_a_made_up_curve_converges_on_the_knee():
     assert verdict.first_fail - verdict.sustained_rate == pytest.approx(4.0 / 2**6)
 
 
+def test_bracket_width_and_the_interval_of_a_ratio_of_brackets():
+    assert bracket_width((4.0, 4.4)) == pytest.approx(0.1)
+    assert bracket_width((0.0, 1.0)) == math.inf  # even the lowest rate failed
+    # A in [6, 6.6), B in [2, 2.2): A / B in [6 / 2.2, 6.6 / 2]
+    assert ratio_interval((6.0, 6.6), (2.0, 2.2)) == pytest.approx((6 / 2.2, 3.3))
+    assert ratio_interval((6.0, 6.6), (0.0, 0.5)) == (12.0, math.inf)  # B never passed
+
+
+def test_bisection_stops_once_the_bracket_is_as_narrow_as_asked(tmp_path):
+    """--bracket 0.1: midpoints until (first fail - last pass) / last pass <= 10 %, whatever
+    the grid's spacing; the cells' latencies on either side of the bound confirm the bracket."""
+    sustained = SustainedOptions(threshold_s=0.1, bracket=0.1)
+    p = plan(engines=("orca-max",), rates=(0.5, 16.0), num_requests=150, kv=(12.0,), sustained=sustained)
+    result = run_sweep(p, tmp_path / "s", progress=quiet())
+    (row,) = rows_of(tmp_path / "s" / "sustained.csv")
+    low, high = float(row["last_pass_rate"]), float(row["first_fail_rate"])
+    assert 0 < (high - low) / low <= 0.1
+    rounds = int(row["bisect_cells"])
+    assert rounds == [r["role"] for r in result.rows].count("bisect") and rounds >= 5  # 0.5..16: 32x apart
+    latency = {float(r["rate"]): float(r["normalized_latency_s"]) for r in result.rows}
+    assert latency[low] < 0.1 <= latency[high]
+
+
 # --- real sweeps (simulated) -----------------------------------------------------------------
 
 
@@ -180,7 +203,7 @@ def test_every_engine_one_row_per_cell(tmp_path):
 
 
 def test_sustained_rate_of_a_real_sweep_with_bisection(tmp_path):
-    sustained = SustainedOptions(bisect=2)  # threshold: 4 x each engine's unloaded latency
+    sustained = SustainedOptions(bisect=2)  # threshold: 4 x the lowest unloaded latency, for both
     p = plan(
         engines=("paged", "orca-max"),
         rates=(0.5, 1.0, 16.0),
@@ -193,11 +216,15 @@ def test_sustained_rate_of_a_real_sweep_with_bisection(tmp_path):
     table = {r["engine"]: r for r in rows_of(tmp_path / "s" / "sustained.csv")}
     assert [r["role"] for r in result.rows].count("baseline") == 2
     assert [r["role"] for r in result.rows].count("bisect") == 4  # 2 per engine
+    baselines = {r["engine"]: r for r in rows.values() if r["role"] == "baseline"}
+    lowest = min(float(r["normalized_latency_s"]) for r in baselines.values())
+    assert table["paged"]["latency_threshold_s"] == table["orca-max"]["latency_threshold_s"]  # one bound
     for engine, row in table.items():
-        baseline = next(r for r in rows.values() if r["engine"] == engine and r["role"] == "baseline")
+        baseline = baselines[engine]
         assert int(baseline["peak_batched_requests"]) == 1  # truly unloaded
+        assert float(row["unloaded_latency_s"]) == pytest.approx(float(baseline["normalized_latency_s"]))
         threshold = float(row["latency_threshold_s"])
-        assert threshold == pytest.approx(4 * float(baseline["normalized_latency_s"]))
+        assert threshold == pytest.approx(4 * lowest) and "shared by all" in row["threshold_source"]
         latency = {
             float(r["rate"]): float(r["normalized_latency_s"])
             for r in rows.values()
@@ -296,7 +323,7 @@ def test_an_isolated_cell_runs_exactly_its_config(tmp_path):
         (("--block-sizes", "24"), "error: --block-sizes: '24' is not a positive power of two"),
         (
             ("--bisect", "2"),
-            "error: --bisect and --latency-threshold look for a sustained rate: give --rates",
+            "error: --bisect, --bracket and --latency-threshold find a sustained rate: give --rates",
         ),
         (("--resume", "--overwrite"), "error: --resume and --overwrite contradict each other"),
     ],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -64,7 +65,13 @@ def _sweep(
     threshold_multiple: Annotated[
         float, typer.Option(help="Default threshold: this many times the unloaded normalized latency.")
     ] = 4.0,
-    bisect: Annotated[int, typer.Option(help="Extra rates per engine between last pass and first fail.")] = 0,
+    bisect: Annotated[
+        int, typer.Option(help="Bisection rounds per engine between last pass and first fail (a cap).")
+    ] = 0,
+    bracket: Annotated[
+        float | None,
+        typer.Option(help="Bisect until (first fail - last pass) / last pass is at most this, e.g. 0.1."),
+    ] = None,
     baseline_rate: Annotated[
         float, typer.Option(help="Unloaded baseline: requests/s, evenly spaced, so each runs alone.")
     ] = 0.001,
@@ -104,8 +111,10 @@ def _sweep(
         parse_block_sizes(block_sizes), parse_budgets(kv_cache_gib), parse_seeds(seeds), repeats,
     )  # fmt: skip
     _check_counts(repeats, bisect, threshold_multiple, latency_threshold, baseline_rate, baseline_requests)
-    if not axes.swept_rates and (bisect or latency_threshold is not None):
-        raise KvbenchError("--bisect and --latency-threshold look for a sustained rate: give --rates")
+    if bracket is not None and not (bracket > 0 and math.isfinite(bracket)):
+        raise KvbenchError(f"--bracket must be a positive fraction, got {bracket}")
+    if not axes.swept_rates and (bisect or latency_threshold is not None or bracket is not None):
+        raise KvbenchError("--bisect, --bracket and --latency-threshold find a sustained rate: give --rates")
     options = dict(job_options)
     step_by_step = options.pop("step_by_step")
     percentiles, slo = parse_percentiles(options.pop("percentiles")), parse_slo(options.pop("slo"))
@@ -116,7 +125,7 @@ def _sweep(
     baseline = Baseline(baseline_rate, baseline_requests)
     plan = SweepPlan(
         axes, base, CellRun(real_mode, isolate, step_by_step, cell_timeout),
-        SustainedOptions(latency_threshold, threshold_multiple, bisect, baseline), continue_on_error,
+        SustainedOptions(latency_threshold, threshold_multiple, bisect, baseline, bracket), continue_on_error,
     )  # fmt: skip
     if not real_mode and not continue_on_error:
         prepare(plan.config(grid_cells(axes)[0]))  # a mistyped setting fails now, not in the first cell

@@ -10,15 +10,26 @@ from kvbench.config import RunConfig
 from kvbench.sweep.cell import CellRun
 from kvbench.sweep.grid import Axes, Baseline, Cell, cell_config
 
+MAX_ROUNDS = 12  # a target bracket with no --bisect cap: 2^-12 of the grid's spacing at worst
+
 
 @dataclass(frozen=True)
 class SustainedOptions:
     """How the sustained rate is found (docs/SWEEPS.md)."""
 
-    threshold_s: float | None = None  # normalized latency (s/token) to stay under; None: from a baseline
-    multiple: float = 4.0  # default threshold: this many times the unloaded normalized latency
-    bisect: int = 0  # extra rates tried between the last passing and first failing one
+    threshold_s: float | None = None  # normalized latency (s/token) to stay under; None: from baselines
+    # default threshold: this many times the lowest unloaded normalized latency of the compared
+    # engines (one bound shared by every engine of a trace x block size x budget x seed)
+    multiple: float = 4.0
+    bisect: int = 0  # bisection rounds between the last pass and the first fail (with `bracket`: a cap)
     baseline: Baseline = field(default_factory=Baseline)
+    # bisect until (first fail - last pass) / last pass is at most this (None: exactly `bisect` rounds)
+    bracket: float | None = None
+
+    @property
+    def max_rounds(self) -> int:
+        """Bisection rounds at most: `bisect`, or with a target bracket and no cap, MAX_ROUNDS."""
+        return self.bisect if self.bracket is None or self.bisect else MAX_ROUNDS
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,22 @@ def sustained_rate(points: Sequence[tuple[float, float | None]], threshold: floa
     return Verdict(last_pass, None, f"under {limit} at every swept rate: the sustained rate may be higher")
 
 
+def bracket_width(bracket: tuple[float, float]) -> float:
+    """(first fail - last pass) / last pass: how far apart the bracket's ends are (inf from 0)."""
+    low, high = bracket
+    return (high - low) / low if low > 0 else math.inf
+
+
+def ratio_interval(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    """Where the ratio of two sustained rates lies, each known only as a bracket (pass, fail).
+
+    The true rate of A is in [a_pass, a_fail) and of B in [b_pass, b_fail), so A / B is in
+    [a_pass / b_fail, a_fail / b_pass] (inf where B never passed).
+    """
+    (a_low, a_high), (b_low, b_high) = a, b
+    return a_low / b_high, (a_high / b_low if b_low > 0 else math.inf)
+
+
 def bisect_rate(bracket: tuple[float, float]) -> float:
     """The next rate to try between the last passing and the first failing one: the midpoint."""
     low, high = bracket

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from kvbench.sweep.grid import BASELINE, BISECT, Cell
 from kvbench.sweep.progress import Progress
-from kvbench.sweep.stats import Verdict, bisect_rate, sustained_rate
+from kvbench.sweep.stats import Verdict, bisect_rate, bracket_width, sustained_rate
 
 if TYPE_CHECKING:
     from kvbench.sweep.plan import SweepPlan
@@ -65,42 +65,65 @@ def sustained_table(plan: SweepPlan, state: Cells, grid: list[Cell]) -> list[dic
 
 
 def _threshold(plan: SweepPlan, state: Cells, cell: Cell) -> tuple[float | None, float | None, str]:
-    """(threshold, unloaded latency, where the threshold came from) for `cell`'s group."""
-    if plan.sustained.threshold_s is not None:
+    """(threshold, unloaded latency, where the threshold came from) for `cell`'s group.
+
+    One bound for every engine of a comparison (the paper reads every engine's rate where
+    normalized latency crosses the same line): without --latency-threshold, `multiple` times
+    the lowest unloaded latency among the compared engines' baselines (same trace, block size,
+    budget and seed). Each engine's own baseline is still reported (`unloaded_latency_s`).
+    """
+    if plan.sustained.threshold_s is not None:  # no baselines run
         return plan.sustained.threshold_s, None, "--latency-threshold"
-    baseline = Cell(BASELINE, cell.engine, cell.trace, None, cell.block_size, cell.kv_cache_gib, cell.seed)
-    row = state.rows[baseline.id]
-    if row["status"] != "ok":
-        return None, None, f"baseline cell {baseline.id} failed"
-    unloaded = row["normalized_latency_s"]
-    source = f"{plan.sustained.multiple:g} x unloaded ({baseline.id})"
+    own = state.rows[_baseline(cell, cell.engine).id]
+    unloaded = own["normalized_latency_s"] if own["status"] == "ok" else None
+    rows = [(state.rows[_baseline(cell, engine).id], engine) for engine in plan.axes.engines]
+    ok = [(row["normalized_latency_s"], engine, row) for row, engine in rows if row["status"] == "ok"]
+    if not ok:
+        return None, unloaded, f"every baseline of {cell.trace} failed"
+    lowest, engine, row = min(ok, key=lambda item: item[0])
+    source = (
+        f"{plan.sustained.multiple:g} x {lowest:.4g} s/token, the lowest unloaded latency of "
+        f"{len(ok)} engines ({engine}), shared by all"
+    )
     if row["peak_batched_requests"] > 1:
-        source += (
-            f"; its requests overlapped (peak batch {row['peak_batched_requests']}): lower --baseline-rate"
-        )
-    return plan.sustained.multiple * unloaded, unloaded, source
+        peak = row["peak_batched_requests"]
+        source += f"; its requests overlapped (peak batch {peak}): lower --baseline-rate"
+    return plan.sustained.multiple * lowest, unloaded, source
+
+
+def _baseline(cell: Cell, engine: str) -> Cell:
+    return Cell(BASELINE, engine, cell.trace, None, cell.block_size, cell.kv_cache_gib, cell.seed)
 
 
 def _bisect(plan: SweepPlan, state: Cells, first: Cell, rates: dict, threshold: float | None):
-    """Refine the verdict with up to --bisect midpoint rates (each run for every repeat)."""
+    """Refine the verdict by bisection: `bisect` rounds, or until the bracket is `bracket` wide
+    (each midpoint run for every repeat)."""
+    options, repeats = plan.sustained, plan.axes.repeats
     if threshold is None:
-        state.progress.plan(-plan.sustained.bisect * plan.axes.repeats)
+        state.progress.plan(-options.bisect * repeats)
         return None, 0
 
     def verdict() -> Verdict:
         return sustained_rate([(rate, _latency(rows)) for rate, rows in rates.items()], threshold)
 
+    def wanted(current: Verdict) -> bool:
+        if not current.bracket or done >= options.max_rounds:
+            return False
+        return options.bracket is None or bracket_width(current.bracket) > options.bracket
+
     current, done = verdict(), 0
-    while done < plan.sustained.bisect and current.bracket:
+    while wanted(current):
         rate = bisect_rate(current.bracket)
         cells = [
             Cell(BISECT, first.engine, first.trace, rate, first.block_size, first.kv_cache_gib, first.seed, r)
-            for r in range(plan.axes.repeats)
+            for r in range(repeats)
         ]
+        if done >= options.bisect:  # beyond the rounds counted up front: the total grows
+            state.progress.plan(repeats)
         state.plan_cells(cells)
         rates[rate] = [state.run(cell) for cell in cells]
         current, done = verdict(), done + 1
-    state.progress.plan(-(plan.sustained.bisect - done) * plan.axes.repeats)
+    state.progress.plan(-max(0, options.bisect - done) * repeats)
     if done:
         current = Verdict(current.last_pass, current.first_fail, f"{current.how} (bisected {done}x)")
-    return current, done * plan.axes.repeats
+    return current, done * repeats
