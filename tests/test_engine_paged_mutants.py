@@ -601,3 +601,69 @@ def test_vmm_growth_and_trim_equal_step_by_step_appends(case):
     for seq in seqs:
         seq.advance(k - 2, 0.0)
     grown.check_integrity()
+
+
+def vmm_state_with_everything() -> tuple[VirtualAllocator, Sequence, Sequence, Sequence]:
+    """A forked group (ranges 0, 1), a lone sequence (range 2), an idle range (3) and an empty
+    one (4): every table the checks read."""
+    alloc = VirtualAllocator(40, 4, 10, max_len=8, max_requests=5, watermark=0.0)
+    leader = sequence_for(Request(1, 0.0, 3, 4, n=2))
+    alloc.allocate(leader)
+    leader.advance(1, 0.0)
+    child = leader.group.members[1]
+    child.copy_progress(leader)
+    alloc.fork(leader, child)
+    leader.group.forked = True
+    lone, gone = new_seq(2, 4, 4), new_seq(9, 5, 1)
+    for seq in (lone, gone):
+        alloc.allocate(seq)
+        seq.advance(1, 0.0)
+    alloc.append(lone)
+    alloc.free(gone)
+    alloc.check_integrity()
+    assert (alloc._mapped, alloc._free_ranges) == ([[0], [1], [2, 5], [3, 4], []], {3, 4})
+    return alloc, leader, child, lone
+
+
+def _steal_a_free_range(alloc: VirtualAllocator, leader: Sequence) -> None:
+    free = min(r for r in alloc._free_ranges if not alloc._mapped[r])
+    alloc._free_ranges.remove(free)
+    alloc._pools[leader.group].append(free)
+
+
+VMM_CORRUPTIONS = {  # each breaks one thing: (allocator, leader, lone sequence) -> None
+    "^a page is lost or mapped twice$": lambda alloc, leader, lone: alloc._unmapped.append(0),
+    "^a range is held twice$": lambda alloc, leader, lone: alloc._owner.__setitem__(lone, 1),
+    "^a held range is also free$": lambda alloc, leader, lone: alloc._free_ranges.add(1),
+    "^a range is lost$": lambda alloc, leader, lone: alloc._free_ranges.remove(4),
+    "^idle count wrong$": lambda alloc, leader, lone: setattr(alloc, "_idle", 3),
+    "^held count wrong$": lambda alloc, leader, lone: setattr(alloc, "_held", alloc._held + 1),
+    "^asked wrong$": lambda alloc, leader, lone: setattr(alloc, "_asked", alloc._asked + 1),
+    "^pages idle without deferred reclamation$": lambda alloc, leader, lone: setattr(
+        alloc, "deferred", False
+    ),
+    "^seq 2 lost pages under its tokens$": lambda alloc, leader, lone: setattr(lone, "num_computed", 9),
+    "^a group's resident count is wrong$": lambda alloc, leader, lone: alloc._resident.__setitem__(
+        leader.group, 1
+    ),
+    "^a group holds a range too many$": lambda alloc, leader, lone: _steal_a_free_range(alloc, leader),
+    "^target total out of date$": lambda alloc, leader, lone: setattr(alloc, "_target", alloc._target + 1),
+}
+
+
+@pytest.mark.parametrize("message", VMM_CORRUPTIONS)
+def test_vmm_integrity_check_names_what_is_broken(message):
+    alloc, leader, _, lone = vmm_state_with_everything()
+    VMM_CORRUPTIONS[message](alloc, leader, lone)
+    with pytest.raises(AssertionError, match=message):
+        alloc.check_integrity()
+
+
+def test_vmm_integrity_counts_a_pooled_range_of_a_group():
+    alloc, leader, child, _ = vmm_state_with_everything()
+    alloc.free(child)  # its range waits in the group's pool, unmapped
+    assert (alloc._pools[leader.group], alloc._mapped[1], list(alloc._unmapped)) == ([1], [], [6, 7, 8, 9, 1])
+    alloc.check_integrity()
+    fp = alloc.footprint()
+    assert (fp.tokens, fp.target, fp.asked, fp.granted, fp.idle) == (3 + 4, 4 + 7, 12, 12.0, 8.0)
+    assert alloc.can_allocate(child)  # back into its group's range
