@@ -19,7 +19,7 @@ from engines import ENGINES, EngineOptions, get_engine
 from engines.allocator import Extent, address_slots
 from engines.arena import BuddyArena, FirstFitArena
 from engines.batch import Batch, SchedulerConfig
-from engines.beam import SyntheticScores
+from engines.beam import SyntheticScores, assign_slots, beam_step
 from engines.contiguous import ContiguousAllocator, MaxReservation, OracleReservation
 from engines.groups import admission_unit, candidates_per_beam, groups_in, seats_taken, unit_start
 from engines.paged import PagedAllocator
@@ -573,3 +573,34 @@ def test_a_prompt_found_in_the_prefix_cache_is_not_fed_again():
     assert prefill.seqs == (r1,)
     assert (r1.num_computed, r1.num_cached_tokens) == (8, 8)
     assert fields(prefill) == (True, 1, 9, 1, (), (), (), 0, False)
+
+
+def test_the_beam_step_breaks_ties_by_beam_then_rank():
+    tokens = np.array([[5, 6, 7], [8, 9, 10]])
+    logprobs = np.array([[-1.0, -1.0, -2.0], [-0.5, -1.5, -3.0]])
+    choices = beam_step([-0.5, -1.0], tokens, logprobs, 4)
+    assert [(c.parent, c.token, c.score) for c in choices] == [
+        (0, 5, -1.5),
+        (0, 6, -1.5),
+        (1, 8, -1.5),
+        (0, 7, -2.5),
+    ]
+    assert assign_slots([c.parent for c in choices], 4) == ([0, 2, 1, 3], [2, 3])
+
+
+def test_simulated_beams_take_the_beam_step_over_the_requests_synthetic_candidates():
+    sched = IterationScheduler(PagedAllocator(256, 4, watermark=0.0), SchedulerConfig())
+    leader = seq(5, 3, 4, beam_width=3)
+    beams = leader.group.members
+    sched.add(leader)
+    expected = SyntheticScores(5, 3, 6)  # the request's id, its width, 2 candidates per beam
+    scores = [0.0]
+    batch = sched.schedule()
+    for t in range(4):  # the last step finishes the group
+        step(sched, batch, float(t))
+        tokens, logprobs = expected.next(len(scores))
+        best = [c.score for c in beam_step(scores, tokens, logprobs, 3)]
+        assert sorted(b.score for b in beams) == sorted(best)
+        scores = [b.score for b in beams]  # the next step's beams, in member order
+        batch = sched.schedule()
+    assert batch is None and beams[0].score == max(scores)
