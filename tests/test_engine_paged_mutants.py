@@ -667,3 +667,86 @@ def test_vmm_integrity_counts_a_pooled_range_of_a_group():
     fp = alloc.footprint()
     assert (fp.tokens, fp.target, fp.asked, fp.granted, fp.idle) == (3 + 4, 4 + 7, 12, 12.0, 8.0)
     assert alloc.can_allocate(child)  # back into its group's range
+
+
+def group_seq(request_id: int, prompt: int, output: int = 4, prefix: int = 8) -> Sequence:
+    return new_seq(request_id, prompt, output, prefix_group="g", prefix_len=prefix)
+
+
+def test_prefix_grow_evicts_the_oldest_cached_block_and_trim_puts_it_back():
+    alloc = PrefixCachingAllocator(16, 4, watermark=0.0)  # 4 blocks
+    first = group_seq(1, 8, 1)
+    alloc.allocate(first)  # blocks 0, 1
+    first.advance(1, 0.0)
+    alloc.free(first)  # both cached, unreferenced: LRU [1, 0]
+    runner = new_seq(2, 3, 20)
+    alloc.allocate(runner)  # block 2
+    runner.advance(1, 0.0)
+    alloc.append(runner)
+    other = new_seq(3, 4, 1)
+    alloc.allocate(other)  # block 3: the free queue is empty
+    assert (alloc.num_free_blocks, list(alloc.cache._lru)) == (2, [1, 0])
+    assert alloc.growth_horizon([runner], 20) == 9  # two more blocks, at steps 1 and 5; the third at 9
+    growth = alloc.grow([runner], 9)
+    assert list(growth.asked) == [0, 4, 0, 0, 0, 4, 0, 0, 0]
+    assert (table(alloc, runner), alloc.cache.evictions, alloc.cache.num_cached) == ([2, 1, 0], 2, 0)
+    alloc.trim(5)  # ran 5 steps: the block of step 5 goes back, cached again, oldest again
+    assert (table(alloc, runner), alloc.cache.evictions, list(alloc.cache._lru)) == ([2, 1], 1, [0])
+    assert alloc.cache.key_of(0) == block_keys(first.request, 4)[0]
+    runner.advance(5, 0.0)
+    alloc.check_integrity()
+    again = group_seq(4, 6)
+    alloc.free(other)
+    alloc.allocate(again)  # block 0 is found again; its second block was evicted
+    assert (table(alloc, again), again.num_cached_tokens) == ([0, 3], 4)
+    alloc.check_integrity()
+
+
+def test_prefix_swap_out_and_in_register_computed_blocks_again():
+    alloc = PrefixCachingAllocator(32, 4, watermark=0.0, host_blocks=4)  # 8 blocks
+    a = group_seq(1, 9)
+    alloc.allocate(a)
+    a.advance(1, 0.0)  # blocks 0, 1 computed and keyed, not yet registered
+    assert alloc.cache.num_cached == 0
+    assert alloc.swap_out(a) == [(0, 0), (1, 1), (2, 2)]  # registers first, then leaves
+    assert (alloc.cache.num_cached, list(alloc.cache._lru)) == (2, [1, 0])
+    assert (alloc._keys, alloc._pending, free_queue(alloc)) == ({}, {}, [3, 4, 5, 6, 7, 2])
+    filler = new_seq(2, 28, 1)
+    alloc.allocate(filler)  # the 6 free blocks, then evicts block 1 (the oldest)
+    assert table(alloc, filler) == [3, 4, 5, 6, 7, 2, 1] and alloc.cache.num_cached == 1
+    alloc.free(filler)  # never computed: back to the free queue, last block first
+    assert alloc.swap_in(a) == [(0, 1), (1, 2), (2, 7)]
+    assert alloc._pending == {a: 0} and alloc.cache.num_cached == 1
+    assert alloc.can_allocate(new_seq(3, 1, 1))  # registers a's computed blocks where their key is free
+    keys = block_keys(a.request, 4)
+    assert (alloc.cache.key_of(1), alloc.cache.key_of(2), alloc._pending) == (None, keys[1], {})
+    assert alloc.cache.match(keys) == [0, 2]  # block 0 kept the first key
+    alloc.check_integrity()
+
+
+def test_prefix_admission_counts_revived_hits_and_registers_only_computed_blocks():
+    alloc = PrefixCachingAllocator(40, 4, watermark=0.0)  # 10 blocks
+    a = group_seq(1, 14, prefix=12)  # keys for blocks 0-2 (the group's), 3 prompt blocks + 1
+    alloc.allocate(a)
+    assert alloc._pending == {a: 0} and alloc.can_allocate(group_seq(9, 1))
+    assert alloc.cache.num_cached == 0  # nothing computed yet
+    a.num_computed = 5  # a chunk: block 0 computed, block 1 not
+    assert alloc.can_allocate(group_seq(9, 1))
+    assert (alloc.cache.num_cached, alloc._pending) == (1, {a: 1})
+    a.num_computed = 13
+    assert alloc.can_allocate(group_seq(9, 1))
+    assert (alloc.cache.num_cached, alloc._pending) == (3, {})
+    alloc.free(a)  # LRU [2, 1, 0] after its tail block 3
+    b = group_seq(2, 13, prefix=12)  # 4 blocks: 3 hits, all unreferenced
+    assert alloc.num_free_blocks == 10
+    full = new_seq(3, 24, 1)
+    alloc.allocate(full)  # 6 free blocks
+    assert alloc.num_free_blocks == 4 and alloc.can_allocate(b)  # 4 needed: 1 new, 3 revived
+    other = new_seq(4, 1, 1)
+    alloc.allocate(other)  # the last free block
+    assert not alloc.can_allocate(b)
+    alloc.free(other)
+    assert alloc.can_allocate(b)
+    alloc.allocate(b)
+    assert (table(alloc, b), b.num_computed, b.num_cached_tokens) == ([0, 1, 2, 3], 12, 12)
+    alloc.check_integrity()
