@@ -604,3 +604,14 @@ def test_simulated_beams_take_the_beam_step_over_the_requests_synthetic_candidat
         scores = [b.score for b in beams]  # the next step's beams, in member order
         batch = sched.schedule()
     assert batch is None and beams[0].score == max(scores)
+
+
+def test_a_beam_search_of_one_token_ends_with_its_prefill():
+    alloc = PagedAllocator(64, 4, watermark=0.0)
+    sched = IterationScheduler(alloc, SchedulerConfig())
+    leader = seq(0, 4, 1, beam_width=2)
+    sched.add(leader)
+    assert step(sched, sched.schedule(), 0.0) == [leader]
+    assert [b.status for b in leader.group.members] == [SeqStatus.FINISHED] * 2
+    assert (sched.running, sched.has_work(), sched.schedule()) == ([], False, None)
+    assert alloc.num_free_blocks == 16
