@@ -130,7 +130,8 @@ RANGES: dict[str, Range] = {
     "cell_timeout": POSITIVE,
     "latency_threshold": POSITIVE,
     "threshold_multiple": POSITIVE,
-    "bisect": Range(0, 64),  # each is one more rate per engine
+    "bisect": Range(0, 64),  # each round is one more rate per engine
+    "bracket": POSITIVE,  # relative width (first fail - last pass) / last pass
     "baseline_rate": POSITIVE,
     "baseline_requests": Range(1, MAX_REQUESTS),
     "parallel_gpus": COUNT,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -111,8 +110,6 @@ def _sweep(
         parse_block_sizes(block_sizes), parse_budgets(kv_cache_gib), parse_seeds(seeds), repeats,
     )  # fmt: skip
     _check_counts(repeats, bisect, threshold_multiple, latency_threshold, baseline_rate, baseline_requests)
-    if bracket is not None and not (bracket > 0 and math.isfinite(bracket)):
-        raise KvbenchError(f"--bracket must be a positive fraction, got {bracket}")
     if not axes.swept_rates and (bisect or latency_threshold is not None or bracket is not None):
         raise KvbenchError("--bisect, --bracket and --latency-threshold find a sustained rate: give --rates")
     options = dict(job_options)
