@@ -750,3 +750,40 @@ def test_prefix_admission_counts_revived_hits_and_registers_only_computed_blocks
     alloc.allocate(b)
     assert (table(alloc, b), b.num_computed, b.num_cached_tokens) == ([0, 1, 2, 3], 12, 12)
     alloc.check_integrity()
+
+
+def prefix_state() -> tuple[PrefixCachingAllocator, Sequence, Sequence]:
+    """Cached blocks shared by two sequences, two cached in the LRU, three free."""
+    alloc = PrefixCachingAllocator(40, 4, watermark=0.0)  # 10 blocks
+    a, b, gone = group_seq(1, 14, prefix=12), group_seq(2, 13, prefix=12), new_seq(5, 8, 1)
+    alloc.allocate(a)  # blocks 0-3
+    a.advance(1, 0.0)
+    alloc.allocate(gone)  # blocks 4, 5; registers a's blocks 0-2 first
+    gone.advance(1, 0.0)
+    alloc.allocate(b)  # hits 0-2, new block 6; registers gone's blocks first
+    alloc.free(gone)
+    assert (table(alloc, b), list(alloc.cache._lru), alloc._dup) == ([0, 1, 2, 6], [5, 4], 3)
+    assert free_queue(alloc) == [7, 8, 9]
+    alloc.check_integrity()
+    return alloc, a, b
+
+
+PREFIX_CORRUPTIONS = {
+    "^a block is free twice$": lambda alloc, b: alloc._free.append(7),
+    "^a free block is cached$": lambda alloc, b: alloc._free.append(5),
+    "^free and evictable != unreferenced$": lambda alloc, b: alloc._free.pop(),
+    "^$": lambda alloc, b: setattr(alloc, "_num_shared", 1),  # the copy-on-write count
+    "^_dup wrong$": lambda alloc, b: setattr(alloc, "_dup", 2),
+    "^a pending sequence is not resident$": lambda alloc, b: alloc._pending.__setitem__(new_seq(7, 1, 1), 0),
+    "^seq 2: block 0$": lambda alloc, b: alloc._keys.__setitem__(b, (1, 2, 3)),
+    "^seq 2: block 0 uncomputed$": lambda alloc, b: setattr(b, "num_computed", 3),
+    "^the LRU is not the unreferenced cached blocks$": lambda alloc, b: alloc.cache._lru.pop(5),
+}
+
+
+@pytest.mark.parametrize("message", PREFIX_CORRUPTIONS)
+def test_prefix_integrity_check_names_what_is_broken(message):
+    alloc, _, b = prefix_state()
+    PREFIX_CORRUPTIONS[message](alloc, b)
+    with pytest.raises(AssertionError, match=message):
+        alloc.check_integrity()
