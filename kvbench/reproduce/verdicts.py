@@ -1,0 +1,139 @@
+"""Verdicts that can say no: kvbench's measurement beside the paper's number, judged by a rule
+written down here.
+
+A verdict names its metric (and weighting) and reads one of:
+
+- **matches**: the paper's value lies inside the measured interval (a 95 % confidence interval
+  over seeds, or a sustained-rate bracket) widened by `TOLERANCE` on each side;
+- **differs**: it does not; and also where the paper shows a gap between two engines and the
+  measured intervals of the two overlap (a tie is not the paper's order);
+- **order only**: where only an order is compared (no value to hold the interval against),
+  said so beside "matches"/"differs";
+- **not measured**: the measurement rests on a constant that was assumed, not fitted or measured
+  (a cost-model term without data behind it), so it cannot confirm or refute the paper.
+
+The evidence of both sides is in the verdict's text: measured interval and paper value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from kvbench.sweep.stats import mean_ci95, ratio_interval
+
+TOLERANCE = 0.15  # +-15 % around a measured interval: the paper's values are read off its figures
+MATCHES, DIFFERS, NOT_MEASURED = "matches", "differs", "not measured"
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Where a measured quantity lies: [low, high] around `value` (a mean or a bracket's pass)."""
+
+    value: float
+    low: float
+    high: float
+
+    @classmethod
+    def of_samples(cls, samples: Sequence[float]) -> Interval:
+        """Mean and 95 % t interval of repeated measurements (one sample: a point)."""
+        mean, half = mean_ci95(samples)
+        half = 0.0 if math.isnan(half) else half
+        return cls(mean, mean - half, mean + half)
+
+    @classmethod
+    def of_bracket(cls, last_pass: float, first_fail: float) -> Interval:
+        """A sustained rate known to lie in [last pass, first fail)."""
+        return cls(last_pass, last_pass, first_fail)
+
+    def widened(self, tolerance: float = TOLERANCE) -> tuple[float, float]:
+        return self.low * (1 - tolerance), self.high * (1 + tolerance)
+
+    def overlaps(self, other: Interval) -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+    def __str__(self) -> str:
+        if self.low == self.high:
+            return f"{self.value:.3g}"
+        return f"{self.value:.3g} [{self.low:.3g}, {self.high:.3g}]"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: str  # MATCHES, DIFFERS or NOT_MEASURED
+    metric: str  # what was compared, with its weighting ("token states, saturated-weighted")
+    evidence: str  # both sides: the measured interval and the paper's value
+    order_only: bool = False
+
+    def __str__(self) -> str:
+        kind = " (order only)" if self.order_only else ""
+        return f"{self.outcome}{kind}: {self.metric}: {self.evidence}"
+
+
+def value_verdict(
+    metric: str, measured: Interval, paper: float, *, tolerance: float = TOLERANCE, assumed: str | None = None
+) -> Verdict:
+    """The paper's value against the measured interval widened by `tolerance`.
+
+    `assumed`: the constant the measurement rests on, if it was assumed (then "not measured").
+    """
+    low, high = measured.widened(tolerance)
+    evidence = f"kvbench {measured} (+-{tolerance:.0%}: [{low:.3g}, {high:.3g}]), paper {paper:.3g}"
+    if assumed:
+        return Verdict(NOT_MEASURED, metric, f"{evidence}; rests on an assumed {assumed}")
+    return Verdict(MATCHES if low <= paper <= high else DIFFERS, metric, evidence)
+
+
+def ratio_verdict(
+    metric: str,
+    numerator: Interval,
+    denominator: Interval,
+    paper: float,
+    *,
+    tolerance: float = TOLERANCE,
+    assumed: str | None = None,
+) -> Verdict:
+    """A ratio of two measured quantities (each an interval) against the paper's ratio."""
+    low, high = ratio_interval((numerator.low, numerator.high), (denominator.low, denominator.high))
+    value = numerator.value / denominator.value if denominator.value else math.inf
+    return value_verdict(metric, Interval(value, low, high), paper, tolerance=tolerance, assumed=assumed)
+
+
+def order_verdict(
+    metric: str,
+    measured: Mapping[str, Interval],
+    paper: Mapping[str, float],
+    *,
+    tolerance: float = TOLERANCE,
+) -> Verdict:
+    """Whether engines rank as in the paper, where only the order is compared.
+
+    Engines are taken in the paper's increasing order. A pair the paper separates by more than
+    `tolerance` must be separated here too: the lower engine's interval wholly below the
+    higher's. A pair the paper shows within `tolerance` of each other may come in either order.
+    """
+    engines = sorted((e for e in paper if e in measured), key=paper.get)
+    wrong = []
+    for i, low_engine in enumerate(engines):
+        for high_engine in engines[i + 1 :]:
+            gap = paper[high_engine] > paper[low_engine] * (1 + tolerance)
+            a, b = measured[low_engine], measured[high_engine]
+            if gap and not a.high <= b.low:
+                wrong.append(f"{low_engine} {a} vs {high_engine} {b}" + (" (tied)" if a.overlaps(b) else ""))
+    evidence = ", ".join(f"{e} {measured[e]} (paper {paper[e]:.3g})" for e in engines)
+    missing = sorted(set(paper) - set(measured))
+    if missing:
+        wrong.append(f"no measurement for {', '.join(missing)}")
+    if wrong:
+        return Verdict(DIFFERS, metric, f"{evidence}; not in the paper's order: {'; '.join(wrong)}", True)
+    return Verdict(MATCHES, metric, evidence, True)
+
+
+def overall(verdicts: Sequence[Verdict]) -> str:
+    """One word for a figure: differs if any part differs, not measured if any part is, else matches."""
+    outcomes = {v.outcome for v in verdicts}
+    for outcome in (DIFFERS, NOT_MEASURED):
+        if outcome in outcomes:
+            return outcome
+    return MATCHES if verdicts else NOT_MEASURED
