@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import io
 import itertools
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 from rich.console import Console
 
@@ -21,6 +25,7 @@ from kvbench.sweep.progress import Progress
 from kvbench.sweep.run import run_sweep
 from workloads.spec import WorkloadSpec
 
+ROOT = Path(__file__).resolve().parent.parent
 ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -155,3 +160,45 @@ def test_resumed_cells_print_no_line_of_their_own_but_the_last_line_counts_them(
     lines = stream.getvalue().splitlines()
     assert [line.split()[1] for line in lines] == ["2/3", "3/3"], lines
     assert "3/3 cells, 2 resumed" in lines[-1]
+
+
+SWEEP = ("sweep", "--engines", "paged", "--model", "tiny-opt", "--kv-cache-gib", "0.002",
+         "--trace", "uniform:prompt=4..30,output=2..12", "--num-requests", "20", "--rates", "5,50",
+         "--bisect", "2", "--latency-threshold", "1000")  # fmt: skip
+
+
+def test_kvbench_sweep_draws_the_bar_on_a_terminal_and_lines_into_a_pipe(tmp_path):
+    """The command as a user runs it: stderr a pseudo-terminal, then a pipe. Every rate passes the
+    threshold, so the 2 planned bisection cells are skipped: 4/4 cells either way."""
+    master, slave = os.openpty()
+    env = {**os.environ, "COLUMNS": "160"}
+    command = [sys.executable, "-m", "kvbench", *SWEEP]
+    with subprocess.Popen(
+        [*command, "--out", str(tmp_path / "tty")], cwd=ROOT, env=env,
+        stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+    ) as child:  # fmt: skip
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert child.wait(timeout=300) == 0
+    os.close(master)
+    screen = Console(file=io.StringIO())
+    screen.file.write(b"".join(chunks).decode())
+    states = [counts(f) for f in frames(screen)]
+    assert states and forward_only(states) and states[-1] == (4, 4), states
+    assert "4/4 cells, 2 skipped" in frames(screen)[-1]
+    assert "sweep: 2 cells (2 run, 0 resumed, 0 failed)" in screen.file.getvalue()
+
+    piped = subprocess.run(
+        [*command, "--out", str(tmp_path / "pipe")], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert "\x1b" not in piped.stderr and "\r" not in piped.stderr
+    assert [line.split()[1] for line in piped.stderr.splitlines()] == ["1/4", "2/4", "4/4"], piped.stderr

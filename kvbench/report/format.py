@@ -136,7 +136,7 @@ def terminal(stream: TextIO | None = None):
     """
     stream = sys.stdout if stream is None else stream
     stream = getattr(stream, "rich_proxied_file", stream)  # under a live progress bar
-    if not stream.isatty():
+    if not getattr(stream, "isatty", lambda: False)():  # a test runner's capture may have none
         return None
     from rich.console import Console
 
