@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
+from engines.allocator import Extent
 from engines.block_keys import block_keys
 from engines.paged import PagedAllocator
 from engines.paged_prefix import PrefixCachingAllocator
@@ -483,7 +485,8 @@ def test_vmm_admission_takes_the_range_needing_fewest_driver_calls_lowest_first(
     assert list(alloc._unmapped) == [10, 11, 12, 13, 14, 15]
     e = new_seq(10, 8, 1)  # 2 pages: ranges 1 and 2 hold exactly 2; the lower
     alloc.allocate(e)
-    assert (alloc.addressing(e).start, alloc.page_table(e), alloc.reused, alloc.maps) == (16, (4, 5), 2, 10)
+    assert (alloc.addressing(e), alloc.page_table(e)) == (Extent(16, 8, 8), (4, 5))
+    assert (alloc.reused, alloc.maps) == (2, 10)
     f = new_seq(11, 12, 1)  # 3 pages: only range 0 holds enough; its fourth page is unmapped
     alloc.allocate(f)
     assert (alloc.addressing(f).start, alloc.page_table(f), alloc.unmaps) == (0, (0, 1, 2), 1)
@@ -787,3 +790,33 @@ def test_prefix_integrity_check_names_what_is_broken(message):
     PREFIX_CORRUPTIONS[message](alloc, b)
     with pytest.raises(AssertionError, match=message):
         alloc.check_integrity()
+
+
+def test_paged_growth_wants_the_partial_last_block_and_a_second_grow_needs_no_horizon():
+    alloc = PagedAllocator(64, 4, watermark=0.0)
+    a, b = new_seq(1, 3, 8), new_seq(2, 6, 20)  # a: kv_len 10, its third block wants 2 slots
+    for seq in (a, b):
+        alloc.allocate(seq)
+        seq.advance(1, 0.0)
+        alloc.append(seq)
+    assert alloc.grow([a, b], 1) is None  # a's first crossing is step 1: nothing before it
+    growth = alloc.grow([a, b], 7)  # a crosses at steps 1 and 5, b at 2 and 6
+    assert (growth.asked.dtype, growth.target.dtype) == (np.int64, np.int64)  # slot counts
+    assert list(growth.asked) == [0, 4, 4, 0, 0, 4, 4]
+    assert list(growth.target) == [0, 4, 4, 0, 0, 2, 4]
+    assert footprint(alloc)[1:] == (10 + 16, 28, 28)  # a: 3 blocks, b: 4 of its 25 slots
+    alloc.trim(7)
+    for seq in (a, b):
+        seq.advance(6, 0.0)
+    assert alloc.append(b) == []  # b alone runs the next segment: its step 0 needs no block
+    growth = alloc.grow([b], 6)  # straight after a grow: no plan from growth_horizon
+    assert list(growth.asked) == [0, 0, 0, 0, 4, 0] and table(alloc, b) == [1, 2, 4, 6, 7]
+    alloc.check_integrity()
+
+
+def test_paged_can_append_counts_a_new_block_beside_shared_full_ones():
+    alloc = PagedAllocator(8, 4, watermark=0.0)  # 2 blocks
+    parent, child = forked_pair(alloc, prompt=8, output=3)  # both blocks full and shared
+    assert not alloc.can_append(parent)  # position 8 needs a third block, none is free
+    alloc.free(child)
+    assert not alloc.can_append(parent)
