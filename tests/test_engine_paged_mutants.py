@@ -380,6 +380,7 @@ def test_paged_shared_footprint_counts_partial_and_uncomputed_blocks_once():
     parent, child = forked_pair(alloc, prompt=8, output=3)  # kv_len 10: blocks 0, 1 full and shared
     for seq in (parent, child):
         assert alloc.append(seq) == []  # position 8: a private third block, nothing computed in it
+        alloc.check_integrity()  # after the parent's: block 1 is the child's last, the parent's whole
     assert (table(alloc, parent), table(alloc, child)) == ([0, 1, 2], [0, 1, 3])
     alloc.check_integrity()  # the closed form agrees with counting block by block
     assert footprint(alloc) == (8, 8 + 2 + 2, 16, 16)  # the third blocks want 2 slots each
@@ -820,3 +821,20 @@ def test_paged_can_append_counts_a_new_block_beside_shared_full_ones():
     assert not alloc.can_append(parent)  # position 8 needs a third block, none is free
     alloc.free(child)
     assert not alloc.can_append(parent)
+
+
+def test_prefix_blocks_shared_before_they_are_computed_move_to_the_cached_count():
+    alloc = PrefixCachingAllocator(32, 4, watermark=0.0)
+    parent, child = new_seq(1, 9, 4), new_seq(1, 9, 4)
+    alloc.allocate(parent)
+    alloc.fork(parent, child)  # before the prefill: three shared, uncached blocks
+    assert (alloc._num_shared, alloc._dup, alloc.sharing_saved()) == (3, 0, 12)
+    parent.advance(1, 0.0)
+    child.copy_progress(parent)
+    assert alloc.can_allocate(new_seq(2, 1, 1))  # registers blocks 0 and 1, shared twice each
+    assert (alloc._num_shared, alloc._dup, alloc.sharing_saved()) == (1, 2, 12)
+    alloc.check_integrity()
+    assert alloc.append(parent) == [(2, 3)]  # the uncached shared block is copied on write
+    assert (alloc._num_shared, alloc._dup, alloc.sharing_saved()) == (0, 2, 8)
+    assert footprint(alloc) == (9 + 9 - 8, 12 + 12 - 8, 16, 16)
+    alloc.check_integrity()
