@@ -21,6 +21,7 @@ import typer
 from kvbench.cli import options as opt
 from kvbench.errors import KvbenchError
 from kvbench.flags import RealOptions
+from kvbench.report.format import significant
 from kvbench.sweep.grid import PAPER_ENGINES
 from workloads.spec import WorkloadSpec
 
@@ -139,7 +140,7 @@ def _sweep(
     for row in result.sustained:
         rate = f"{row['sustained_rate']:g} req/s" if row["sustained_rate"] is not None else "none"
         threshold = row["latency_threshold_s"]
-        limit = f"under {threshold:.4g} s/token" if threshold is not None else "no threshold"
+        limit = f"under {significant(threshold)} s/token" if threshold is not None else "no threshold"
         typer.echo(f"  sustained {row['engine']} ({row['trace']}, bs {row['block_size']}): {rate}, {limit}")
     if result.sustained:
         typer.echo(f"  {out / 'sustained.csv'}")
