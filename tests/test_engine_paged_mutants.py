@@ -838,3 +838,17 @@ def test_prefix_blocks_shared_before_they_are_computed_move_to_the_cached_count(
     assert (alloc._num_shared, alloc._dup, alloc.sharing_saved()) == (0, 2, 8)
     assert footprint(alloc) == (9 + 9 - 8, 12 + 12 - 8, 16, 16)
     alloc.check_integrity()
+
+
+def test_prefix_trim_gives_plain_free_blocks_back_to_the_front_of_the_queue():
+    alloc = PrefixCachingAllocator(24, 4, watermark=0.0)  # 6 blocks
+    runner = new_seq(1, 3, 20)
+    alloc.allocate(runner)
+    runner.advance(1, 0.0)
+    alloc.append(runner)
+    alloc.grow([runner], 10)  # blocks 1, 2 and 3, at steps 1, 5 and 9, from the free queue
+    assert (table(alloc, runner), free_queue(alloc)) == ([0, 1, 2, 3], [4, 5])
+    alloc.trim(2)
+    assert (table(alloc, runner), free_queue(alloc), alloc.cache.evictions) == ([0, 1], [2, 3, 4, 5], 0)
+    runner.advance(2, 0.0)
+    alloc.check_integrity()
