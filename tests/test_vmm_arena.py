@@ -28,12 +28,12 @@ class SyncCheckingRunner(_Recording):
 
     def _map_pages(self, seqs):
         super()._map_pages(seqs)
-        need = self.allocator.mapped_counts()
+        need = self.virtual.backed(self.allocator.mapped_counts())  # range 0's first page: always
         if self.map_ahead:
             assert (self.virtual.mapped >= need).all()
         else:
             assert (self.virtual.mapped == need).all()
-        assert self.virtual.mapped.sum() <= self.virtual.num_pages
+        assert self.virtual.mapped.sum() <= self.virtual.num_pages + self.virtual.pinned  # pinned: beyond
         arena = self.virtual
         mapped = enumerate(arena.mapped.tolist())
         assert arena.driver_pages == {p for r, n in mapped for j in range(n) for p in arena.group(r, j)}
@@ -113,8 +113,9 @@ def test_sync_maps_and_unmaps_at_each_ranges_end_and_ahead_stays_in_the_budget()
         device=CPU,
     )  # fmt: skip
     assert arena.range_pages == 2 and arena.tensors == 4 and arena.k.shape == (2, 48, 2, 16)
+    assert arena.mapped.tolist() == [1, 0, 0] and arena.driver_pages == {0, 6, 12, 18}  # every tensor's base
     arena.sync(np.array([2, 1, 0]))
-    assert arena.maps == 3 and arena.driver_pages == {0, 1, 2, 6, 7, 8, 12, 13, 14, 18, 19, 20}
+    assert arena.maps == 2 and arena.driver_pages == {0, 1, 2, 6, 7, 8, 12, 13, 14, 18, 19, 20}
     arena.k[0, 0:24] = 1.0  # range 0's pages and range 1's first: backed, so written
     assert not arena.k[0, 0:24].isnan().any() and arena.k[0, 24:].isnan().sum() == 0  # never mapped: zeros
     arena.sync(np.array([1, 1, 0]))  # range 0 gives its last page back: poisoned
@@ -125,6 +126,8 @@ def test_sync_maps_and_unmaps_at_each_ranges_end_and_ahead_stays_in_the_budget()
     assert arena.mapped.tolist() == [2, 1, 0]
     arena.sync(np.array([1, 2, 1]), keep=[0])  # over the budget with it kept: it goes too
     assert arena.mapped.tolist() == [1, 2, 1] and arena.mapped.sum() <= arena.num_pages
+    arena.sync(np.array([0, 0, 0]))  # range 0 keeps its first page, pinned
+    assert arena.mapped.tolist() == [1, 0, 0] and arena.unmaps == 6
     arena.close()
     assert arena.driver_pages == frozenset() and arena.mapped.sum() == 0
 
@@ -136,7 +139,9 @@ def test_per_request_layout_keeps_a_tokens_layers_together():
         dtype=torch.float32, device=CPU,
     )  # fmt: skip
     assert arena.tensors == 1 and arena.range_pages == 16 and arena.k.shape == (2, 16, 4, 16)
-    arena.sync(np.array([2, 0]))  # range 0's first token: half a token per page
+    assert arena.pinned == 2 and arena.mapped.tolist() == [2, 0]  # token 0: two pages of half a token
+    arena.sync(np.array([2, 0]))
+    assert arena.maps == 0
     arena.k[1, 0] = 2.0
     arena.v[0, 0] = 3.0
     assert arena.k[0, 0].isnan().all()  # mapped afresh, never written

@@ -20,6 +20,11 @@ reclamation (pages kept under a finished request's range) is the allocator's cho
 stays mapped. `prefetch` maps pages beyond them early (`--vmm-map ahead`), never more pages in
 all than the budget's; `sync` unmaps such pages first when the allocator needs the memory.
 
+Range 0's first page (the pages under slot 0) stays mapped from construction to `close`, held by
+the allocator or not: every virtual tensor starts there, and both torch (viewing the span) and
+Triton's launcher (at each eager launch) ask the driver about a tensor's base address, which
+an unmapped address cannot answer. It costs at most one page beyond the budget.
+
 On CUDA the memory is reserved and mapped through the driver (`kvbench.vmm.driver`); elsewhere
 a plain tensor stands in, and a page is filled with NaN when it is mapped or unmapped, so a
 read of memory that a GPU would not have backed poisons the logits instead of faulting.
@@ -43,11 +48,13 @@ from kvbench.vmm.pages import LAYOUTS
 class _HostPages:
     """CPU stand-in for a virtual span: a tensor, and the set of pages a GPU would have mapped."""
 
-    def __init__(self, numel: int, page_elems: int, dtype: torch.dtype) -> None:
+    def __init__(self, numel: int, page_elems: int, dtype: torch.dtype, pinned: list[int]) -> None:
         self.flat = torch.zeros(numel, dtype=dtype)  # [numel]
         self.page_elems = page_elems
         self.mapped: set[int] = set()
         self.maps = self.unmaps = 0
+        for page in pinned:
+            self.map_page(page)
 
     def map_page(self, index: int) -> None:
         if index in self.mapped:
@@ -73,7 +80,9 @@ class _HostPages:
 class _DevicePages:
     """A virtual span on the device (`VirtualBuffer`) viewed as one flat tensor."""
 
-    def __init__(self, numel: int, page_elems: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, numel: int, page_elems: int, dtype: torch.dtype, device: torch.device, pinned: list[int]
+    ) -> None:
         from kvbench.vmm.driver import Driver, DriverError, VirtualBuffer, view
 
         element = torch.empty((), dtype=dtype).element_size()
@@ -90,6 +99,8 @@ class _DevicePages:
                 self.buffer = VirtualBuffer(driver, numel * element, page_elems * element)
             except DriverError as error:
                 raise KvbenchError(f"the vmm arena's virtual reservation failed: {error}") from None
+            for page in pinned:  # before the view: torch asks the driver where its address lives
+                self.buffer.map_page(page)
             self.flat = view(self.buffer.address, (numel,), dtype)  # [numel]
         self.page_elems = page_elems
 
@@ -130,11 +141,16 @@ class VirtualKVArena:
         self.range_pages = int(range_pages)
         self.num_slots = ranges * range_slots
         self._tensor_pages = ranges * self.range_pages  # pages of one virtual tensor
+        # range 0's pages under slot 0, always mapped (see the module docstring)
+        self.pinned = -(-self.page_tokens.denominator // self.page_tokens.numerator)
+        self._floor = np.zeros(ranges, dtype=np.int64)  # [ranges] pages kept mapped whatever the need
+        self._floor[0] = self.pinned
+        pinned = [page for j in range(self.pinned) for page in self.group(0, j)]
         numel = self.tensors * self.num_slots * row
-        if device.type == "cuda":
-            self._pages: _HostPages | _DevicePages = _DevicePages(numel, int(page_elems), dtype, device)
-        else:
-            self._pages = _HostPages(numel, int(page_elems), dtype)
+        self._pages: _HostPages | _DevicePages = (
+            _DevicePages(numel, int(page_elems), dtype, device, pinned) if device.type == "cuda"
+            else _HostPages(numel, int(page_elems), dtype, pinned)
+        )  # fmt: skip
         flat, slots = self._pages.flat, self.num_slots
         if per_layer:
             both = flat.view(layers, 2, slots, heads, dim)
@@ -143,7 +159,7 @@ class VirtualKVArena:
             both = flat.view(slots, layers, 2, heads, dim)
             self.k, self.v = both[:, :, 0].transpose(0, 1), both[:, :, 1].transpose(0, 1)  # [L, S, Hkv, D]
         self._page_bytes = int(page_elems) * flat.element_size()
-        self.mapped = np.zeros(ranges, dtype=np.int64)  # pages mapped under each range
+        self.mapped = self._floor.copy()  # [ranges] pages mapped under each range
         self.maps = self.unmaps = self.ahead_maps = 0  # allocator pages (each a driver page per tensor)
         self.map_s = 0.0  # seconds in driver calls (map, unmap) of `sync` and `prefetch`
 
@@ -188,11 +204,17 @@ class VirtualKVArena:
                 self._pages.unmap_page(page)
             self.mapped[r] = j
 
+    def backed(self, need: np.ndarray) -> np.ndarray:
+        """`[ranges]` pages mapped under each range once `sync(need)` is done (without `keep`):
+        the allocator's counts `need`, and range 0's pinned pages."""
+        return np.maximum(np.asarray(need, dtype=np.int64), self._floor)
+
     def sync(self, need: np.ndarray, keep: Iterable[int] = ()) -> None:
-        """Map exactly `need[r]` pages under each range `r` (the allocator's counts), unmapping
-        first; ranges in `keep` keep pages mapped ahead beyond theirs while the budget allows."""
+        """Map exactly `need[r]` pages under each range `r` (the allocator's counts; range 0
+        keeps its pinned ones), unmapping first; ranges in `keep` keep pages mapped ahead beyond
+        theirs while the budget allows."""
         start = time.perf_counter()
-        need = np.asarray(need, dtype=np.int64)  # [ranges]
+        need = self.backed(need)  # [ranges]
         target = need.copy()
         kept = np.fromiter(keep, dtype=np.int64)
         if len(kept):
@@ -215,16 +237,17 @@ class VirtualKVArena:
         the pages mapped in all stay within the budget."""
         start = time.perf_counter()
         room = self.num_pages - int(self.mapped.sum())
+        mapped = 0
         for r, want in wants.items():
-            add = min(want, self.range_pages) - int(self.mapped[r])
-            if add <= 0 or room <= 0:
-                continue
-            add = min(add, room)
-            room -= add
-            self.maps += add
-            self.ahead_maps += add
-            self._grow(r, int(self.mapped[r]) + add)
-        self.map_s += time.perf_counter() - start
+            add = min(want, self.range_pages, int(self.mapped[r]) + room) - int(self.mapped[r])
+            if add > 0:
+                self._grow(r, int(self.mapped[r]) + add)
+                room -= add
+                mapped += add
+        if mapped:
+            self.maps += mapped
+            self.ahead_maps += mapped
+            self.map_s += time.perf_counter() - start
 
     @contextmanager
     def scratch(self, tokens: int) -> Iterator[None]:
