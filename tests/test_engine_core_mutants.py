@@ -131,6 +131,10 @@ def test_a_contiguous_allocator_admits_a_whole_group_only_where_every_extent_fit
     assert alloc.can_allocate_all(members[:2])
     alloc = ContiguousAllocator(FirstFitArena(18), OracleReservation())
     assert alloc.can_allocate_all(members)
+    assert alloc.can_allocate_all(members[:1])
+    assert not ContiguousAllocator(FirstFitArena(5), OracleReservation()).can_allocate_all(members[:1])
+    with pytest.raises(AssertionError, match="^one request's sequences at a time$"):
+        alloc.can_allocate_all([members[0], seq(1, 4, 3)])
 
 
 def test_a_contiguous_check_names_a_sequence_past_its_reservation():
@@ -604,6 +608,7 @@ def test_simulated_beams_take_the_beam_step_over_the_requests_synthetic_candidat
         scores = [b.score for b in beams]  # the next step's beams, in member order
         batch = sched.schedule()
     assert batch is None and beams[0].score == max(scores)
+    assert [b.output_ids for b in beams] == [[], [], []]  # a simulation samples no token ids
 
 
 def test_a_beam_search_of_one_token_ends_with_its_prefill():
@@ -615,3 +620,34 @@ def test_a_beam_search_of_one_token_ends_with_its_prefill():
     assert [b.status for b in leader.group.members] == [SeqStatus.FINISHED] * 2
     assert (sched.running, sched.has_work(), sched.schedule()) == ([], False, None)
     assert alloc.num_free_blocks == 16
+
+
+def test_a_contiguous_beam_group_copies_the_prompt_into_every_forked_beam():
+    arena = FirstFitArena(100)
+    sched = IterationScheduler(ContiguousAllocator(arena, OracleReservation()), SchedulerConfig())
+    leader = seq(0, 4, 3, beam_width=3)  # three extents of 6
+    sched.add(leader)
+    candidates = ([11, 12, 13, 14, 15, 16], [-0.5, -1.0, -2.0, -3.0, -4.0, -5.0])
+    run_step(sched, sched.schedule(), 0.0, {leader: candidates})
+    decode = sched.schedule()
+    assert decode.seqs == leader.group.members
+    assert fields(decode) == (False, 3, 15, 1, (), (), ((0, 6, 4), (0, 12, 4)), 8, True)
+
+
+def test_sequences_swapped_out_together_come_back_together():
+    # 4 blocks of 4 slots: r3 then r2 go to host memory; once r0 and r1 finish both come back
+    alloc = PagedAllocator(16, 4, watermark=0.0, host_blocks=8)
+    sched = IterationScheduler(alloc, SchedulerConfig(preemption="swap"))
+    r0, r1, r2, r3 = seq(0, 4, 2), seq(1, 4, 2), seq(2, 4, 3), seq(3, 4, 3)
+    for s in (r0, r1, r2, r3):
+        sched.add(s)
+    step(sched, sched.schedule(), 0.0)
+    decode = sched.schedule()
+    assert decode.seqs == (r0, r1)
+    assert decode.swaps == ((True, 3, 0), (True, 2, 1))
+    assert list(sched.swapped) == [r2, r3]
+    assert step(sched, decode, 1.0) == [r0, r1]
+    decode = sched.schedule()
+    assert decode.seqs == (r2, r3)
+    assert decode.swaps == ((False, 1, 3), (False, 0, 0))
+    assert (list(sched.swapped), alloc.num_free_blocks) == ([], 0)
