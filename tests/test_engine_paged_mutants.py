@@ -852,3 +852,22 @@ def test_prefix_trim_gives_plain_free_blocks_back_to_the_front_of_the_queue():
     assert (table(alloc, runner), free_queue(alloc), alloc.cache.evictions) == ([0, 1], [2, 3, 4, 5], 0)
     runner.advance(2, 0.0)
     alloc.check_integrity()
+
+
+def test_vmm_mapped_counts_include_idle_ranges():
+    alloc, *_ = vmm_state_with_everything()
+    counts = alloc.mapped_counts()
+    assert (counts.tolist(), counts.dtype) == ([1, 1, 2, 2, 0], np.int64)
+
+
+def test_vmm_can_append_needs_the_next_page_only_when_crossing_into_it():
+    alloc = vmm(num_pages=3)
+    a, b = new_seq(1, 4, 4), new_seq(2, 4, 4)
+    for seq in (a, b):
+        alloc.allocate(seq)  # a page each, one left
+        seq.advance(1, 0.0)  # position 4 needs a second page
+    assert alloc.can_append(a)  # exactly one page for one needed
+    alloc.append(a)
+    assert not alloc.can_append(b) and alloc.append_all([b]) is None
+    a.advance(1, 0.0)
+    assert alloc.can_append(a)  # position 5 lies in a's second page
