@@ -141,7 +141,7 @@ SETTING_METRICS = (
     Metric("external frag. %", _occ("external_frag")),
     Metric("free %", _occ("free")),
 )
-# summary keys other helpers add over time (percentiles, ITL, goodput, collectors): shown where present.
+# summary keys that only some runs have (percentiles, ITL, goodput, collectors): shown where present.
 # The key table (one row per run) takes the tail and the headline numbers; compare, a row per metric,
 # has room for every percentile.
 _KEY_HINTS = (
