@@ -833,6 +833,7 @@ def test_prefix_blocks_shared_before_they_are_computed_move_to_the_cached_count(
     child.copy_progress(parent)
     assert alloc.can_allocate(new_seq(2, 1, 1))  # registers blocks 0 and 1, shared twice each
     assert (alloc._num_shared, alloc._dup, alloc.sharing_saved()) == (1, 2, 12)
+    assert footprint(alloc) == (9, 12, 12, 12)  # every block once: copy-on-write counting covers all
     alloc.check_integrity()
     assert alloc.append(parent) == [(2, 3)]  # the uncached shared block is copied on write
     assert (alloc._num_shared, alloc._dup, alloc.sharing_saved()) == (0, 2, 8)
@@ -871,3 +872,41 @@ def test_vmm_can_append_needs_the_next_page_only_when_crossing_into_it():
     assert not alloc.can_append(b) and alloc.append_all([b]) is None
     a.advance(1, 0.0)
     assert alloc.can_append(a)  # position 5 lies in a's second page
+
+
+def test_paged_growth_adds_up_sequences_crossing_at_the_same_step():
+    alloc = PagedAllocator(64, 4, watermark=0.0)
+    a, b = new_seq(1, 3, 5), new_seq(2, 3, 20)  # a: kv_len 7, its second block wants 3 slots
+    for seq in (a, b):
+        alloc.allocate(seq)
+        seq.advance(1, 0.0)
+        alloc.append(seq)
+    growth = alloc.grow([a, b], 4)  # both write position 4, in a second block, at step 1
+    assert (list(growth.asked), list(growth.target)) == ([0, 8, 0, 0], [0, 3 + 4, 0, 0])
+    assert (table(alloc, a), table(alloc, b)) == ([0, 2], [1, 3])
+
+
+def test_vmm_can_ever_hold_counts_outputs_ranges_and_the_watermark():
+    alloc = vmm(num_pages=5, watermark=0.2)  # 1 page kept free: 4 usable; 3 ranges of 8 slots
+    assert alloc.can_ever_hold(Request(0, 0.0, 4, 5))  # kv_len 8: a whole range
+    assert not alloc.can_ever_hold(Request(0, 0.0, 5, 5))  # 9: longer than a range
+    assert alloc.can_ever_hold(Request(0, 0.0, 4, 5, n=2))  # 2 pages x 2 outputs = 4
+    assert not alloc.can_ever_hold(Request(0, 0.0, 4, 5, n=3))  # 6 pages
+    assert not alloc.can_ever_hold(Request(0, 0.0, 1, 1, n=4))  # 4 outputs, 3 ranges
+
+
+def test_vmm_admission_of_a_group_and_of_a_pooled_member():
+    alloc = vmm(num_pages=3, max_requests=2)
+    assert not alloc.can_allocate(sequence_for(Request(1, 0.0, 8, 2, n=2)))  # 2 pages x 2 outputs > 3
+    leader = sequence_for(Request(1, 0.0, 4, 4, n=2))
+    assert alloc.can_allocate(leader)
+    alloc.allocate(leader)  # both ranges, a page each
+    leader.advance(1, 0.0)
+    child = leader.group.members[1]
+    child.copy_progress(leader)
+    alloc.fork(leader, child)
+    leader.group.forked = True
+    alloc.free(child)  # preempted: its range waits in the group's pool; no range is free
+    assert alloc._free_ranges == set() and alloc.available_pages == 2
+    assert alloc.can_allocate(child)  # back into the group's range
+    assert not alloc.can_allocate(new_seq(5, 1, 1))  # pages, but no range
