@@ -19,7 +19,14 @@ from kvbench.modeling import ops
 from kvbench.modeling.attention import AttentionMetadata, attention
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.models import ModelSpec
-from kvbench.parallel.layers import SINGLE, ColumnParallelLinear, RowParallelLinear, TensorParallel
+from kvbench.parallel.layers import (
+    SINGLE,
+    ColumnParallelLinear,
+    Embedding,
+    Linear,
+    RowParallelLinear,
+    TensorParallel,
+)
 
 
 class RMSNorm(nn.Module):
@@ -79,7 +86,7 @@ class LlamaDecoderLayer(nn.Module):
 class _LlamaModel(nn.Module):
     def __init__(self, spec: ModelSpec, tp: TensorParallel = SINGLE, **factory) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, **factory)
+        self.embed_tokens = Embedding(spec.vocab, spec.hidden, **factory)
         self.layers = nn.ModuleList(LlamaDecoderLayer(spec, tp, **factory) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden, spec.norm_eps, **factory)
 
@@ -91,7 +98,7 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         self.spec = spec
         self.model = _LlamaModel(spec, tp, **factory)
-        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False, **factory)
+        self.lm_head = Linear(spec.hidden, spec.vocab, bias=False, **factory)
 
     def embed(self, input_ids, positions) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)  # [T, hidden]; positions enter through RoPE

@@ -20,7 +20,14 @@ from torch import nn
 from kvbench.modeling.attention import AttentionMetadata, attention
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.models import ModelSpec
-from kvbench.parallel.layers import SINGLE, ColumnParallelLinear, RowParallelLinear, TensorParallel
+from kvbench.parallel.layers import (
+    SINGLE,
+    ColumnParallelLinear,
+    Embedding,
+    Linear,
+    RowParallelLinear,
+    TensorParallel,
+)
 
 POSITION_OFFSET = 2  # OPT's learned positions start at index 2 (a quirk of its training code)
 
@@ -60,8 +67,8 @@ class OPTDecoderLayer(nn.Module):
 class OPTDecoder(nn.Module):
     def __init__(self, spec: ModelSpec, tp: TensorParallel = SINGLE, **factory) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden, **factory)
-        self.embed_positions = nn.Embedding(spec.max_len + POSITION_OFFSET, spec.hidden, **factory)
+        self.embed_tokens = Embedding(spec.vocab, spec.hidden, **factory)
+        self.embed_positions = Embedding(spec.max_len + POSITION_OFFSET, spec.hidden, **factory)
         self.layers = nn.ModuleList(OPTDecoderLayer(spec, tp, **factory) for _ in range(spec.num_layers))
         self.final_layer_norm = nn.LayerNorm(spec.hidden, eps=spec.norm_eps, **factory)
 
@@ -79,7 +86,7 @@ class OPTForCausalLM(CausalLM):
         super().__init__()
         self.spec = spec
         self.model = _OPTModel(spec, tp, **factory)
-        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False, **factory)
+        self.lm_head = Linear(spec.hidden, spec.vocab, bias=False, **factory)
         self.tie_weights()
 
     def tie_weights(self) -> None:

@@ -34,7 +34,23 @@ class TensorParallel:
 SINGLE = TensorParallel()  # one process: no communication
 
 
-class ColumnParallelLinear(nn.Linear):
+class Linear(nn.Linear):
+    """`nn.Linear` without torch's default initialisation: kvbench fills every weight itself
+    (`modeling.weights`: seeded random weights or a checkpoint). Models are built on the meta
+    device, where torch's initialisers import torch._dynamo: seconds of every process's start."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class Embedding(nn.Embedding):
+    """`nn.Embedding` without torch's default initialisation (see `Linear`)."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class ColumnParallelLinear(Linear):
     """`nn.Linear` keeping this rank's rows of each part of a packed weight.
 
     `sections` are the full model's output sizes of the parts stacked in the weight (q, k, v;
@@ -49,7 +65,7 @@ class ColumnParallelLinear(nn.Linear):
         super().__init__(in_features, sum(self.sections), bias=bias, **factory)
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(Linear):
     """`nn.Linear` over this rank's slice of the input features, summed across ranks.
 
     Rank r holds columns `[r * in / N, (r + 1) * in / N)` of the weight and the whole bias,

@@ -146,7 +146,7 @@ def child_env(env: Mapping[str, str] | None) -> dict[str, str]:
 
 def package_root() -> Path:
     """The folder holding the `kvbench` package this process imported (and `engines/` beside it)."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]  # <root>/kvbench/sweep/cell.py
 
 
 def _isolated(config: RunConfig, out: Path, how: CellRun, env: Mapping[str, str] | None) -> dict:
