@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -18,7 +19,9 @@ import pytest
 
 import kvbench
 from kvbench.errors import KvbenchError
+from kvbench.metrics.occupancy import CATEGORIES
 from kvbench.results.files import checkout_sha, environment
+from kvbench.results.load import read_csv, runs_below
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL = ROOT / "results" / "reproduce" / "quick-real"  # committed: a real reproduction on an H200
@@ -155,6 +158,30 @@ def test_import_kvbench_stays_light_and_loads_on_first_use():
         kvbench.load_nothing  # noqa: B018
 
 
+def test_numbers_read_back_exactly_as_written_words_and_gaps_as_they_are(tmp_path):
+    """Every float as Python's csv wrote it (pandas 2's default parser misses some by one unit in
+    the last place), integers as int64, empty and `nan` cells as NaN, words kept as text."""
+    floats = np.random.default_rng(0).random(2000) * 10.0 ** np.arange(-8, 12).repeat(100)
+    path = tmp_path / "steps.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["step", "duration_s", "roofline_s", "kind"])
+        for i, x in enumerate(floats):
+            writer.writerow([i, x, math.nan if i % 3 else x, "" if i % 5 else "decode"])
+    frame = read_csv(path, text=("kind",))
+    assert frame["duration_s"].tolist() == floats.tolist()  # bit for bit
+    assert frame["step"].dtype == np.int64 and frame["step"].tolist() == list(range(len(floats)))
+    assert frame["roofline_s"].isna().sum() == sum(1 for i in range(len(floats)) if i % 3)
+    assert frame["kind"].tolist() == ["" if i % 5 else "decode" for i in range(len(floats))]
+    path.write_text("step,duration_s\n0,True\n")
+    with pytest.raises(KvbenchError, match=r"column 'duration_s', line 2: 'True' is not a number$"):
+        read_csv(path, text=())
+    path.write_text("engine,rate,how\npaged,2,\norca-max,,under 2\n")  # words where nothing says which
+    frame = read_csv(path)
+    assert frame["engine"].tolist() == ["paged", "orca-max"] and frame["how"].tolist() == ["", "under 2"]
+    assert np.array_equal(frame["rate"].to_numpy(), [2.0, math.nan], equal_nan=True)
+
+
 # ---- broken files: one line naming the file, line and column ---------------------------------
 
 
@@ -239,13 +266,22 @@ def test_a_broken_sweep_or_figure_table_is_refused_in_one_line(swept, tmp_path):
 # ---- every column documented -------------------------------------------------------------------
 
 
+PLACEHOLDERS = {  # what each <placeholder> of docs/RESULTS_FILES.md stands for
+    "metric": "|".join(("ttft_s", "tpot_s", "itl_s", "e2el_s", "queueing_s")),
+    "percentile": r"[0-9]+(?:\.[0-9]+)?",
+    "category": "|".join(CATEGORIES),
+}
+
+
 def _documented() -> tuple[set[str], list[re.Pattern]]:
     """Names in backticks in docs/RESULTS_FILES.md; those with <placeholders> become patterns."""
     names = set(re.findall(r"`([^`\s]+)`", DOC.read_text()))
-    patterns = [
-        re.compile(re.sub(r"<[^>]+>", "[A-Za-z0-9_.]+", re.escape(n).replace(r"\<", "<").replace(r"\>", ">")))
-        for n in names if "<" in n
-    ]  # fmt: skip
+    patterns = []
+    for name in (n for n in names if re.search(r"<\w+>", n)):
+        parts = re.split(r"<(\w+)>", name)  # text, placeholder, text, ...
+        patterns.append(re.compile("".join(
+            f"(?:{PLACEHOLDERS[part]})" if i % 2 else re.escape(part) for i, part in enumerate(parts)
+        )))  # fmt: skip
     return names, patterns
 
 
@@ -253,18 +289,35 @@ def _undocumented(keys, names: set[str], patterns: list[re.Pattern]) -> list[str
     return sorted(k for k in keys if k not in names and not any(p.fullmatch(k) for p in patterns))
 
 
-def test_every_column_and_key_a_run_writes_is_documented(simulated, swept):
-    names, patterns = _documented()
-    runs = [kvbench.load_run(simulated), kvbench.load_run(REAL / "fig2" / "paged")]
-    runs += [kvbench.load_run(p) for p in kvbench.load_sweep(swept).folders]
+def _keys(folder: Path) -> set[str]:
+    """Every column and key a run folder's files hold (headers and JSON keys, read plainly)."""
     keys = set()
-    for run in runs:
-        keys |= set(run.steps.columns) | set(run.requests.columns) | set(run.summary) | set(run.env)
-        keys |= set(run.config) | set(run.config["workload"])
-        keys |= {f"{a}.{b}" for a, v in run.summary.items() if isinstance(v, dict) for b in v}
-    sweep = kvbench.load_sweep(swept)
-    keys |= set(sweep.cells.columns) | set(sweep.sustained.columns)
+    for name in ("steps.csv", "requests.csv"):
+        if (folder / name).is_file():
+            keys |= set(next(csv.reader((folder / name).open(newline=""))))
+    summary, config = (json.loads((folder / name).read_text()) for name in ("summary.json", "config.json"))
+    keys |= set(summary) | set(config) | set(config["workload"])
+    keys |= {f"{a}.{b}" for a, v in summary.items() if isinstance(v, dict) and a != "slo" for b in v}
+    if (folder / "env.json").is_file():
+        keys |= set(json.loads((folder / "env.json").read_text()))
+    return keys
+
+
+def test_every_column_and_key_a_run_writes_is_documented(simulated, swept):
+    """Of the runs written here and of every committed result folder (real runs with collectors,
+    vmm, prefix caching, sharing), sweeps and reproduced figures."""
+    names, patterns = _documented()
+    results = ROOT / "results"
+    keys = set()
+    for folder in [simulated, *kvbench.load_sweep(swept).folders, *runs_below(results)]:
+        keys |= _keys(folder)
+    for table in [swept / "sweep.csv", swept / "sustained.csv", *results.rglob("sweep.csv"),
+                  *results.rglob("sustained.csv"), *results.rglob("figure.csv")]:  # fmt: skip
+        keys |= set(next(csv.reader(table.open(newline=""))))
     assert not _undocumented(keys, names, patterns), "add these to docs/RESULTS_FILES.md"
+    assert _undocumented({"p99_ttft_s", "p99_ttft", "mean_nothing_s", "occupancy_x"}, names, patterns) == [
+        "mean_nothing_s", "occupancy_x", "p99_ttft"
+    ]  # the patterns name what they stand for, no more
 
 
 # ---- env.json's commit: kvbench's own checkout, never the current directory's repository -------

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kvbench.results.files import atomic_open, write_text
+from kvbench.results.files import atomic_open, read_json, write_text
 
 COLUMNS = ("figure", "engine", "workload", "metric", "kvbench", "paper", "ratio")
 
@@ -103,7 +103,7 @@ def read_figure(folder: Path) -> FigureResult | None:
     path = folder / "figure.json"
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
+    data = read_json(path)  # a broken file: one line naming it
     rows = tuple(Row(**{k: r[k] for k in COLUMNS if k != "ratio"}) for r in data["rows"])
     return FigureResult(
         data["name"], data["title"], rows, data["verdict"], tuple(data["plots"]), tuple(data["notes"])

@@ -38,12 +38,18 @@ from kvbench.results.shape import (
 NOT_RESULTS = "not a kvbench results folder (no summary.json or sweep.csv)"
 
 
+NOT_MEASURED = ("", "nan", "NaN", "-nan", "+nan")  # a number cell holding no number: NaN (csv writes nan)
+# Numbers read back exactly as Python wrote them: pandas 2's default parser may land one unit in
+# the last place off; pandas 3's default is exact and deprecates asking for it.
+EXACT = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
+
+
 def read_csv(path: Path, text: Collection[str] | None = None) -> pd.DataFrame:
     """A CSV file kvbench wrote, as a DataFrame; a missing or empty file is an empty one.
 
     `text`: the columns that hold words (kept as strings, "" where empty); every other column
-    must hold numbers (int64, or float64 where a cell is empty: NaN), or the file is refused
-    naming its column and line. None: a column is numbers where every cell parses as one,
+    must hold numbers (int64, or float64 where a cell is empty or `nan`: NaN), or the file is
+    refused naming its column and line. None: a column is numbers where every cell is one,
     words otherwise.
     """
     path = Path(path)
@@ -55,29 +61,34 @@ def read_csv(path: Path, text: Collection[str] | None = None) -> pd.DataFrame:
         raise KvbenchError(f"{path}: not UTF-8 text (byte {error.start}): not a file kvbench wrote") from None
     except OSError as error:
         raise KvbenchError(f"{path}: cannot read it ({error.strerror})") from None
-    width = _check_lines(path, content)
-    if width is None:
+    header = _check_lines(path, content)
+    if header is None:
         return pd.DataFrame()
-    try:  # every cell as written; the columns are typed below, where a bad cell can be named
-        frame = pd.read_csv(io.StringIO(content), dtype=object, keep_default_na=False, na_filter=False)
+    numbers = [name for name in header if text is None or name not in text]
+    try:
+        frame = pd.read_csv(
+            io.StringIO(content), keep_default_na=False, na_values={name: NOT_MEASURED for name in numbers},
+            dtype={name: object for name in header if name not in numbers}, **EXACT,
+        )  # fmt: skip
     except (ValueError, pd.errors.ParserError) as error:  # _check_lines lets no such file through
         raise KvbenchError(f"{path}: not CSV ({str(error).strip()})") from None
-    for name in frame.columns:
-        if text is not None and name in text:
+    for name in numbers:
+        column = frame[name]
+        if column.dtype.kind in "iuf":
             continue
-        cells = frame[name]
-        numbers = _numbers(cells)
-        if numbers is not None:
-            frame[name] = numbers
-        elif text is not None:
-            row = _first_word(cells)
-            bad = cells.iloc[row]
+        if not len(column):
+            frame[name] = column.astype(np.float64)
+        elif text is not None:  # words (or True/False, which pandas reads as booleans)
+            row = _first_word(column)
+            bad = str(column.iloc[row])  # as written: True, not pandas' boolean
             raise KvbenchError(f"{path}: column {name!r}, line {row + 2}: {bad!r} is not a number")
+        else:  # a column of words: empty cells stay empty text
+            frame[name] = column.astype(object).where(column.notna(), "")
     return frame
 
 
-def _check_lines(path: Path, content: str) -> int | None:
-    """The header's width, after checking every line has as many cells (None: no header).
+def _check_lines(path: Path, content: str) -> list[str] | None:
+    """The header, after checking every line has as many cells (None: no header).
 
     pandas pads a short line with empty cells and stops at a long one with a message of its
     own; a short line is what a killed writer leaves, so every line is counted here first.
@@ -94,31 +105,15 @@ def _check_lines(path: Path, content: str) -> int | None:
                 raise KvbenchError(f"{path}: line {line} has {len(row)} cells, the header {len(header)}")
     except csv.Error as error:
         raise KvbenchError(f"{path}: line {line + 1}: not CSV ({error})") from None
-    return len(header)
+    return header
 
 
-def _missing(cells: pd.Series) -> np.ndarray:
-    """Cells that are numbers not measured: empty, or the `nan` Python's csv writes for NaN."""
-    words = cells.str.strip().str.lower()
-    return words.isin(("", "nan", "+nan", "-nan")).to_numpy(dtype=bool)
-
-
-def _numbers(cells: pd.Series) -> pd.Series | None:
-    """`cells` as numbers (NaN where `_missing`), or None where one of them is not a number."""
-    missing = _missing(cells)
-    if missing.all():
-        return pd.Series(np.full(len(cells), math.nan), index=cells.index)
-    try:
-        return pd.to_numeric(cells.where(~missing, math.nan))
-    except (ValueError, TypeError):
-        return None
-
-
-def _first_word(cells: pd.Series) -> int:
-    """The row of the first cell of `cells` that is neither missing nor a number."""
-    missing = _missing(cells)
-    unread = pd.to_numeric(cells.where(~missing, "0"), errors="coerce").isna().to_numpy(dtype=bool)
-    return int(np.flatnonzero(unread & ~missing)[0])
+def _first_word(column: pd.Series) -> int:
+    """The row of the first cell of `column` that is not a number (NaN cells were empty)."""
+    if column.dtype == bool:  # True/False: pandas' booleans, not numbers
+        return 0
+    words = pd.to_numeric(column.astype(object), errors="coerce").isna() & column.notna()
+    return int(np.flatnonzero(words.to_numpy(dtype=bool))[0])
 
 
 @dataclass(frozen=True, eq=False)
