@@ -4,6 +4,8 @@ each request at its range's start."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -114,14 +116,26 @@ def wide_spec():
     return ModelSpec("wide-llama-test", "llama", 4, 4096, 32, 32, 1024, 512, 64, dtype_bytes=4)
 
 
-def gpu_decode(engine: str, *, layout="per-layer", vmm_map="sync", num_pages=10, cuda_graphs=True):
+@functools.cache
+def wide_model():
+    """Built once for every GPU test of this module (1.3 GB of float32 weights)."""
+    return random_model(wide_spec(), torch.float32, torch.device("cuda"), seed=3)
+
+
+@functools.cache
+def oracle_tokens() -> list[list[int]]:
+    run, _, _, _ = gpu_decode("orca-oracle")
+    return [seq.output_ids for seq in run.sequences]
+
+
+def gpu_decode(engine: str, *, layout="per-layer", vmm_map="sync", num_pages=10):
     from engines import EngineOptions
     from engines.scheduler import SchedulerConfig
     from kvbench.modeling.virtual_arena import VirtualKVArena
 
     device = torch.device("cuda")
     spec = wide_spec()
-    model = random_model(spec, torch.float32, device, seed=3)
+    model = wide_model()
     row = spec.kv_bytes_per_token if layout == "per-request" else spec.num_kv_heads * spec.head_dim * 4
     page_tokens = 2 * 2**20 // row  # a driver page of one virtual tensor
     scheduler = SchedulerConfig(max_num_seqs=8)
@@ -139,7 +153,7 @@ def gpu_decode(engine: str, *, layout="per-layer", vmm_map="sync", num_pages=10,
         arena = KVArena(spec, 1024, torch.float32, device)
     runner = _Recording(
         model, arena, sched.allocator, max_batch=8, max_len=64, seed=5, attention="triton",
-        cuda_graphs=cuda_graphs, clock=VIRTUAL_CLOCK, vmm_map=vmm_map,
+        cuda_graphs=True, clock=VIRTUAL_CLOCK, vmm_map=vmm_map,
     )  # fmt: skip
     run = Engine(sched, runner).run(small_trace(16, seed=1))
     torch.cuda.synchronize()
@@ -156,8 +170,7 @@ def test_gpu_virtual_arena_gives_orca_oracles_tokens_and_gives_its_memory_back(l
     (the driver wrapper refuses it, and its counts agree with the pages mapped at the end),
     physical memory never exceeds the budget, and closing the arena gives it back (the run's
     own allocations stay with torch's caching allocator, so the arena's are counted alone)."""
-    oracle, _, _, _ = gpu_decode("orca-oracle")
-    want = [seq.output_ids for seq in oracle.sequences]
+    want = oracle_tokens()
     run, alloc, arena, runner = gpu_decode("vmm", layout=layout, vmm_map=vmm_map)
     assert runner.cuda_graphs and runner.virtual is arena
     assert [seq.output_ids for seq in run.sequences] == want
