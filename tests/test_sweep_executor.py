@@ -94,7 +94,7 @@ class ChildWatch:
             except OSError:
                 continue
             folders = [a.decode() for a in argv if a.decode(errors="replace").startswith(self.cells)]
-            if b"kvbench.cli.app" in argv and folders:
+            if b"kvbench" in argv and folders:  # python -m kvbench run|simulate ...
                 seen[folders[0]] = int(proc.name), env.get(b"CUDA_VISIBLE_DEVICES", b"").decode()
         # a scan takes a while: keep the processes still alive after it, alive together now
         return {
