@@ -597,6 +597,7 @@ def test_vmm_growth_and_trim_equal_step_by_step_appends(case):
     assert grown.growth_horizon(seqs, 3) == min(3, expected_horizon)
     k = expected_horizon
     growth = grown.grow(seqs, k)
+    assert (growth.asked.dtype, growth.target.dtype, growth.granted.dtype) == (np.int64, np.int64, np.float64)
     assert (list(growth.asked), list(growth.target)) == (asked[:k], target[:k])
     assert list(growth.granted) == pytest.approx(granted[:k])
     assert vmm_state(grown, seqs) == states[k - 1]
@@ -780,6 +781,7 @@ PREFIX_CORRUPTIONS = {
     "^_dup wrong$": lambda alloc, b: setattr(alloc, "_dup", 2),
     "^a pending sequence is not resident$": lambda alloc, b: alloc._pending.__setitem__(new_seq(7, 1, 1), 0),
     "^seq 2: block 0$": lambda alloc, b: alloc._keys.__setitem__(b, (1, 2, 3)),
+    "^seq 2: block 1$": lambda alloc, b: alloc._keys.__setitem__(b, alloc._keys[b][:1]),  # keys end early
     "^seq 2: block 0 uncomputed$": lambda alloc, b: setattr(b, "num_computed", 3),
     "^the LRU is not the unreferenced cached blocks$": lambda alloc, b: alloc.cache._lru.pop(5),
 }
