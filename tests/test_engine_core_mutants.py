@@ -10,6 +10,7 @@ mutants they kill, and those that are equivalent, are in results/mutation/engine
 from __future__ import annotations
 
 import math
+from collections import deque
 from fractions import Fraction
 
 import numpy as np
@@ -23,6 +24,7 @@ from engines.beam import SyntheticScores, assign_slots, beam_step
 from engines.contiguous import ContiguousAllocator, MaxReservation, OracleReservation
 from engines.groups import admission_unit, candidates_per_beam, groups_in, seats_taken, unit_start
 from engines.paged import PagedAllocator
+from engines.preemption import _requeue
 from engines.scheduler import IterationScheduler, RequestScheduler
 from kvbench.errors import KvbenchError
 from kvbench.requests import Request
@@ -278,6 +280,7 @@ def test_a_swapped_sequence_comes_back_first_and_then_admission_reopens():
     assert fields(decode) == (False, 1, 5, 2, (), ((True, 1, 0),), (), 0, False)
     assert (list(sched.swapped), list(sched.waiting), sched.num_preempted) == ([r1], [], 0)
     assert (r1.status, r1.num_computed, r1.num_preemptions) == (SeqStatus.SWAPPED, 4, 1)
+    sched.check_integrity()
     assert sched.settled()  # r1 needs 2 blocks to come back, 1 is free
     assert sched.has_work()
     step(sched, decode, 1.0)
@@ -476,6 +479,7 @@ def test_seats_units_and_groups_of_a_queue():
     ]
     assert [unit_start(running, i) for i in range(len(running))] == [0, 0, 2, 3, 4, 5, 5, 5]
     assert groups_in(running) == [beams.group, samples.group, running[-1].group]
+    assert unit_start(list(beams.group.members), 1) == 0  # a group alone in the batch
 
 
 def test_synthetic_scores_are_the_log_softmax_of_seeded_normal_logits():
@@ -651,3 +655,38 @@ def test_sequences_swapped_out_together_come_back_together():
     assert decode.seqs == (r2, r3)
     assert decode.swaps == ((False, 1, 3), (False, 0, 0))
     assert (list(sched.swapped), alloc.num_free_blocks) == ([], 0)
+    assert sched.settled()  # back from host memory, but nobody waits to be let in
+
+
+def test_a_victim_goes_back_into_its_queue_in_arrival_order():
+    s0, s1, s2, s3, s4 = (seq(i, 4, 2) for i in range(5))
+    queue = deque([s0, s2, s4])
+    _requeue(queue, s3)
+    assert list(queue) == [s0, s2, s3, s4]
+    _requeue(queue, s1)
+    assert list(queue) == [s0, s1, s2, s3, s4]
+
+
+def test_the_integrity_check_names_a_queue_out_of_arrival_order():
+    sched = IterationScheduler(PagedAllocator(64, 4, watermark=0.0), SchedulerConfig(max_num_seqs=2))
+    sched.add(seq(1, 4, 2))
+    sched.add(seq(0, 4, 2))
+    with pytest.raises(AssertionError, match="^a queue is out of arrival order$"):
+        sched.check_integrity()
+
+
+def test_a_parallel_sample_is_preempted_alone_and_a_full_batch_is_within_its_cap():
+    # 2 blocks of 4 slots: the two samples share the prompt's block, and each needs a new one
+    alloc = PagedAllocator(8, 4, watermark=0.0)
+    sched = IterationScheduler(alloc, SchedulerConfig(max_num_seqs=2))
+    leader = seq(0, 4, 3, n=2)
+    other = leader.group.members[1]
+    sched.add(leader)
+    step(sched, sched.schedule(), 0.0)
+    assert sched.running == [leader, other]
+    sched.check_integrity()  # two running sequences, the cap
+    decode = sched.schedule()
+    assert decode.seqs == (leader,)
+    assert (list(sched.waiting), other.status, sched.num_preempted) == ([other], SeqStatus.PREEMPTED, 1)
+    assert alloc.addressing(leader).blocks == (0, 1)
+    sched.check_integrity()
