@@ -567,6 +567,7 @@ VMM_SEGMENTS = [  # page tokens, prompts, spare pages, idle pages' prompt
     (4, (4, 1), 5, 8),
     (Fraction(5, 2), (2, 7, 5), 9, 5),
     (Fraction(4, 3), (1, 6), 7, 0),
+    (8, (6, 2), 1, 0),  # the spare page goes at step 2; at step 6 the other sequence finds none
 ]
 
 
@@ -912,3 +913,32 @@ def test_vmm_admission_of_a_group_and_of_a_pooled_member():
     assert alloc._free_ranges == set() and alloc.available_pages == 2
     assert alloc.can_allocate(child)  # back into the group's range
     assert not alloc.can_allocate(new_seq(5, 1, 1))  # pages, but no range
+
+
+def test_paged_shared_last_block_partly_wanted_counts_once():
+    alloc = PagedAllocator(16, 4, watermark=0.0)
+    forked_pair(alloc, prompt=5, output=2)  # kv_len 6: shared block 1 wants 2 slots, holds 1
+    assert footprint(alloc) == (4 + 1, 4 + 2, 8, 8)
+    alloc.check_integrity()
+
+
+def test_vmm_fork_needs_a_page_for_the_parents_computed_tokens():
+    alloc = vmm(num_pages=3, max_requests=3)
+    lone = new_seq(9, 1, 1)
+    alloc.allocate(lone)  # range 0, page 0: the group's ranges are 1 and 2
+    leader = sequence_for(Request(1, 0.0, 3, 8, n=2))
+    alloc.allocate(leader)  # pages 1 and 2, one under each of its ranges
+    leader.advance(1, 0.0)
+    child = leader.group.members[1]
+    child.copy_progress(leader)
+    assert alloc.fork(leader, child) == [(8, 16, 3)]  # from the parent's range to the child's
+    alloc.free(child)  # preempted: its range waits in the pool, its page is unmapped
+    alloc.free(lone)  # range 0 keeps page 0, idle
+    leader.advance(1, 0.0)
+    alloc.append(leader)  # position 4: the unmapped page
+    leader.advance(1, 0.0)
+    other = new_seq(8, 4, 1)
+    alloc.allocate(other)  # range 0 and its idle page: no page is left
+    child.copy_progress(leader)
+    with pytest.raises(AssertionError, match="^no page for a fork's copy$"):
+        alloc.fork(leader, child)  # 5 computed tokens need 2 pages under the child's range
