@@ -1,4 +1,5 @@
-"""Saved results read back as pandas DataFrames: `load_run`, `load_sweep`, `load_runs`.
+"""Saved results read back as pandas DataFrames: `load_run`, `load_sweep`, `load_runs`, and a
+reproduction's figure tables, `load_figures` (all four also as `kvbench.load_*`).
 
 Results on disk are the source of truth (DESIGN.md, "Results on disk"), so everything a plot,
 a report, a calibration or a notebook shows is read here from the files a run wrote, never
