@@ -428,6 +428,7 @@ def test_vmm_fork_with_no_page_left_needs_none_and_the_group_counts_its_members(
     alloc = vmm(num_pages=2)
     leader = sequence_for(Request(1, 0.0, 3, 2, n=2))
     alloc.allocate(leader)  # a range per output, one page each: no page left
+    alloc.check_integrity()  # the pooled range holds the prompt's page (and its target) already
     leader.advance(1, 0.0)
     child = leader.group.members[1]
     child.copy_progress(leader)
@@ -637,6 +638,13 @@ def _steal_a_free_range(alloc: VirtualAllocator, leader: Sequence) -> None:
     alloc._pools[leader.group].append(free)
 
 
+def _pool_every_member(alloc: VirtualAllocator, leader: Sequence) -> None:
+    """The group's ranges all in its pool, though it counts no member resident."""
+    for member in leader.group.members:
+        alloc._pools[leader.group].append(alloc._owner.pop(member))
+    alloc._resident[leader.group] = 0
+
+
 VMM_CORRUPTIONS = {  # each breaks one thing: (allocator, leader, lone sequence) -> None
     "^a page is lost or mapped twice$": lambda alloc, leader, lone: alloc._unmapped.append(0),
     "^a range is held twice$": lambda alloc, leader, lone: alloc._owner.__setitem__(lone, 1),
@@ -653,6 +661,7 @@ VMM_CORRUPTIONS = {  # each breaks one thing: (allocator, leader, lone sequence)
         leader.group, 1
     ),
     "^a group holds a range too many$": lambda alloc, leader, lone: _steal_a_free_range(alloc, leader),
+    "^a group's resident count is (wrong)$": lambda alloc, leader, lone: _pool_every_member(alloc, leader),
     "^target total out of date$": lambda alloc, leader, lone: setattr(alloc, "_target", alloc._target + 1),
 }
 
@@ -832,9 +841,12 @@ def test_prefix_blocks_shared_before_they_are_computed_move_to_the_cached_count(
     alloc.allocate(parent)
     alloc.fork(parent, child)  # before the prefill: three shared, uncached blocks
     assert (alloc._num_shared, alloc._dup, alloc.sharing_saved()) == (3, 0, 12)
+    parent.num_computed = child.num_computed = 4  # a first chunk: block 0 computed
+    assert alloc.can_allocate(new_seq(2, 1, 1))  # registers block 0
+    assert (alloc._num_shared, alloc._dup, alloc._pending) == (2, 1, {parent: 1})
     parent.advance(1, 0.0)
     child.copy_progress(parent)
-    assert alloc.can_allocate(new_seq(2, 1, 1))  # registers blocks 0 and 1, shared twice each
+    assert alloc.can_allocate(new_seq(2, 1, 1))  # registers block 1
     assert (alloc._num_shared, alloc._dup, alloc.sharing_saved()) == (1, 2, 12)
     assert footprint(alloc) == (9, 12, 12, 12)  # every block once: copy-on-write counting covers all
     alloc.check_integrity()
@@ -942,3 +954,34 @@ def test_vmm_fork_needs_a_page_for_the_parents_computed_tokens():
     child.copy_progress(leader)
     with pytest.raises(AssertionError, match="^no page for a fork's copy$"):
         alloc.fork(leader, child)  # 5 computed tokens need 2 pages under the child's range
+
+
+def test_prefix_defaults_and_hits_through_the_traces_hash_blocks():
+    alloc = PrefixCachingAllocator(1000, 4)  # vLLM's default watermark; no swap space
+    assert (alloc.watermark_blocks, alloc.num_host_blocks, alloc.hash_block_size) == (2, 0, None)
+    hashed = PrefixCachingAllocator(64, 4, watermark=0.0, hash_block_size=8)
+    a, b = new_seq(1, 16, 1, block_hashes=(7, 8)), new_seq(2, 17, 1, block_hashes=(7, 8, 9))
+    hashed.allocate(a)
+    a.advance(1, 0.0)
+    hashed.allocate(b)  # b's first 16 tokens hash like a's: 4 blocks found
+    assert (table(hashed, b), b.num_cached_tokens) == ([0, 1, 2, 3, 4], 16)
+
+
+def test_prefix_hits_stop_before_the_block_of_the_last_prompt_token():
+    alloc = PrefixCachingAllocator(32, 4, watermark=0.0)
+    a = group_seq(1, 8)
+    alloc.allocate(a)
+    a.advance(1, 0.0)
+    b = group_seq(2, 8)  # both blocks cached, but the last token must be computed: one hit
+    alloc.allocate(b)
+    assert (table(alloc, b), b.num_computed) == ([0, 2], 4)
+
+
+def test_vmm_without_deferred_reclamation_passes_its_integrity_check():
+    alloc = vmm(deferred=False)
+    seq = new_seq(1, 6, 1)
+    alloc.allocate(seq)
+    seq.advance(1, 0.0)
+    alloc.free(seq)
+    assert (alloc.footprint().idle, alloc.unmaps) == (0.0, 2)
+    alloc.check_integrity()
