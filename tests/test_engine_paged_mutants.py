@@ -136,6 +136,9 @@ def test_block_keys_from_block_hashes_by_hand():
     short = Request(8, 0.0, 20, 1, block_hashes=(100, 200))
     assert block_keys(short, 4, 6) == chain(*spans[:3], own, own)
     assert block_keys(short, 4, None) == chain(own, own, own, own, own)
+    # hash blocks of 3: block 0's last token (3) opens hash block 1, block 1's (7) lies in hash block 2
+    thirds = Request(8, 0.0, 8, 1, block_hashes=(1, 2, 3))
+    assert block_keys(thirds, 4, 3) == chain((HASHES, (1, 2)), (HASHES, (2, 3)))
     assert block_keys(short, 4, 0) == chain(own, own, own, own, own)
 
 
@@ -280,8 +283,14 @@ def test_paged_append_all_takes_exactly_the_free_blocks_when_they_suffice():
     for seq in (a, b):
         alloc.allocate(seq)
         seq.advance(1, 0.0)  # 5 tokens each: a second block each
+    c = new_seq(3, 4, 5)
+    alloc.allocate(c)
+    c.advance(1, 0.0)
+    assert alloc.append_all([a, b, c]) is None  # 3 needed, 1 free: nothing taken
+    assert (table(alloc, a), table(alloc, b), alloc.num_free_blocks) == ([0], [1], 1)
+    alloc.free(c)
     assert alloc.append_all([a, b]) == []  # needs 2, 2 free
-    assert (table(alloc, a), table(alloc, b), alloc.num_free_blocks) == ([0, 2], [1, 3], 0)
+    assert (table(alloc, a), table(alloc, b), alloc.num_free_blocks) == ([0, 3], [1, 2], 0)  # c's went last
     assert footprint(alloc) == (8, 16, 16, 16)
 
 
