@@ -690,3 +690,59 @@ def test_a_parallel_sample_is_preempted_alone_and_a_full_batch_is_within_its_cap
     assert (list(sched.waiting), other.status, sched.num_preempted) == ([other], SeqStatus.PREEMPTED, 1)
     assert alloc.addressing(leader).blocks == (0, 1)
     sched.check_integrity()
+
+
+def test_a_static_batch_whose_last_runner_cannot_grow_frees_what_it_held_and_starts_over():
+    # 4 blocks: r0 finishes and its 2 blocks stay held; r1's third block then finds none
+    alloc = PagedAllocator(16, 4, watermark=0.0)
+    sched = RequestScheduler(alloc, SchedulerConfig())
+    r0, r1 = seq(0, 4, 2), seq(1, 4, 6)
+    sched.add(r0)
+    sched.add(r1)
+    step(sched, sched.schedule(), 0.0)
+    assert step(sched, sched.schedule(), 1.0) == [r0]
+    for t in (2.0, 3.0, 4.0):
+        assert step(sched, sched.schedule(), t) == []
+    again = sched.schedule()  # r1 gives up its blocks, r0's are freed, r1 is prefilled anew
+    assert again.seqs == (r1,)
+    assert fields(again) == (True, 9, 9, 1, (), (), (), 0, False)
+    assert (r1.num_preemptions, sched.held, sched.num_preempted) == (1, [], 0)
+    assert alloc.num_free_blocks == 1
+
+
+def test_admission_stops_at_the_first_request_that_does_not_fit_and_runs_the_others():
+    sched = IterationScheduler(PagedAllocator(8, 4, watermark=0.0), SchedulerConfig())
+    r0, r1, r2 = seq(0, 4, 2), seq(1, 4, 2), seq(2, 4, 2)
+    for s in (r0, r1, r2):
+        sched.add(s)
+    prefill = sched.schedule()
+    assert prefill.seqs == (r0, r1)
+    assert fields(prefill) == (True, 8, 8, 1, (), (), (), 0, False)
+    assert list(sched.waiting) == [r2]
+
+
+def test_a_group_is_let_in_only_when_all_its_outputs_fit():
+    arena = FirstFitArena(17)
+    sched = IterationScheduler(ContiguousAllocator(arena, OracleReservation()), SchedulerConfig())
+    lone, group = seq(0, 4, 3), seq(1, 4, 3, n=2)  # 6 slots, then 2 x 6 with 11 left
+    sched.add(lone)
+    sched.add(group)
+    assert sched.schedule().seqs == (lone,)
+    assert list(sched.waiting) == [group]
+
+
+def test_a_preempted_beam_pair_comes_back_only_when_both_fit():
+    # 3 blocks: r0's decode takes the free one, the pair's copy-on-write finds none
+    alloc = PagedAllocator(12, 4, watermark=0.0)
+    sched = IterationScheduler(alloc, SchedulerConfig())
+    r0, pair = seq(0, 4, 5), seq(1, 3, 4, beam_width=2)
+    sched.add(r0)
+    sched.add(pair)
+    step(sched, sched.schedule(), 0.0)
+    decode = sched.schedule()
+    assert decode.seqs == (r0,)
+    assert list(sched.waiting) == list(pair.group.members)
+    step(sched, decode, 1.0)
+    decode = sched.schedule()  # one block is free: the pair needs two
+    assert decode.seqs == (r0,)
+    assert not decode.is_prefill
