@@ -497,7 +497,7 @@ def test_vmm_admission_takes_the_range_needing_fewest_driver_calls_lowest_first(
     e = new_seq(10, 8, 1)  # 2 pages: ranges 1 and 2 hold exactly 2; the lower
     alloc.allocate(e)
     assert (alloc.addressing(e), alloc.page_table(e)) == (Extent(16, 8, 8), (4, 5))
-    assert (alloc.reused, alloc.maps) == (2, 10)
+    assert (alloc.reused, alloc.maps, alloc.footprint().idle) == (2, 10, 32.0)  # 8 pages still idle
     f = new_seq(11, 12, 1)  # 3 pages: only range 0 holds enough; its fourth page is unmapped
     alloc.allocate(f)
     assert (alloc.addressing(f).start, alloc.page_table(f), alloc.unmaps) == (0, (0, 1, 2), 1)
@@ -934,6 +934,11 @@ def test_vmm_admission_of_a_group_and_of_a_pooled_member():
     assert alloc._free_ranges == set() and alloc.available_pages == 2
     assert alloc.can_allocate(child)  # back into the group's range
     assert not alloc.can_allocate(new_seq(5, 1, 1))  # pages, but no range
+    child.preempt()
+    alloc.allocate(child)  # its 5 tokens need 2 pages under its old range: 2, then its own 1 again
+    assert (alloc.addressing(child), alloc.page_table(child)) == (Extent(8, 8, 8), (2, 1))
+    assert alloc._pools[leader.group] == []
+    alloc.check_integrity()  # both members resident again
 
 
 def test_paged_shared_last_block_partly_wanted_counts_once():
