@@ -10,6 +10,7 @@ mutants they kill, and those that are equivalent, are in results/mutation/engine
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from fractions import Fraction
 
@@ -68,6 +69,25 @@ def test_an_arena_names_a_grant_its_caller_does_not_know(make):
     arena.check_integrity({start: 4})  # the caller's view agrees: no complaint
     with pytest.raises(AssertionError, match="^grants differ$"):
         arena.check_integrity({})
+
+
+def test_buddy_grants_stay_smallest_then_lowest_through_a_long_seeded_run():
+    # 400 seeded grants and releases on 16 slots: long enough for the stale-entry compaction of
+    # the free heaps to run while they also hold live blocks
+    rng = random.Random(46)
+    arena = BuddyArena(rng.choice([16, 32, 64, 128]))
+    held: list[int] = []
+    for _ in range(400):
+        if held and (rng.random() < 0.5 or not arena.can_fit(1)):
+            arena.release(held.pop(rng.randrange(len(held))))
+            continue
+        size = rng.choice([1, 1, 1, 2, 3, 5])
+        if not arena.can_fit(size):
+            continue
+        grant = arena.grant_size(size)
+        expected = min((z, s) for s, z in arena.free_blocks() if z >= grant)[1]
+        assert arena.alloc(size) == expected
+        held.append(expected)
 
 
 # ------------------------------------------------------------------ contiguous groups
