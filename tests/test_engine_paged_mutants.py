@@ -999,3 +999,39 @@ def test_vmm_without_deferred_reclamation_passes_its_integrity_check():
     alloc.free(seq)
     assert (alloc.footprint().idle, alloc.unmaps) == (0.0, 2)
     alloc.check_integrity()
+
+
+def test_vmm_reclaiming_skips_an_idle_range_taken_meanwhile():
+    alloc = vmm(num_pages=3)
+    a, b = new_seq(1, 4, 1), new_seq(2, 8, 1)
+    for seq in (a, b):
+        alloc.allocate(seq)  # range 0: page 0; range 1: pages 1, 2
+        seq.advance(1, 0.0)
+    alloc.free(a)
+    alloc.free(b)  # both idle; nothing unmapped
+    c = new_seq(3, 4, 5)
+    alloc.allocate(c)  # range 0 holds its one page: reused, but still listed as a victim
+    c.advance(1, 0.0)
+    alloc.append(c)  # position 4: a page reclaimed from range 1, the only idle range
+    assert (alloc.page_table(c), alloc._mapped[1], alloc.unmaps) == ((0, 2), [1], 1)
+    alloc.check_integrity()
+
+
+def test_vmm_admissions_unmap_what_their_ranges_hold_beyond_the_need():
+    alloc = vmm(num_pages=5)
+    a, b = new_seq(1, 8, 1), new_seq(2, 8, 1)
+    for seq in (a, b):
+        alloc.allocate(seq)  # ranges 0 and 1, two pages each
+        seq.advance(1, 0.0)
+    alloc.free(a)
+    alloc.free(b)
+    for i in (3, 4):
+        alloc.allocate(new_seq(i, 1, 1))  # one page each: the second page of each range goes
+    assert (alloc.unmaps, list(alloc._unmapped), alloc.maps) == (2, [4, 1, 3], 4)
+
+
+def test_vmm_geometry_at_the_edges_of_the_budget():
+    assert VirtualAllocator(1000, 4, 200, max_len=8, max_requests=1).watermark_pages == 2  # 1 %
+    half = VirtualAllocator(8, Fraction(1, 2), 16, max_len=4, max_requests=2)  # half a token a page
+    assert (half.range_pages, half.range_slots, half.pages_for(3)) == (8, 4, 6)
+    assert VirtualAllocator(8, 1, 8, max_len=4, max_requests=2).range_slots == 4
