@@ -231,6 +231,7 @@ def real_decoding_page() -> str:
 PROBE = Path("results/reference/vmm-probe")
 VMM_KERNELS = Path("results/reference/vmm-kernels")
 VMM_OCCUPANCY = Path("results/reference/vmm-occupancy-sim")
+VMM_REAL = Path("results/reference/vmm-real")
 
 
 def probe_tables() -> str:
@@ -281,6 +282,30 @@ def vmm_kernel_table(path: Path, label: str) -> list[list[str]]:
     return rows
 
 
+def vmm_real_table() -> str:
+    data = json_file(VMM_REAL / "vmm_real.json")
+    rows = []
+    for workload in data["workloads"].values():
+        name = f"{workload['model']}, {workload['requests']} requests, {workload['kv_gib']:g} GiB"
+        for r in workload["rows"]:
+            mapped = "vmm_maps" in r
+            rows.append(
+                [
+                    name,
+                    r["variant"],
+                    num(r["output_tokens_per_s"]),
+                    num(r["steps"]),
+                    str(r["peak_running"]),
+                    str(r["preemptions"]),
+                    f"{num(r['vmm_maps'])} / {num(r['vmm_unmaps'])}" if mapped else "-",
+                    fixed(100 * r["map_share"], 1) if mapped else "-",
+                ]
+            )
+    header = ["workload", "variant", "output tok/s", "steps", "peak batch", "preemptions", "maps / unmaps",
+              "mapping % of wall"]  # fmt: skip
+    return table(header, rows)
+
+
 def virtual_memory_page() -> str:
     kernels = vmm_kernel_table(VMM_KERNELS / "opt13b/kernels.csv", "OPT-13B") + vmm_kernel_table(
         VMM_KERNELS / "gqa8/kernels.csv", "GQA 8x4"
@@ -297,9 +322,12 @@ def virtual_memory_page() -> str:
         "## Occupancy of the vmm engine, simulated at the paper's setting\n\nOPT-13B, 15,728 token slots, "
         f"1,000 requests, seeds 0-2 ({rel(VMM_OCCUPANCY / 'table.md')}, as the benchmark wrote it).\n\n"
         + occupancy,
+        "## Real decoding over virtual memory\n\nThe `vmm` engine's arena as per-layer virtual tensors "
+        "with 2 MiB pages mapped through the driver, beside orca-oracle and paged; one run each "
+        f"({rel(VMM_REAL / 'README.md')} says where 2 MiB pages cost it).\n\n" + vmm_real_table(),
     ]
     intro = "vAttention's approach: KV in per-request virtual ranges, physical pages mapped on demand."
-    return page("Virtual memory", intro, [PROBE, VMM_KERNELS, VMM_OCCUPANCY], sections)
+    return page("Virtual memory", intro, [PROBE, VMM_KERNELS, VMM_OCCUPANCY, VMM_REAL], sections)
 
 
 # ---- sharing ------------------------------------------------------------------------------
