@@ -47,8 +47,13 @@ clean:
 .PHONY: mutation
 mutation: $(VENV)/.dev
 	$(PIP) install -q "mutmut==3.8.1"
-	nice $(PY) tools/mutation.py --scope engines --paths engines/ --tests tests/test_rules.py \
+	nice $(PY) tools/mutation.py --scope engines-core --paths engines/scheduler.py engines/preemption.py \
+		engines/contiguous.py engines/arena.py engines/allocator.py engines/batch.py engines/beam.py \
+		engines/groups.py engines/__init__.py --tests tests/test_engine_core_mutants.py tests/test_rules.py \
 		tests/test_definitions.py tests/test_arena.py tests/test_allocators.py
+	nice $(PY) tools/mutation.py --scope engines-paged --paths engines/paged.py engines/paged_prefix.py \
+		engines/block_keys.py engines/prefix_cache.py engines/vmm.py \
+		--tests tests/test_engine_paged_mutants.py tests/test_rules.py
 	nice $(PY) tools/mutation.py --scope metrics --paths kvbench/metrics/occupancy.py kvbench/metrics/summary.py \
 		kvbench/metrics/latency.py workloads/columns.py --tests tests/test_definitions.py \
 		tests/test_trace_validation.py tests/test_rules.py
