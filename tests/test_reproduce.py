@@ -40,7 +40,7 @@ def quick(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def sharing(tmp_path_factory) -> Path:
-    return quick_simulated(tmp_path_factory.mktemp("reproduce") / "sharing", SHARING, 100)
+    return quick_simulated(tmp_path_factory.mktemp("reproduce") / "sharing", SHARING, 50)
 
 
 def _rows(out: Path, figure: str) -> list[dict]:
