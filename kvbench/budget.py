@@ -165,7 +165,8 @@ def budget_emulating(
     if published is not None and utilization == DEFAULT_UTILIZATION:
         source = (
             f"--emulate-gpu {gpu.name}: {published} GiB, the PagedAttention paper's KV cache for "
-            f"{model.name} on {times}{gpu.name} (its Table 1); kvbench's own estimate: {budget / GIB:.2f} GiB "
+            f"{model.name} on {times}{gpu.name} (its Table 1); kvbench's own estimate: "
+            f"{budget / GIB:.2f} GiB "
             f"({source.partition(': ')[2]})"
         )
         budget = published * GIB

@@ -24,10 +24,10 @@ from typer.testing import CliRunner
 pytest.importorskip("triton")
 
 from kernels import bench, bench_backends
-from kvbench.report.kernel_plot import plot_bandwidth_fraction, plot_latency, read_rows
 from kernels.reference import decode_attention_ref
 from kvbench.cli import kernels as cli_kernels
 from kvbench.cli.app import app
+from kvbench.report.kernel_plot import plot_bandwidth_fraction, plot_latency, read_rows
 from kvbench.results.files import write_csv
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -85,8 +85,8 @@ def plot(
     out: Annotated[Path, typer.Option(help="PNG file (an SVG is written beside it).")],
 ) -> None:
     """Plot input/output length histograms (the paper's Figure 11) and the arrival rate."""
-    from kvbench.results.outputs import prepare_plot
     from kvbench.report.trace_plot import plot_trace
+    from kvbench.results.outputs import prepare_plot
 
     prepare_plot(out)  # a file kvbench did not write is refused before loading (kvbench.results.outputs)
     for path in plot_trace(_load(trace), out):
