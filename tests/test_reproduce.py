@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ("fig2", "fig13", "fig12", "fig18b", "fig19")
 SHARING = ("fig14", "fig15", "fig16", "fig17")
+SHARING_REQUESTS = 50  # the sharing figures' module fixture: a resumed run must ask for the same
 ENGINES = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged")
 
 
@@ -40,7 +41,7 @@ def quick(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def sharing(tmp_path_factory) -> Path:
-    return quick_simulated(tmp_path_factory.mktemp("reproduce") / "sharing", SHARING, 50)
+    return quick_simulated(tmp_path_factory.mktemp("reproduce") / "sharing", SHARING, SHARING_REQUESTS)
 
 
 def _rows(out: Path, figure: str) -> list[dict]:
@@ -269,7 +270,7 @@ def test_a_figure_run_again_resumes_its_finished_cells(sharing):
     assert cells
     stamps = [f.stat().st_mtime_ns for f in cells]
     before = _rows(sharing, "fig17")
-    quick_simulated(sharing, ("fig17",), 100)
+    quick_simulated(sharing, ("fig17",), SHARING_REQUESTS)
     assert [f.stat().st_mtime_ns for f in cells] == stamps and _rows(sharing, "fig17") == before
 
 
