@@ -63,7 +63,10 @@ def _sweep(
         typer.Option(help="Sustained rate: normalized latency (s/token) to stay under (default: see below)."),
     ] = None,
     threshold_multiple: Annotated[
-        float, typer.Option(help="Default threshold: this many times the unloaded normalized latency.")
+        float,
+        typer.Option(
+            help="Default threshold, shared by all engines: this many times their lowest unloaded latency."
+        ),
     ] = 4.0,
     bisect: Annotated[
         int, typer.Option(help="Bisection rounds per engine between last pass and first fail (a cap).")
