@@ -37,7 +37,10 @@ def reproduce(
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(help="Real runs' model: opt-125m (default with --quick) or opt-1.3b (default without)."),
+        typer.Option(
+            help="Real runs' model: opt-125m (default with --quick), opt-1.3b (default without) or "
+            "opt-13b (the paper's model and its 15,728-slot KV budget)."
+        ),
     ] = None,
     num_requests: Annotated[int | None, typer.Option(hidden=True, help="Requests per run (tests).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the traces.")] = 0,
