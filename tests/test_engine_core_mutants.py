@@ -766,3 +766,34 @@ def test_a_preempted_beam_pair_comes_back_only_when_both_fit():
     decode = sched.schedule()  # one block is free: the pair needs two
     assert decode.seqs == (r0,)
     assert not decode.is_prefill
+
+
+def test_a_beam_group_is_recomputed_even_when_swap_could_park_each_beam():
+    """Swap preemption, 5 blocks of 4 slots. The pair's 3-token prompt block is shared after the
+    fork, and the first decode's copy-on-write gives each beam a block of its own; each beam then
+    continues itself (no re-fork), so host memory could take each beam's blocks. Still the group
+    is one victim, recomputed whole: swapping beams one by one could leave one parked while the
+    other runs on."""
+    alloc = PagedAllocator(20, 4, watermark=0.0, host_blocks=8)
+    sched = IterationScheduler(alloc, SchedulerConfig(preemption="swap"))
+    r0, pair = seq(0, 4, 10), seq(1, 3, 10, beam_width=2)
+    leader, other = pair.group.members
+    sched.add(r0)
+    sched.add(pair)
+    prefill = sched.schedule()
+    assert prefill.seqs == (r0, leader)
+    run_step(sched, prefill, 0.0, {leader: ([11, 12, 13, 14], [-0.5, -1.0, -2.0, -3.0])})
+    decode = sched.schedule()
+    assert decode.seqs == (r0, leader, other) and decode.block_copies == ((1, 3),)
+    own = {  # each beam's best candidate is its own: the two best continuations, no re-fork
+        leader: ([21, 22, 23, 24], [-0.1, -5.0, -6.0, -7.0]),
+        other: ([31, 32, 33, 34], [-0.2, -5.0, -6.0, -7.0]),
+    }
+    run_step(sched, decode, 1.0, own)
+    assert [b.output_ids for b in (leader, other)] == [[11, 21], [12, 31]]  # each continued itself
+    assert alloc.num_free_blocks == 1 and all(alloc.can_swap_out(b) for b in (leader, other))
+    decode = sched.schedule()  # r0 and the leader take the last block; the other beam finds none
+    assert decode.seqs == (r0,) and decode.swaps == ()
+    assert list(sched.waiting) == [leader, other] and not sched.swapped
+    assert sched.num_preempted == 2 and [b.num_computed for b in (leader, other)] == [0, 0]
+    sched.check_integrity()
