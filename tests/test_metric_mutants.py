@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from kvbench.errors import KvbenchError
-from workloads.columns import Columns, Where, to_trace
+from kvbench.metrics.occupancy import CATEGORIES, Footprint, KVSnapshot
+from kvbench.requests import Request, Trace
+from workloads.columns import Columns, Where, check_vocabulary, columns_of, to_trace
 
 
 def columns(**fields) -> Columns:
@@ -110,3 +112,79 @@ def test_the_largest_values_that_are_still_accepted():
     assert trace.requests[1].output_len == 2**53 and trace.requests[1].prompt_ids == (0, 1, 2, 2**63 - 1)
     ids = np.array([2**62 + 1, 2**62 + 3, 2**62 + 5])  # integers stay exact past 2**53
     assert [r.request_id for r in to_trace(columns(request_id=ids), "t", "spec:x").requests] == ids.tolist()
+
+
+def test_token_ids_a_model_cannot_embed_are_refused_naming_the_request():
+    """Ids 0..vocab-1 pass; the first id outside names its request by its own id (rows without
+    ids skipped), and the trace by its source, else its name."""
+    rows = [((1, 2, 3, 9), 0), (None, 1), ((10, 2, 3, 4), 2), ((5, -1, 3, 4), 3)]
+    trace = Trace(
+        "t", tuple(Request(7 + i, float(i), 4, 2, prompt_ids=ids) for ids, i in rows), source="f.csv"
+    )
+    with pytest.raises(KvbenchError) as error:
+        check_vocabulary(trace, 10, "tiny")
+    assert str(error.value) == (
+        "f.csv: request_id 9, column prompt_ids: token id 10 is outside --model tiny's vocabulary"
+        " of 10 ids (0..9)"
+    )
+    unnamed = Trace("t", (Request(0, 0.0, 2, 2, prompt_ids=(0, -1)),))
+    with pytest.raises(KvbenchError, match=r"^t: request_id 0, column prompt_ids: token id -1 is outside"):
+        check_vocabulary(unnamed, 10, "tiny")
+    check_vocabulary(Trace("t", trace.requests[:2]), 10, "tiny")  # 9 is the last id of a vocabulary of 10
+    check_vocabulary(Trace("t", (Request(0, 0.0, 2, 2),)), 10, "tiny")  # no ids at all
+
+
+def test_a_trace_back_in_columns_builds_the_same_trace():
+    """`columns_of` then `to_trace`: every field of every request, and the loader's notes; fields
+    that hold only their default stay out of the columns."""
+    trace = Trace(
+        "t",
+        (
+            Request(5, 0.0, 4, 2, (1, 2, 3, 4), "g", 2, (11,), "c", 0, 2, 1),
+            Request(3, 1.5, 3, 1, None, None, 0, None, None, None, 1, 3),
+        ),
+        source="f.csv",
+        hash_block_size=2,
+        meta={"k": 1},
+    )
+    cols = columns_of(trace)
+    again = to_trace(cols, trace.name, trace.source, hash_block_size=trace.hash_block_size)
+    assert again == trace and again.meta == {"k": 1}
+    plain = columns_of(Trace("t", (Request(0, 0.0, 4, 2), Request(1, 1.0, 4, 2))))
+    assert (plain.prefix_len, plain.turn, plain.n, plain.beam_width) == (None, None, None, None)
+    assert (plain.prefix_group, plain.conversation_id, plain.prompt_ids, plain.block_hashes) == (None,) * 4
+    assert plain.request_id.tolist() == [0, 1] and plain.output_len.tolist() == [2, 2]
+
+
+def test_taking_rows_moves_every_field_alike():
+    cols = Columns(
+        arrival_s=np.array([0.0, 1.0, 2.0]),
+        prompt_len=np.array([4, 5, 6]),
+        output_len=np.array([1, 2, 3]),
+        turn=np.array([0.0, math.nan, 1.0]),
+        prompt_ids=[None, (1, 2, 3, 4, 5), None],
+        extra={"k": 1},
+    )
+    taken = cols.take(np.array([2, 0]))
+    assert taken.prompt_len.tolist() == [6, 4] and taken.output_len.tolist() == [3, 1]
+    assert taken.turn.tolist() == [1.0, 0.0] and taken.prompt_ids == [None, None]
+    assert taken.arrival_s.tolist() == [2.0, 0.0] and taken.extra == {"k": 1} and taken.request_id is None
+    assert cols.take(np.array([1])).prompt_ids == [(1, 2, 3, 4, 5)]
+
+
+def test_an_instants_categories_in_whole_slots_sum_to_the_arena():
+    """Fractional slots (a page granting part of a slot) round down in every category; `free`
+    takes the remainder, so the snapshot still sums to the arena."""
+    fp = Footprint(tokens=3.5, target=5.0, asked=8.0, granted=9.75, external=2.0, idle=1.5)
+    snap = KVSnapshot.of(fp, 20)
+    assert snap.as_dict() == {
+        "token_states": 3,
+        "reservation": 1,
+        "internal_frag": 3,
+        "allocator_overhead": 1,
+        "mapped_idle": 1,
+        "external_frag": 2,
+        "free": 9,
+    }
+    assert list(snap.as_dict()) == list(CATEGORIES) and snap.num_slots == 20
+    assert sum(snap.as_dict().values()) == 20
