@@ -14,8 +14,19 @@ import math
 import numpy as np
 import pytest
 
+from engines import ENGINES, EngineOptions
+from kvbench.cost_model import CostModel, CostModelRunner
+from kvbench.engine import Engine
 from kvbench.errors import KvbenchError
 from kvbench.metrics.occupancy import CATEGORIES, Footprint, KVSnapshot
+from kvbench.metrics.summary import (
+    Slo,
+    check_metric_options,
+    parse_percentiles,
+    parse_slo,
+    request_record,
+    summarize,
+)
 from kvbench.requests import Request, Trace
 from workloads.columns import Columns, Where, check_vocabulary, columns_of, to_trace
 
@@ -188,3 +199,68 @@ def test_an_instants_categories_in_whole_slots_sum_to_the_arena():
     }
     assert list(snap.as_dict()) == list(CATEGORIES) and snap.num_slots == 20
     assert sum(snap.as_dict().values()) == 20
+
+
+def _run(trace: Trace, cost: CostModel):
+    sched = ENGINES["orca-max"].build(EngineOptions(num_slots=64, max_len=64))
+    run = Engine(sched, CostModelRunner(cost)).run(trace)
+    return run, [request_record(seq) for seq in run.sequences]
+
+
+def test_a_run_that_completed_nothing_reports_zero_rates_and_undefined_latencies():
+    """No request: rates are 0 per second, every latency statistic is undefined (NaN, not an
+    error), goodput 0 with no share of nothing, and no occupancy at all."""
+    run, done = _run(Trace("t", ()), CostModel(fixed_s=1.0, per_token_s=0.0, per_kv_token_s=0.0))
+    s = summarize(run, done, slo=Slo(ttft_s=1.0))
+    assert (s["num_requests"], s["completed"], s["makespan_s"], s["busy_s"], s["num_steps"]) == (
+        0,
+        0,
+        0.0,
+        0.0,
+        0,
+    )
+    assert (s["request_throughput"], s["output_token_throughput"], s["total_token_throughput"]) == (
+        0.0,
+        0.0,
+        0.0,
+    )
+    assert (s["mean_batched_requests"], s["mean_batched_requests_saturated"]) == (0.0, None)
+    assert (
+        math.isnan(s["normalized_latency_s"]) and math.isnan(s["p99_itl_s"]) and math.isnan(s["mean_ttft_s"])
+    )
+    assert (s["good_requests"], s["goodput"]) == (0, 0.0) and math.isnan(s["goodput_fraction"])
+    assert (s["occupancy"], s["occupancy_saturated"], s["sharing_saved_fraction"]) == ({}, {}, 0.0)
+    assert (s["prefix_hit_tokens"], s["prefix_cache_hit_rate"], s["num_preemptions"]) == (0, 0.0, 0)
+
+
+def test_a_run_of_zero_seconds_reports_zero_rates_not_a_division_by_zero():
+    """A cost model whose steps take no time: the request finishes as it arrives (at 1 s), the
+    makespan is 0, and so are the rates and the time-weighted batch size."""
+    run, done = _run(
+        Trace("t", (Request(0, 1.0, 4, 2),)), CostModel(fixed_s=0.0, per_token_s=0.0, per_kv_token_s=0.0)
+    )
+    s = summarize(run, done, slo=Slo(ttft_s=1.0))
+    assert (s["makespan_s"], s["busy_s"], s["num_steps"]) == (0.0, 0.0, 2)
+    assert (s["request_throughput"], s["output_token_throughput"], s["total_token_throughput"]) == (
+        0.0,
+        0.0,
+        0.0,
+    )
+    assert (s["mean_batched_requests"], s["normalized_latency_s"]) == (0.0, 0.0)
+    assert (s["good_requests"], s["goodput"], s["goodput_fraction"]) == (1, 0.0, 1.0)
+
+
+def test_metric_options_refused_with_their_whole_line():
+    with pytest.raises(KvbenchError) as error:
+        check_metric_options((), Slo())
+    assert str(error.value) == "--percentiles needs at least one value in (0, 100]"
+    assert parse_percentiles("0.5,1,100") == (0.5, 1.0, 100.0)  # any p > 0, below 1 too
+    for text, message in [
+        ("ttft", "--slo: expected metric=seconds (ttft, tpot, e2el), got 'ttft'"),
+        ("ttft=0.5=1", "--slo ttft: '0.5=1' is not a number of seconds"),  # split at the first '='
+        ("ttft=1, itl=2", "--slo: unknown metric 'itl'; choose from ttft, tpot, e2el"),
+        ("e2el=0", "--slo e2el must be a positive number of seconds, got 0.0"),
+    ]:
+        with pytest.raises(KvbenchError) as error:
+            parse_slo(text)
+        assert str(error.value) == message
