@@ -1,58 +1,17 @@
 """Model presets: real architecture numbers, for sizing the KV arena and the cost model.
 
-Parameter counts are computed from the architecture (not typed in), so a preset is one
-line of public config values and the derived numbers can be checked against the model
-cards (OPT-13B: 12.85 B parameters, 819,200 KV bytes per token in fp16).
+Each preset is the public config.json of its model written in (the source named beside it);
+what is derived from it (KV bytes per token and per layer group, parameter counts) is computed
+by `ModelSpec` (kvbench/kvspec/model.py) and pinned by tests against the model cards. OPT and
+Llama presets are decoded by kvbench's own model code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 from kvbench.errors import KvbenchError
+from kvbench.kvspec.model import ModelSpec
 
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    family: Literal["opt", "llama"]
-    num_layers: int
-    hidden: int
-    num_heads: int
-    num_kv_heads: int  # < num_heads for grouped-query attention (Llama-3)
-    ffn: int  # feed-forward width (OPT: 4 x hidden; Llama: SwiGLU intermediate size)
-    vocab: int
-    max_len: int  # maximum sequence length (prompt + output); OPT's learned positions stop at 2048
-    dtype_bytes: int = 2  # fp16/bf16 weights and KV
-    norm_eps: float = 1e-5  # LayerNorm (OPT) / RMSNorm (Llama) epsilon
-    rope_theta: float = 10000.0  # Llama rotary base
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.num_heads
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V of one token in every layer: one slot of the KV arena."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
-
-    @property
-    def num_params(self) -> int:
-        h, kv = self.hidden, self.num_kv_heads * self.head_dim
-        if self.family == "opt":  # biases everywhere, two LayerNorms, tied LM head
-            attn = h * (h + 2 * kv) + (h + 2 * kv) + h * h + h
-            mlp = 2 * h * self.ffn + self.ffn + h
-            layer = attn + mlp + 4 * h
-            embed = self.vocab * h + (self.max_len + 2) * h  # OPT offsets positions by 2
-            return self.num_layers * layer + embed + 2 * h
-        attn = h * (h + 2 * kv) + h * h  # Llama: no biases, RMSNorm, untied LM head
-        layer = attn + 3 * h * self.ffn + 2 * h
-        return self.num_layers * layer + 2 * self.vocab * h + h
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
+__all__ = ["MODELS", "ModelSpec", "get_model"]
 
 
 def _opt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -77,7 +36,7 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("tiny-llama", "llama", 2, 64, 4, 2, 128, 512, 2048),
         ModelSpec("llama-3-8b", "llama", 32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=500000.0),
     )
-}
+}  # fmt: skip
 
 
 def get_model(name: str) -> ModelSpec:

@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "foundations",
         (
             "kvbench.errors", "kvbench.version", "kvbench.paper", "kvbench.flag_ranges", "kvbench.models",
+            "kvbench.kvspec",
             "kvbench.requests", "kvbench.gc_pause", "kvbench.plugins", "kvbench.results", "kvbench.vmm",
             "kvbench.metrics.occupancy",
         ),
