@@ -18,6 +18,7 @@ from engines import ENGINES, EngineOptions
 from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.engine import Engine
 from kvbench.errors import KvbenchError
+from kvbench.metrics.latency import ItlTable
 from kvbench.metrics.occupancy import CATEGORIES, Footprint, KVSnapshot
 from kvbench.metrics.summary import (
     Slo,
@@ -28,6 +29,7 @@ from kvbench.metrics.summary import (
     summarize,
 )
 from kvbench.requests import Request, Trace
+from kvbench.sequence import Sequence
 from workloads.columns import Columns, Where, check_vocabulary, columns_of, to_trace
 
 
@@ -264,3 +266,12 @@ def test_metric_options_refused_with_their_whole_line():
         with pytest.raises(KvbenchError) as error:
             parse_slo(text)
         assert str(error.value) == message
+
+
+def test_the_itl_table_of_sequences_that_never_ran_has_no_gaps():
+    """No step ran: no gaps (the ITL statistics are then undefined), and each sequence's longest
+    gap is undefined (NaN), one per sequence."""
+    table = ItlTable.of([Sequence(Request(0, 0.0, 4, 2)), Sequence(Request(1, 0.0, 4, 3))])
+    assert (len(table.values), len(table.counts), table.num_gaps) == (0, 0, 0)
+    assert len(table.maxima) == 2 and all(math.isnan(m) for m in table.maxima.tolist())
+    assert len(ItlTable.of([]).maxima) == 0
