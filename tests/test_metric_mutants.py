@@ -275,3 +275,13 @@ def test_the_itl_table_of_sequences_that_never_ran_has_no_gaps():
     assert (len(table.values), len(table.counts), table.num_gaps) == (0, 0, 0)
     assert len(table.maxima) == 2 and all(math.isnan(m) for m in table.maxima.tolist())
     assert len(ItlTable.of([]).maxima) == 0
+
+
+def test_a_request_still_running_has_no_record():
+    """Admitted, first token out, not finished: the record builder refuses it rather than
+    writing a row with a missing finish time."""
+    seq = Sequence(Request(0, 0.0, 4, 3))
+    seq.advance(1, 1.0, 0.0)
+    assert seq.first_token_s == 1.0 and seq.admitted_s == 0.0 and seq.finish_s is None
+    with pytest.raises(AssertionError):
+        request_record(seq)
