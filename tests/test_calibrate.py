@@ -116,7 +116,7 @@ def test_held_out_real_runs_are_replayed_by_the_simulator(tmp_path):
     model = tmp_path / "cost.json"
     model.write_text(json.dumps(calibrate([tmp_path / "real"]).to_dict()))
     checks = check(model, [tmp_path / "real"])
-    assert [c.metric for c in checks] == ["output_token_throughput", "normalized_latency_s"]
+    assert [c.metric for c in checks] == ["output_token_throughput", "normalized_latency_s", "mean_ttft_s"]
     assert all(c.real > 0 and c.simulated > 0 for c in checks)
     assert summarize(checks)["normalized_latency_s"]["runs"] == 1
     with pytest.raises(KvbenchError, match="not a real run"):
@@ -159,14 +159,14 @@ def test_calibrate_takes_folders_of_runs_and_holds_out_others(tmp_path):
     assert done.returncode == 0, done.stderr
     written = json.loads(model.read_text())
     assert written["runs"] == [str(fit / "a"), str(fit / "deeper" / "b")]
-    assert [c["run"] for c in written["held_out"]] == [str(held / "c")] * 2
+    assert [c["run"] for c in written["held_out"]] == [str(held / "c")] * 3  # throughput, latency, TTFT
     # the held-out run was made by the constants the fit recovers: replayed with the fit, it matches
     assert written["held_out_summary"]["normalized_latency_s"]["max_abs_error"] < 1e-6
     assert written["held_out_summary"]["normalized_latency_s"]["within_target"] == 1
     assert written["fixed_s"] == pytest.approx(TRUE["cost_fixed_s"], rel=1e-6)
 
 
-def test_a_held_out_copy_of_a_fitted_run_is_skipped(tmp_path):
+def test_a_held_out_copy_of_a_fitted_run_is_dropped(tmp_path):
     """A reproduction copies runs between figures: a copy's error would be the fit's own."""
     import shutil
 
@@ -179,7 +179,11 @@ def test_a_held_out_copy_of_a_fitted_run_is_skipped(tmp_path):
         summary = json.loads((run / "summary.json").read_text())
         (run / "summary.json").write_text(json.dumps(summary | {"mode": "real"}))
     done = fit_and_check([fitted], [copy, other], tmp_path / "cost.json")
-    assert done.copies == [copy] and {c.run for c in done.checks} == {str(other)}
+    assert done.dropped == [(copy, fitted)] and {c.run for c in done.checks} == {str(other)}
+    written = json.loads((tmp_path / "cost.json").read_text())
+    assert written["held_out_dropped"] == [{"run": str(copy), "shares_draw_with": str(fitted),
+                                            "trace": "sharegpt-paper", "seed": 0, "num_requests": 150,
+                                            "rate": 6.0}]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ def calibrate(
     ] = None,
 ) -> None:
     """Least-squares fit of the cost model's constants to the runs' measured step rows."""
-    from kvbench.calibrate.check import find_runs, fit_and_check, format_checks
+    from kvbench.calibrate.check import dropped_note, find_runs, fit_and_check, format_checks, headline
     from kvbench.results.outputs import prepare_out
 
     stray = stray_after_held_out(ctx.meta.get("raw_args", []))
@@ -70,8 +70,9 @@ def calibrate(
     done = fit_and_check(fit, held, out)
     if done.checks:
         typer.echo(format_checks(done.checks))
-    if done.copies:
-        typer.echo(f"skipped {len(done.copies)} held-out runs with a fitted run's config (copies of it)")
+        typer.echo(f"held out: {headline(done.checks)}")
+    if done.dropped:
+        typer.echo(dropped_note(done.dropped))
     result = done.calibration
     c = result.cost
     typer.echo(

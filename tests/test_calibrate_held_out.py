@@ -1,0 +1,127 @@
+"""Held-out means held out, and loaded runs apart: real runs of a tiny model on the CPU.
+
+A held-out run of a fitted run's trace and seed replays the fitted requests, so it is dropped
+and named; the errors of runs that queued are counted apart from those of runs that did not
+(whose throughput is their arrival rate whatever the step times)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvbench.calibrate.check import Check, headline, read_config, summarize, trace_draw
+from kvbench.config import RunConfig
+from kvbench.reproduce.calibration import HeldOutSet, held_out_markdown
+from kvbench.simulate import write_result
+from workloads.spec import WorkloadSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = "uniform:prompt=8..24,output=4..12"
+
+
+def real(out: Path, seed: int, num_requests: int, rate: float, **extra) -> Path:
+    """A real run of tiny-llama on the CPU. Whether it queues does not depend on the machine's
+    speed: at 1e4 req/s every request has arrived before the first step ends and at most two
+    run at once; at 0.01 req/s requests arrive minutes apart, and the engine jumps its clock
+    over the idle time (tiny-llama's steps take milliseconds)."""
+    from kvbench.real.run import run_real
+
+    workload = WorkloadSpec(TRACE, num_requests=num_requests, rate=rate, seed=seed)
+    config = RunConfig(engine="paged", model="tiny-llama", workload=workload, kv_cache_gib=0.01, block_size=4,
+                       **extra)  # fmt: skip
+    write_result(run_real(config), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("held")
+    real(root / "fit" / "a", 2, 6, 1e4, max_num_seqs=2)
+    real(root / "held" / "same-draw", 2, 4, 0.01)  # the fitted trace and seed at another rate and count
+    real(root / "held" / "idle", 3, 3, 0.01)
+    real(root / "held" / "queued", 4, 6, 1e4, max_num_seqs=2)
+    return root
+
+
+def test_a_held_out_run_of_a_fitted_trace_draw_is_dropped_and_the_rest_split_by_load(runs, tmp_path):
+    cost = tmp_path / "cost.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "kvbench", "calibrate", str(runs / "fit"), "--held-out", str(runs / "held"),
+         "--out", str(cost)],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = json.loads(cost.read_text())
+    same = runs / "held" / "same-draw"
+    assert written["held_out_dropped"] == [{
+        "run": str(same), "shares_draw_with": str(runs / "fit" / "a"),
+        "trace": TRACE, "seed": 2, "num_requests": 4, "rate": 0.01,
+    }]  # fmt: skip
+    note = f"dropped 1 held-out runs with a fitted run's trace and seed, so its requests: {same}"
+    assert note in done.stdout
+    checked = {c["run"] for c in written["held_out"]}
+    assert checked == {str(runs / "held" / "idle"), str(runs / "held" / "queued")}
+    fitted_draws = {trace_draw(read_config(Path(run))) for run in written["runs"]}
+    held_draws = {trace_draw(read_config(Path(run))) for run in checked}
+    assert fitted_draws == {(TRACE, 2)} and held_draws == {(TRACE, 3), (TRACE, 4)}
+    assert not fitted_draws & held_draws  # the held-out requests were never fitted
+    loads = {c["run"]: c["loaded"] for c in written["held_out"]}
+    assert loads == {str(runs / "held" / "idle"): False, str(runs / "held" / "queued"): True}
+    queued = json.loads((runs / "held" / "queued" / "summary.json").read_text())
+    assert queued["saturated_s"] > 0  # the loaded one waited for admission: the batch cap held it back
+    for metric in ("output_token_throughput", "normalized_latency_s", "mean_ttft_s"):
+        summary = written["held_out_summary"][metric]
+        assert summary["runs"] == 2 and summary["loaded"]["runs"] == 1 and summary["unloaded"]["runs"] == 1
+    assert "| held/queued | paged | loaded | output_token_throughput |" in done.stdout
+    assert "held out: output_token_throughput " in done.stdout
+    assert "of 1 loaded runs within 10 % (" in done.stdout
+
+
+def test_a_held_out_run_sharing_the_draw_is_never_fitted_nor_checked(runs, tmp_path):
+    """`fit_and_check` directly: the dropped run is in neither set, whatever its rate."""
+    from kvbench.calibrate.check import fit_and_check
+
+    fit, same = runs / "fit" / "a", runs / "held" / "same-draw"
+    done = fit_and_check([fit], [same, runs / "held" / "idle"], tmp_path / "cost.json")
+    assert done.dropped == [(same, fit)]
+    assert {c.run for c in done.checks} == {str(runs / "held" / "idle")}
+    assert read_config(same).workload.rate != read_config(fit).workload.rate  # not a copy: another rate
+
+
+def _check(run: str, metric: str, error: float, loaded: bool | None) -> Check:
+    return Check(run, "paged", metric, 100.0, 100.0 * (1 + error), loaded)
+
+
+def test_summaries_count_loaded_and_unloaded_runs_apart():
+    """An unloaded run's throughput error is ~0 by construction: it must not lift the loaded count."""
+    checks = [
+        _check("a", "output_token_throughput", 0.001, False),
+        _check("b", "output_token_throughput", 0.002, False),
+        _check("c", "output_token_throughput", 0.30, True),
+        _check("d", "output_token_throughput", -0.05, True),
+        _check("e", "output_token_throughput", 0.5, None),
+    ]
+    summary = summarize(checks)["output_token_throughput"]
+    assert summary["runs"] == 5 and summary["within_target"] == 3
+    assert summary["loaded"] == {"runs": 2, "median_abs_error": pytest.approx(0.30),
+                                 "max_abs_error": pytest.approx(0.30), "within_target": 1}  # fmt: skip
+    assert summary["unloaded"]["runs"] == 2 and summary["unloaded"]["within_target"] == 2
+    assert headline(checks) == "output_token_throughput 1 of 2 loaded runs within 10 % (2 of 2 unloaded)"
+    table = held_out_markdown([HeldOutSet("Figures 12-13", summarize(checks), ["fig12/paged-2"])])
+    lines = table.splitlines()
+    assert lines[0].startswith("| held-out runs | metric | loaded: within 10 % |")
+    row = "| Figures 12-13 | output_token_throughput | 1 of 2 | 30.0 % | 30.0 % | 2 of 2 | 0.2 % |"
+    assert lines[2] == row
+    assert lines[-1] == "- Figures 12-13: 1 runs (fig12/paged-2)"
+
+
+def test_an_older_sets_file_without_the_split_still_reads():
+    """`held_out_sets.json` written before the split: its rows say no loaded run, never a guess."""
+    old = {"output_token_throughput": {"runs": 3, "median_abs_error": 0.01, "max_abs_error": 0.02,
+                                       "within_target": 3}}  # fmt: skip
+    table = held_out_markdown([HeldOutSet(**{"label": "Figures 14-17", "summary": old})])
+    assert table.splitlines()[2] == "| Figures 14-17 | output_token_throughput | none | - | - | none | - |"
