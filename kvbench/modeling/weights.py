@@ -29,6 +29,12 @@ def empty_model(
     spec: ModelSpec, dtype: torch.dtype, device: torch.device, tp: TensorParallel = SINGLE
 ) -> CausalLM:
     """The model's modules on `device` with uninitialised weights (a rank's shard under `tp`)."""
+    if not spec.decoded:  # every real run builds its model here: refuse shapes kvbench does not compute
+        raise KvbenchError(
+            f"--model {spec.name}: kvbench decodes OPT and Llama with full attention only; "
+            f"{spec.family} ({', '.join(sorted({g.kind for g in spec.groups}))} layers) is sized and "
+            "simulated (kvbench simulate), not run"
+        )
     model = FAMILIES[spec.family](spec, tp=tp, device="meta", dtype=dtype).to_empty(device=device)
     model.tie_weights()
     return model.eval()
