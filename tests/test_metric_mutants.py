@@ -18,8 +18,8 @@ from engines import ENGINES, EngineOptions
 from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.engine import Engine
 from kvbench.errors import KvbenchError
-from kvbench.metrics.latency import ItlTable
-from kvbench.metrics.occupancy import CATEGORIES, Footprint, KVSnapshot
+from kvbench.metrics.latency import ItlTable, distribution
+from kvbench.metrics.occupancy import CATEGORIES, Footprint, Growth, KVSnapshot, categories, segment_integral
 from kvbench.metrics.summary import (
     Slo,
     check_metric_options,
@@ -285,3 +285,35 @@ def test_a_request_still_running_has_no_record():
     assert seq.first_token_s == 1.0 and seq.admitted_s == 0.0 and seq.finish_s is None
     with pytest.raises(AssertionError):
         request_record(seq)
+
+
+def test_undefined_values_leave_the_pool_with_their_counts():
+    """Value NaN counted 5 times, 1 once, 3 three times: the pool is 1 3 3 3 (not 1 3)."""
+    d = distribution("x", [math.nan, 1.0, 3.0], [25], counts=np.array([5, 1, 3]))
+    assert (d["mean_x"], d["median_x"], d["p25_x"]) == (2.5, 3.0, 2.5)  # rank 0.75: 1 + 0.75 x 2
+    assert d["std_x"] == pytest.approx(math.sqrt(0.75))
+
+
+def test_mapped_idle_slots_are_neither_free_nor_held_by_a_sequence():
+    """Every category of one footprint by hand, in a 30-slot arena: 4 idle mapped slots and 2 of
+    external fragmentation come out of `free`, which keeps 30 - 9 - 4 - 2."""
+    fp = Footprint(tokens=3, target=5, asked=8, granted=9, external=2, idle=4)
+    assert categories(fp, 30) == {
+        "token_states": 3,
+        "reservation": 2,
+        "internal_frag": 3,
+        "allocator_overhead": 1,
+        "mapped_idle": 4,
+        "external_frag": 2,
+        "free": 15,
+    }
+
+
+def test_a_segment_granting_fractions_of_a_slot_integrates_what_it_granted():
+    """Pages of a fractional number of slots (`engines.vmm`): step j grants `granted[j]`, not the
+    whole slots it asked. Steps of 1, 2 and 4 s; 4.5 slots granted before steps 1 and 2 (4 asked):
+    granted during the steps 7, 11.5, 16, so 7 x 1 + 11.5 x 2 + 16 x 4."""
+    end = Footprint(tokens=10, target=12, asked=16, granted=16, external=0, idle=0)
+    growth = Growth(asked=np.array([0, 4, 4]), target=np.array([0, 2, 2]), granted=np.array([0.0, 4.5, 4.5]))
+    got = segment_integral(end, np.array([1.0, 2.0, 4.0]), 2, growth)
+    assert (got.granted, got.asked) == (7 * 1 + 11.5 * 2 + 16 * 4, 8 * 1 + 12 * 2 + 16 * 4)
