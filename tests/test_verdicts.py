@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kvbench.reproduce.verdicts import (
@@ -13,6 +15,7 @@ from kvbench.reproduce.verdicts import (
     Verdict,
     order_verdict,
     overall,
+    range_verdict,
     ratio_verdict,
     value_verdict,
 )
@@ -48,6 +51,27 @@ def test_a_ratio_of_two_sustained_rate_brackets_is_an_interval():
     assert coarse.outcome == MATCHES and "[0.5, 8]" in coarse.evidence
 
 
+def test_a_lower_bound_alone_refutes_but_never_confirms():
+    """A sustained rate no swept rate failed: [pass, inf). The paper below it widened: differs;
+    above it: not measured, never matches."""
+    unbounded = Interval.of_bracket(8.0, math.inf)
+    assert value_verdict("sustained rate", unbounded, 5.0).outcome == DIFFERS
+    verdict = value_verdict("sustained rate", unbounded, 12.0)
+    assert verdict.outcome == NOT_MEASURED and "no upper end" in verdict.evidence
+    assert ratio_verdict("ratio", unbounded, unbounded, 1.75).outcome == NOT_MEASURED  # [0, inf]
+
+
+def test_a_best_block_size_matches_only_inside_the_papers_range():
+    paper = (16, 128)
+    assert range_verdict("best block size", Interval(32, 16, 64), paper).outcome == MATCHES
+    # every size tied with the best: the measurement cannot tell 1 or 256 from the paper's sizes
+    assert range_verdict("best block size", Interval(1, 1, 256), paper).outcome == DIFFERS
+    assert range_verdict("best block size", Interval(256, 256, 256), paper).outcome == DIFFERS
+    # a ratio of sustained rates no swept rate bounded above: never inside a claimed 2-4x
+    assert range_verdict("ratio", Interval(1.0, 0.0, math.inf), (2.0, 4.0)).outcome == NOT_MEASURED
+    assert range_verdict("ratio", Interval(5.0, 5.0, math.inf), (2.0, 4.0)).outcome == DIFFERS
+
+
 def test_a_tie_where_the_paper_shows_a_gap_differs():
     paper = {"orca-pow2": 16.1, "orca-oracle": 21.1, "paged": 28.1}  # Fig. 12 Alpaca, req/s
     tied = {e: Interval.of_bracket(16.0, 32.0) for e in paper}  # all three at the top of the grid
@@ -62,6 +86,19 @@ def test_a_tie_where_the_paper_shows_a_gap_differs():
     assert order_verdict("sustained rate", apart, paper).outcome == MATCHES
     reversed_order = {**apart, "paged": Interval.of_bracket(10.0, 11.0)}
     assert order_verdict("sustained rate", reversed_order, paper).outcome == DIFFERS
+
+
+def test_equal_points_where_the_paper_shows_a_gap_are_a_tie():
+    """Fig. 13 Alpaca: pow2, oracle and paged all batch the same 29.8 requests, the paper
+    43 / 73 / 132: equal single-seed values are a tie, not the paper's order."""
+    paper = {"orca-pow2": 43.24, "orca-oracle": 72.75, "paged": 132.44}
+    same = {e: Interval(29.8, 29.8, 29.8) for e in paper}
+    verdict = order_verdict("mean batched requests, busy-weighted", same, paper)
+    assert verdict.outcome == DIFFERS and "(tied)" in verdict.evidence
+    # brackets that touch ([16, 32) then [32, 64)) are apart: the first rate failed where the next passed
+    touching = {"orca-pow2": Interval.of_bracket(8, 16), "orca-oracle": Interval.of_bracket(16, 32),
+                "paged": Interval.of_bracket(32, 64)}  # fmt: skip
+    assert order_verdict("sustained rate", touching, paper).outcome == MATCHES
 
 
 def test_engines_the_paper_shows_within_the_tolerance_may_come_in_either_order():

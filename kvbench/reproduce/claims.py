@@ -1,15 +1,31 @@
 """The claims at the end of PAPER.md, each beside what kvbench measured for it (claims.md).
 
 A claim's number comes from the rows of the figures in the output folder; a claim the
-figures cannot speak to says why, and one whose figure has not run says which to run.
+figures cannot speak to says why, and one whose figure has not run says which to run. Each
+claim gets a verdict by the rules of `kvbench.reproduce.verdicts` (a claimed range against the
+measured interval; a claimed level against the interval widened by the tolerance), and the
+throughput claims show both sides: the sustained-rate ratio intervals (the paper's measure)
+and the capacity ratios (most completed req/s), labelled.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvbench.reproduce.rows import Row, lookup
+from kvbench.reproduce.rows import Row, find, lookup
+from kvbench.reproduce.verdicts import (
+    DIFFERS,
+    MATCHES,
+    NOT_MEASURED,
+    TOLERANCE,
+    Interval,
+    Verdict,
+    overall,
+    range_verdict,
+    value_verdict,
+)
 
 CONTIGUOUS = ("static", "orca-max", "orca-pow2", "orca-oracle")
 SHAREGPT = "sharegpt-paper"
@@ -21,6 +37,7 @@ class Claim:
     source: str  # who says it: "paper" or "summaries"
     needs: str  # the figure that measures it ("" when none can)
     measure: Callable[[Sequence[Row]], str | None]  # None: the figure's rows are missing
+    judge: Callable[[Sequence[Row]], list[Verdict]] | None = None  # None: nothing here can judge it
 
 
 def _fig2(rows, engine, cat):
@@ -52,14 +69,39 @@ def _useful(rows) -> str | None:
     return "token states " + ", ".join(f"{e} {v:.1f} %" for e, v in useful.items())
 
 
+THROUGHPUT_PAIRS = tuple((t, o) for t in (SHAREGPT, "alpaca-paper") for o in ("orca-oracle", "orca-max"))
+
+
+def _ratio(rows, trace: str, pair: str, metric: str) -> Row | None:
+    row = find(rows, "fig12", pair, trace, metric)
+    return row if row is not None and row.kvbench is not None else None
+
+
 def _throughput(rows) -> str | None:
     parts = []
-    for trace in (SHAREGPT, "alpaca-paper"):
-        for other in ("orca-oracle", "orca-max"):
-            value = lookup(rows, "fig12", f"paged/{other}", trace, "sustained_ratio")
-            if value is not None:
-                parts.append(f"{trace} paged/{other} {value:.2f}x")
-    return "sustained rate " + ", ".join(parts) if parts else None
+    for trace, other in THROUGHPUT_PAIRS:
+        sustained = _ratio(rows, trace, f"paged/{other}", "sustained_ratio")
+        capacity = _ratio(rows, trace, f"paged/{other}", "capacity_ratio")
+        if sustained or capacity:
+            parts.append(
+                f"{trace} paged/{other}: sustained rate {sustained.interval if sustained else '-'}, "
+                f"capacity {capacity.interval if capacity else '-'}"
+            )
+    return (
+        "; ".join(parts) + " (sustained: the paper's measure; capacity: most completed req/s)"
+        if parts
+        else None
+    )
+
+
+def _judge_throughput(rows) -> list[Verdict]:
+    """paged's sustained-rate ratio over each Orca baseline inside the claimed 2-4x."""
+    out = []
+    for trace, other in THROUGHPUT_PAIRS:
+        row = _ratio(rows, trace, f"paged/{other}", "sustained_ratio")
+        metric = f"{trace} paged/{other} sustained rate"
+        out.append(range_verdict(metric, row.interval, (2.0, 4.0)) if row else Verdict(DIFFERS, metric, "-"))
+    return out
 
 
 def _static(rows) -> str | None:
@@ -111,29 +153,104 @@ def _kernel(_rows) -> str:
     )
 
 
+def _fig2_interval(rows, engine: str) -> Interval | None:
+    row = find(rows, "fig2", engine, SHAREGPT, "token_states_%")
+    return None if row is None else row.interval
+
+
+def _waste(useful: Interval) -> Interval:
+    """100 % less the token-state share: what the arena held that was not token states."""
+    return Interval(100 - useful.value, 100 - useful.high, 100 - useful.low)
+
+
+def _judge_unused(rows) -> list[Verdict]:
+    """The most any contiguous engine leaves unused, against "up to 60 %"."""
+    found = [(e, i) for e in CONTIGUOUS if (i := _fig2_interval(rows, e)) is not None]
+    if not found:
+        return []
+    engine, most = max(found, key=lambda item: 100 - item[1].value)
+    return [
+        value_verdict(f"unused KV share of {engine}, time-weighted while requests wait", _waste(most), 60.0)
+    ]
+
+
+def _judge_waste(limit: tuple[float, float]) -> Callable[[Sequence[Row]], list[Verdict]]:
+    def judge(rows) -> list[Verdict]:
+        useful = _fig2_interval(rows, "paged")
+        if useful is None:
+            return []
+        return [range_verdict("paged's KV share not holding token states", _waste(useful), limit)]
+
+    return judge
+
+
+def _judge_useful(rows) -> list[Verdict]:
+    """Each Orca variant's token-state share inside the paper's 20.4-38.2 % (widened by the tolerance)."""
+    paper = (20.4 * (1 - TOLERANCE), 38.2 * (1 + TOLERANCE))
+    return [
+        range_verdict(f"{e} token states (%)", i, paper)
+        for e in ("orca-max", "orca-pow2", "orca-oracle")
+        if (i := _fig2_interval(rows, e)) is not None
+    ]
+
+
+def _judge_parallel(rows) -> list[Verdict]:
+    """paged's mean batched requests over orca-max, the most in any trace, against "up to 4x"."""
+    out = []
+    for trace in (SHAREGPT, "alpaca-paper"):
+        paged = find(rows, "fig13", "paged", trace, "mean_batched_requests")
+        other = find(rows, "fig13", "orca-max", trace, "mean_batched_requests")
+        if paged and other and paged.interval and other.interval and other.kvbench:
+            low = paged.interval.low / other.interval.high
+            high = paged.interval.high / other.interval.low if other.interval.low else math.inf
+            ratio = Interval(paged.kvbench / other.kvbench, low, high)
+            out.append(
+                value_verdict(f"{trace} paged/orca-max mean batched requests, busy-weighted", ratio, 4.0)
+            )
+    return [max(out, key=lambda v: v.outcome == MATCHES)] if out else []
+
+
+def _judge_pages(rows) -> list[Verdict]:
+    return [
+        range_verdict(f"{trace} best block size", Interval(row.kvbench, row.kvbench, row.kvbench), (128, 256))
+        for trace in (SHAREGPT, "alpaca-paper")
+        if (row := find(rows, "fig18b", "paged", trace, "best_block_size")) is not None and row.kvbench
+    ]
+
+
 CLAIMS = (
-    Claim("without paging, up to 60 % of KV memory is unused", "summaries", "fig2", _unused),
-    Claim("~5 % fragmentation with paging", "summaries", "fig2", _paged_waste),
+    Claim("without paging, up to 60 % of KV memory is unused", "summaries", "fig2", _unused, _judge_unused),
+    Claim("~5 % fragmentation with paging", "summaries", "fig2", _paged_waste, _judge_waste((0.0, 5.0))),
     Claim("<1 % latency overhead thanks to GPU-optimized page lookups", "summaries", "", _kernel),
-    Claim("2-4x higher throughput", "summaries", "fig12", _throughput),
-    Claim("up to 4x more parallel requests", "summaries", "fig13", _parallel),
+    Claim("2-4x higher throughput", "summaries", "fig12", _throughput, _judge_throughput),
+    Claim("up to 4x more parallel requests", "summaries", "fig13", _parallel, _judge_parallel),
     Claim("10-20x throughput", "summaries", "fig12", _static),
     Claim(
         "a 128K-token cache shrinks from 2 GB to 200 MB (10x, 90 % reduction)", "summaries", "fig2", _cache
     ),
-    Claim("pages of 128-256 tokens", "summaries", "fig18b", _pages),
-    Claim("20.4-38.2 % useful occupancy (Orca variants)", "paper", "fig2", _useful),
-    Claim("< 4 % waste with PagedAttention", "paper", "fig2", _paged_waste),
+    Claim("pages of 128-256 tokens", "summaries", "fig18b", _pages, _judge_pages),
+    Claim("20.4-38.2 % useful occupancy (Orca variants)", "paper", "fig2", _useful, _judge_useful),
+    Claim("< 4 % waste with PagedAttention", "paper", "fig2", _paged_waste, _judge_waste((0.0, 4.0))),
     Claim("20-26 % kernel overhead over FasterTransformer's kernel", "paper", "", _kernel),
-    Claim("2-4x throughput over Orca / FasterTransformer", "paper", "fig12", _throughput),
+    Claim("2-4x throughput over Orca / FasterTransformer", "paper", "fig12", _throughput, _judge_throughput),
 )
 
 
+def claim_verdict(claim: Claim, rows: Sequence[Row]) -> str:
+    """One word and its reasons: the claim's parts judged (any part differing: differs); "not
+    measured" where no figure here can judge it, or its figure's rows are missing."""
+    verdicts = claim.judge(rows) if claim.judge else []
+    if not verdicts:
+        return NOT_MEASURED
+    failing = [str(v) for v in verdicts if v.outcome != MATCHES]
+    return overall(verdicts) + (f" ({'; '.join(failing)})" if failing else "")
+
+
 def claims_table(rows: Sequence[Row]) -> str:
-    lines = ["| claim | who says it | kvbench measured |", "|---|---|---|"]
+    lines = ["| claim | who says it | kvbench measured | verdict |", "|---|---|---|---|"]
     for claim in CLAIMS:
         measured = claim.measure(rows)
         if measured is None:
             measured = f"not measured in this folder: run `kvbench reproduce {claim.needs}`"
-        lines.append(f"| {claim.text} | {claim.source} | {measured} |")
+        lines.append(f"| {claim.text} | {claim.source} | {measured} | {claim_verdict(claim, rows)} |")
     return "\n".join(lines)

@@ -6,13 +6,22 @@ paper's Figure 13 rate times the setting's rate scale.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvbench.config import RunConfig
 from kvbench.demo import DEMO_ENGINES, DemoRow, format_table, run_engine
 from kvbench.paper import FIG2_OCCUPANCY, FIG13_BATCHED, FIG13_RATE
 from kvbench.report.figures import PlotSkipped, plot_batched_bars, plot_occupancy_bars
-from kvbench.reproduce.rows import FigureResult, Options, Row
+from kvbench.reproduce.rows import SEED_PREFIX, FigureResult, Options, Row, find
+from kvbench.reproduce.verdicts import (
+    Interval,
+    figure_verdict,
+    missing,
+    order_verdict,
+    ratio_verdict,
+    value_verdict,
+)
 from kvbench.results.files import write_text
 from workloads.spec import WorkloadSpec
 
@@ -50,6 +59,10 @@ def _plot(plot, runs: list[Path], out: Path, notes: list[str]) -> tuple[str, ...
         return ()
 
 
+FIG2_METRIC = "token states (% of the KV cache), time-weighted while requests wait"
+FIG13_METRIC = "mean batched requests, busy-weighted"
+
+
 def fig2(options: Options, folder: Path) -> FigureResult:
     trace = "sharegpt-paper"
     demo = run_engines(options, trace, folder)
@@ -61,41 +74,67 @@ def fig2(options: Options, folder: Path) -> FigureResult:
     notes: list[str] = []
     plots = _plot(plot_occupancy_bars, [folder / e for e in DEMO_ENGINES], folder / "occupancy", notes)
     return FigureResult("fig2", "KV memory breakdown (%), time-weighted while requests wait", rows,
-                        fig2_verdict(demo), plots, tuple(notes))  # fmt: skip
+                        fig2_verdict(rows, options), plots, tuple(notes))  # fmt: skip
 
 
-def fig2_verdict(demo: list[DemoRow]) -> str:
-    useful = {r.engine: r.occupancy["token_states"] for r in demo}
-    order = sorted((e for e in useful if e in FIG2_OCCUPANCY), key=useful.get)
-    paper = sorted(FIG2_OCCUPANCY, key=lambda e: FIG2_OCCUPANCY[e]["token_states"])
-    span = ", ".join(f"{e} {useful[e]:.1f} % ({FIG2_OCCUPANCY[e]['token_states']:.1f})" for e in paper)
-    if order == paper:
-        return f"order of engines matches the paper (token states, kvbench (paper): {span})"
-    return f"differs: token-state order {' < '.join(order)}, paper {' < '.join(paper)} ({span})"
+def fig2_verdict(rows: Sequence[Row], options: Options) -> str:
+    """Each engine's token-state share against the paper's, and the engines' order."""
+    measured = _intervals(rows, "fig2", "sharegpt-paper", "token_states_%", FIG2_OCCUPANCY)
+    paper = {e: FIG2_OCCUPANCY[e]["token_states"] for e in FIG2_OCCUPANCY}
+    return figure_verdict(
+        [order_verdict(FIG2_METRIC, measured, paper), *_values(FIG2_METRIC, measured, paper)]
+    )
+
+
+def _intervals(rows, figure: str, trace: str, metric: str, engines) -> dict[str, Interval]:
+    found = {e: find(rows, figure, e, trace, metric) for e in engines}
+    return {e: row.interval for e, row in found.items() if row is not None and row.interval is not None}
+
+
+def _values(metric: str, measured: dict[str, Interval], paper: dict[str, float], label: str = "") -> list:
+    return [
+        value_verdict(f"{label}{e} {metric}", measured[e], paper[e]) if e in measured
+        else missing(f"{label}{e} {metric}", "the run did not finish")
+        for e in paper
+    ]  # fmt: skip
 
 
 def fig13(options: Options, folder: Path) -> FigureResult:
-    rows, verdicts, notes, plots = [], [], [], []
+    rows, notes, plots = [], [], []
     for trace in FIG13_BATCHED:
-        demo = run_engines(options, trace, folder / trace, shared=folder.parent / "fig2")
+        demo = run_engines(options, trace, folder / trace, shared=shared_fig2(folder))
         paper = FIG13_BATCHED[trace]
         rows += [
             Row("fig13", r.engine, trace, "mean_batched_requests", r.batched, paper.get(r.engine))
             for r in demo
         ]
-        batched = {r.engine: r.batched for r in demo}
-        holds = batched["paged"] > batched["orca-oracle"] > batched["orca-pow2"] >= batched["orca-max"]
-        ratio = batched["paged"] / batched["orca-oracle"]
-        paper_ratio = paper["paged"] / paper["orca-oracle"]
-        verdicts.append(
-            f"{trace}: {'order matches' if holds else 'order differs'} "
-            f"(paged/orca-oracle {ratio:.2f}x, paper {paper_ratio:.2f}x)"
-        )
         runs = [folder / trace / e for e in DEMO_ENGINES]
         plots += [
             f"{trace}/{name}" for name in _plot(plot_batched_bars, runs, folder / trace / "batched", notes)
         ]
-    ok = all("order matches" in v for v in verdicts)
-    verdict = ("order of engines matches the paper: " if ok else "differs: ") + "; ".join(verdicts)
-    return FigureResult("fig13", "Mean batched requests (time-weighted over busy time)", tuple(rows), verdict,
-                        tuple(plots), tuple(notes))  # fmt: skip
+    return FigureResult("fig13", "Mean batched requests (time-weighted over busy time)", tuple(rows),
+                        fig13_verdict(rows, options), tuple(plots), tuple(notes))  # fmt: skip
+
+
+def shared_fig2(folder: Path) -> Path:
+    """Figure 2's folder of the same seed: its ShareGPT runs are Figure 13's."""
+    if folder.name.startswith(SEED_PREFIX):
+        return folder.parent.parent / "fig2" / folder.name
+    return folder.parent / "fig2"
+
+
+def fig13_verdict(rows: Sequence[Row], options: Options) -> str:
+    """Per trace: paged over orca-oracle against the paper's ratio, the order, and each level."""
+    verdicts = []
+    for trace, paper in FIG13_BATCHED.items():
+        measured = _intervals(rows, "fig13", trace, "mean_batched_requests", paper)
+        metric = f"{trace} {FIG13_METRIC}"
+        if "paged" in measured and "orca-oracle" in measured:
+            ratio = paper["paged"] / paper["orca-oracle"]
+            verdicts.append(ratio_verdict(f"{metric}, paged/orca-oracle", measured["paged"],
+                                          measured["orca-oracle"], ratio))  # fmt: skip
+        else:
+            verdicts.append(missing(f"{metric}, paged/orca-oracle", "a run did not finish"))
+        verdicts.append(order_verdict(metric, measured, paper))
+        verdicts += _values(FIG13_METRIC, measured, paper, f"{trace} ")
+    return figure_verdict(verdicts)

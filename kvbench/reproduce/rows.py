@@ -10,12 +10,17 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import asdict, dataclass, field
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from kvbench.reproduce.verdicts import Interval
 from kvbench.results.files import atomic_open, read_json, write_text
 
-COLUMNS = ("figure", "engine", "workload", "metric", "kvbench", "paper", "ratio")
+SEED_PREFIX = "seed-"  # <figure>/seed-<s>/: one seed's runs, in the layout of a single-seed figure
+# low/high/n came later: files written before them read as points of one seed
+COLUMNS = ("figure", "engine", "workload", "metric", "kvbench", "paper", "ratio", "low", "high", "n")
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class Options:
     setting: Setting
     num_requests: int | None = None  # overrides the figures' counts (tests)
     seed: int = 0
+    repeats: int = 1  # seeds seed .. seed + repeats - 1, each in <figure>/seed-<s>/
 
     def pick(self, quick, full, real=None):
         """This run's size of a grid: `real` for a quick run on a GPU, where every point is a
@@ -51,12 +57,31 @@ class Options:
 
 @dataclass(frozen=True)
 class Row:
+    """One number beside the paper's: a value, or a mean over `n` seeds, with where it lies.
+
+    [low, high] is the 95 % confidence interval of a mean over seeds, a sustained rate's bracket
+    [last pass, first fail) (high inf: no rate failed), or the interval of a ratio of such
+    quantities; None for both: the value is a point (one seed of a quantity measured exactly).
+    """
+
     figure: str
     engine: str
     workload: str
     metric: str
     kvbench: float | None
     paper: float | None = None
+    low: float | None = None
+    high: float | None = None
+    n: int = 1
+
+    @property
+    def interval(self) -> Interval | None:
+        """The verdicts' view of the row; None where nothing was measured."""
+        if self.kvbench is None:
+            return None
+        low = self.kvbench if self.low is None else self.low
+        high = self.kvbench if self.high is None else self.high
+        return Interval(self.kvbench, low, high)
 
     @property
     def ratio(self) -> float | None:
@@ -79,8 +104,10 @@ class FigureResult:
 
 
 def _cell(value) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
@@ -104,35 +131,91 @@ def read_figure(folder: Path) -> FigureResult | None:
     if not path.is_file():
         return None
     data = read_json(path)  # a broken file: one line naming it
-    rows = tuple(Row(**{k: r[k] for k in COLUMNS if k != "ratio"}) for r in data["rows"])
+    rows = tuple(Row(**{k: r[k] for k in COLUMNS if k != "ratio" and k in r}) for r in data["rows"])
     return FigureResult(
         data["name"], data["title"], rows, data["verdict"], tuple(data["plots"]), tuple(data["notes"])
     )
 
 
+def seed_folder(figure: Path, seed: int | None = None) -> Path:
+    """One seed's folder of a figure (`seed` None: its lowest seed run there; a figure folder
+    with no seed folder: itself, as written before seeds had folders)."""
+    if seed is not None:
+        return figure / f"{SEED_PREFIX}{seed}"
+    seeds = sorted(
+        (int(p.name[len(SEED_PREFIX) :]), p) for p in figure.glob(f"{SEED_PREFIX}*")
+        if p.name[len(SEED_PREFIX) :].isdigit()
+    )  # fmt: skip
+    return seeds[0][1] if seeds else figure
+
+
 def lookup(rows, figure: str, engine: str, workload: str, metric: str) -> float | None:
+    row = find(rows, figure, engine, workload, metric)
+    return None if row is None else row.kvbench
+
+
+def find(rows, figure: str, engine: str, workload: str, metric: str) -> Row | None:
     for row in rows:
         if (row.figure, row.engine, row.workload, row.metric) == (figure, engine, workload, metric):
-            return row.kvbench
+            return row
     return None
+
+
+def merge_seeds(runs: Sequence[Sequence[Row]]) -> tuple[Row, ...]:
+    """The rows of one figure run on several seeds: each number's mean and 95 % CI over seeds.
+
+    A row that is itself an interval (a sustained-rate bracket, a ratio's interval) keeps the
+    seeds' mean bracket where that is wider than the spread over seeds. Rows are matched by
+    (engine, workload, metric); one seed's rows come back unchanged.
+    """
+    if len(runs) == 1:
+        return tuple(runs[0])
+    keyed: dict[tuple, list[Row]] = {}
+    for rows in runs:
+        for row in rows:
+            keyed.setdefault((row.figure, row.engine, row.workload, row.metric), []).append(row)
+    merged = []
+    for same in keyed.values():
+        values = [r.kvbench for r in same if r.kvbench is not None and math.isfinite(r.kvbench)]
+        first = same[0]
+        if not values:
+            merged.append(replace(first, n=0))
+            continue
+        spread = Interval.of_samples(values)
+        measured = [r.interval for r in same if r.kvbench is not None and math.isfinite(r.kvbench)]
+        low = min(spread.low, statistics.fmean(i.low for i in measured))
+        high = max(spread.high, statistics.fmean(i.high for i in measured))
+        point = low == high == spread.value
+        merged.append(replace(first, kvbench=spread.value, low=None if point else low,
+                              high=None if point else high, n=len(values)))  # fmt: skip
+    return tuple(merged)
 
 
 def markdown(result: FigureResult) -> str:
     """The figure's rows as a markdown table, kvbench beside the paper."""
     lines = [
-        "| engine | workload | metric | kvbench | paper | kvbench / paper |",
-        "|---|---|---|---|---|---|",
+        "| engine | workload | metric | kvbench [low, high] | n | paper | kvbench / paper |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in result.rows:
         ratio = f"{row.ratio:.2f}" if row.ratio is not None else "-"
         lines.append(
-            f"| {row.engine} | {row.workload} | {row.metric} | {_num(row.kvbench)} | {_num(row.paper)} "
-            f"| {ratio} |"
+            f"| {row.engine} | {row.workload} | {row.metric} | {with_interval(row)} | {row.n} "
+            f"| {_num(row.paper)} | {ratio} |"
         )
     return "\n".join(lines)
 
 
+def with_interval(row: Row) -> str:
+    """The row as "mean [low, high]", or the value alone where it is a point."""
+    if row.kvbench is None or row.low is None or row.high is None:
+        return _num(row.kvbench)
+    return f"{_num(row.kvbench)} [{_num(row.low)}, {_num(row.high)}]"
+
+
 def _num(value: float | None) -> str:
-    if value is None or not math.isfinite(value):
+    if value is None or math.isnan(value):
         return "-"
+    if math.isinf(value):
+        return "inf"
     return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"

@@ -15,7 +15,7 @@ Rate figures are sweep folders, as Figure 12's (`reproduce_sweeps.sweep`).
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvbench.config import RunConfig
@@ -23,8 +23,17 @@ from kvbench.demo import run_summary
 from kvbench.paper import FIG14_BEAM6_RATIO, FIG15_SAVED_PCT, FIG16_RATIO, FIG17_RATIO
 from kvbench.report.figures import plot_latency_vs_rate
 from kvbench.report.style import pyplot, save
-from kvbench.reproduce.rows import FigureResult, Options, Row
-from kvbench.reproduce.sweeps import plot_into, rate_rows, ratio_or_none, sweep, threshold_note, threshold_of
+from kvbench.reproduce.rows import FigureResult, Options, Row, find
+from kvbench.reproduce.sweeps import (
+    plot_into,
+    rate_rows,
+    ratio_or_none,
+    sustained_ratio_verdict,
+    sweep,
+    threshold_note,
+    threshold_of,
+)
+from kvbench.reproduce.verdicts import figure_verdict, missing, value_verdict
 from workloads.spec import WorkloadSpec
 
 PATTERNS = {"n": "parallel", "k": "beam"}  # the paper's letters for the two widths
@@ -107,30 +116,26 @@ def fig15(options: Options, folder: Path) -> FigureResult:
     if preempted:  # a preempted group is recomputed without sharing: its saving stops growing
         notes.append(f"preempted (sharing lost while recomputed): {', '.join(preempted)}")
     plots = plot_into(_plot_savings, saved, folder / "saved", notes)
-    verdict = fig15_verdict(saved) + (f"; preempted: {', '.join(preempted)}" if preempted else "")
     return FigureResult("fig15", "KV memory saved by sharing: parallel sampling and beam search", tuple(rows),
-                        verdict, tuple(plots), tuple(notes))  # fmt: skip
+                        fig15_verdict(rows, options), tuple(plots), tuple(notes))  # fmt: skip
 
 
-def fig15_verdict(saved: dict[tuple[str, str], dict[int, float]]) -> str:
-    """The paper's shape: savings grow with the width, and beams save more than samples."""
-    parts, ok = [], True
-    for trace in FIG15_SEQUENCE_RATE:
-        sample, beam = saved.get((trace, "parallel"), {}), saved.get((trace, "beam"), {})
-        for name, points in (("parallel", sample), ("beam", beam)):
-            values = [points[w] for w in sorted(points)]
-            ok &= all(a < b for a, b in itertools.pairwise(values))
-            paper = FIG15_SAVED_PCT[trace, name]
-            parts.append(
-                f"{trace} {name} "
-                + "/".join(f"{v:.1f}" for v in values)
-                + " % (paper "
-                + "/".join(f"{paper[w]:.1f}" if w in paper else "-" for w in sorted(points))
-                + ")"
-            )
-        ok &= all(beam[w] > sample[w] for w in sample if w in beam)
-    head = "shape matches the paper (grows with width, beams above samples): " if ok else "differs: "
-    return head + "; ".join(parts)
+FIG15_METRIC = "KV slots saved by sharing (%), time-weighted over the run"
+
+
+def fig15_verdict(rows: Sequence[Row], options: Options) -> str:
+    """Each saving the paper gives (trace, samples or beams, width) against kvbench's."""
+    verdicts = []
+    for (trace, pattern), paper in FIG15_SAVED_PCT.items():
+        letter = next(k for k, v in PATTERNS.items() if v == pattern)
+        for width, value in paper.items():
+            metric = f"{trace} {pattern} {letter}={width} {FIG15_METRIC}"
+            row = find(rows, "fig15", "paged", trace, f"saved_%@{letter}{width}")
+            if row is None or row.interval is None:
+                verdicts.append(missing(metric, "not run at this width"))
+            else:
+                verdicts.append(value_verdict(metric, row.interval, value))
+    return figure_verdict(verdicts)
 
 
 def _plot_savings(saved: dict[tuple[str, str], dict[int, float]], out: Path) -> list[Path]:
@@ -162,7 +167,6 @@ def fig14(options: Options, folder: Path) -> FigureResult:
     engines = options.pick(("orca-max", "orca-oracle", "paged"), full, real=("orca-oracle", "paged"))
     grid = options.pick(*(FIG14_SEQUENCE_RATES[k] for k in ("quick", "full", "real")))
     rows: list[Row] = []
-    ratios: dict[str, dict[str, float | None]] = {}  # n / k -> width -> paged over orca-oracle
     notes, plots = [], []
     for letter in PATTERNS:
         for width in _widths(options, letter):
@@ -175,36 +179,20 @@ def fig14(options: Options, folder: Path) -> FigureResult:
             found, by = rate_rows("fig14", label, result, engines, {"orca-oracle": paper})
             rows += found
             notes += by.note(label)
-            capacity = by.capacity
-            ours = ratio_or_none(capacity.get("paged"), capacity.get("orca-oracle"))
-            ratios.setdefault(letter, {})[f"{letter}={width}"] = ours
             plots += plot_into(plot_latency_vs_rate, folder / name, folder / name / "latency_vs_rate", notes,
                                f"{name}/")  # fmt: skip
     notes.append(threshold_note(options))
     notes.append("paper: paged over Orca (Oracle) grows from 1.3x (one sample, Figure 12) to 2.3x at k=6")
     return FigureResult("fig14", "Parallel sampling and beam search: normalized latency vs rate (Alpaca)",
-                        tuple(rows), _growth_verdict(ratios, {"k=6": FIG14_BEAM6_RATIO}), tuple(plots),
-                        tuple(notes))  # fmt: skip
+                        tuple(rows), fig14_verdict(rows, options), tuple(plots), tuple(notes))  # fmt: skip
 
 
-def _growth_verdict(series: dict[str, dict[str, float | None]], paper: dict[str, float],
-                    numerator: str = "paged", along: str = "the width") -> str:  # fmt: skip
-    """`numerator` over orca-oracle, capacity, per setting of each series (n samples, k beams,
-    prefix lengths; in growing order): the paper's shape is above 1 everywhere and growing along
-    each series. The paper's numbers at the settings it gives stand beside ours."""
-    ratios = {k: v for points in series.values() for k, v in points.items()}
-    text = ", ".join(f"{k} {v:.2f}x" if v else f"{k} -" for k, v in ratios.items())
-    papers = ", ".join(f"{v:g}x at {k}" for k, v in paper.items())
-    text = f"{numerator}/orca-oracle capacity: {text} (paper {papers})"
-    values = list(ratios.values())
-    if None in values:
-        return f"differs: an engine completed no cell: {text}"
-    compared = any(len(points) > 1 for points in series.values())  # one setting alone shows no growth
-    grows = all(a <= b for points in series.values() for a, b in itertools.pairwise(points.values()))
-    if min(values) > 1 and grows:
-        shape = f"above 1, growing with {along}" if compared else "above 1; one setting per kind"
-        return f"matches the paper's shape ({shape}): " + text
-    return "differs: " + text
+def fig14_verdict(rows: Sequence[Row], options: Options) -> str:
+    """paged over orca-oracle at beam width 6, sustained rates, against the paper's 2.3x (the
+    one width the paper gives a number for; every width's ratios are rows)."""
+    return figure_verdict(
+        [sustained_ratio_verdict(rows, "fig14", "alpaca-paper k=6", "paged/orca-oracle", FIG14_BEAM6_RATIO)]
+    )
 
 
 def fig16(options: Options, folder: Path) -> FigureResult:
@@ -215,7 +203,6 @@ def fig16(options: Options, folder: Path) -> FigureResult:
                            "paged-prefix"), real=("orca-oracle", "paged-prefix"))  # fmt: skip
     rates = options.pick(*(FIG16_RATES[k] for k in ("quick", "full", "real")))
     rows: list[Row] = []
-    ratios: dict[str, float | None] = {}  # prefix -> paged-prefix over orca-oracle
     notes, plots = [], []
     for prefix, paper in FIG16_RATIO.items():
         label = f"translation {prefix}"
@@ -227,7 +214,6 @@ def fig16(options: Options, folder: Path) -> FigureResult:
         found, by = rate_rows("fig16", label, result, engines, baseline, numerator="paged-prefix")
         rows += found
         notes += by.note(label)
-        ratios[prefix] = ratio_or_none(by.capacity.get("paged-prefix"), by.capacity.get("orca-oracle"))
         plots += plot_into(plot_latency_vs_rate, folder / prefix, folder / prefix / "latency_vs_rate", notes,
                            f"{prefix}/")  # fmt: skip
     notes += [
@@ -237,9 +223,16 @@ def fig16(options: Options, folder: Path) -> FigureResult:
         "paged-prefix caches the prefix's blocks (chained block hashes, LRU); paged without the cache is "
         "shown where the grid has it, to separate paging from prefix sharing",
     ]
-    verdict = _growth_verdict({"prefix": ratios}, FIG16_RATIO, "paged-prefix", along="the prefix")
     return FigureResult("fig16", "Shared prefix: normalized latency vs rate (translation, few-shot prefix)",
-                        tuple(rows), verdict, tuple(plots), tuple(notes))  # fmt: skip
+                        tuple(rows), fig16_verdict(rows, options), tuple(plots), tuple(notes))  # fmt: skip
+
+
+def fig16_verdict(rows: Sequence[Row], options: Options) -> str:
+    """paged-prefix over orca-oracle, sustained rates, per prefix against the paper's ratio."""
+    return figure_verdict([
+        sustained_ratio_verdict(rows, "fig16", f"translation {prefix}", "paged-prefix/orca-oracle", paper)
+        for prefix, paper in FIG16_RATIO.items()
+    ])  # fmt: skip
 
 
 def fig17(options: Options, folder: Path) -> FigureResult:
@@ -268,11 +261,17 @@ def fig17(options: Options, folder: Path) -> FigureResult:
         "paper: 2x the Orca baselines (text), about 1.5x read off the figure; paged-prefix (reusing the "
         "previous turn's blocks) is beyond the paper",
     ]
-    ours = {e: ratio_or_none(by.capacity.get("paged"), by.capacity.get(e)) for e in baselines}
-    text = ", ".join(f"paged/{e} {v:.2f}x" if v else f"paged/{e} -" for e, v in ours.items())
-    extra = f"; paged-prefix/paged {reuse:.2f}x (beyond the paper)" if reuse else ""
-    ok = all(v is not None and v > 1 for v in ours.values())
-    head = "paged above every Orca baseline, as the paper" if ok else "differs"
-    verdict = f"{head}: {text} (paper ~{FIG17_RATIO:g}x){extra}"
+    if reuse:
+        notes.append(f"paged-prefix/paged capacity {reuse:.2f}x (beyond the paper)")
     return FigureResult("fig17", "Chatbot: normalized latency vs rate (history cut to 1024 tokens)",
-                        tuple(rows), verdict, tuple(plots), tuple(notes))  # fmt: skip
+                        tuple(rows), fig17_verdict(rows, options), tuple(plots), tuple(notes))  # fmt: skip
+
+
+def fig17_verdict(rows: Sequence[Row], options: Options) -> str:
+    """paged over each Orca baseline in the grid, sustained rates, against the paper's 2x."""
+    label = "sharegpt-paper chat"
+    pairs = sorted(
+        r.engine for r in rows if r.figure == "fig17" and r.workload == label
+        and r.metric == "sustained_ratio" and r.engine.startswith("paged/orca")
+    )  # fmt: skip
+    return figure_verdict([sustained_ratio_verdict(rows, "fig17", label, p, FIG17_RATIO) for p in pairs])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvbench.sweep.stats import mean_ci95, ratio_interval
 
@@ -49,6 +50,11 @@ class Interval:
 
     def widened(self, tolerance: float = TOLERANCE) -> tuple[float, float]:
         return self.low * (1 - tolerance), self.high * (1 + tolerance)
+
+    def below(self, other: Interval) -> bool:
+        """Wholly below `other`: ends where it starts at most (a bracket [pass, fail) touching the
+        next one's pass is below it), never two equal values (a tie)."""
+        return self.high < other.low or (self.high == other.low and self.value < other.value)
 
     def overlaps(self, other: Interval) -> bool:
         return self.low <= other.high and other.low <= self.high
@@ -82,6 +88,8 @@ def value_verdict(
     evidence = f"kvbench {measured} (+-{tolerance:.0%}: [{low:.3g}, {high:.3g}]), paper {paper:.3g}"
     if assumed:
         return Verdict(NOT_MEASURED, metric, f"{evidence}; rests on an assumed {assumed}")
+    if math.isinf(high) and low <= paper:  # a lower bound alone: it can refute, never confirm
+        return Verdict(NOT_MEASURED, metric, f"{evidence}; no upper end (no rate swept failed)")
     return Verdict(MATCHES if low <= paper <= high else DIFFERS, metric, evidence)
 
 
@@ -119,7 +127,7 @@ def order_verdict(
         for high_engine in engines[i + 1 :]:
             gap = paper[high_engine] > paper[low_engine] * (1 + tolerance)
             a, b = measured[low_engine], measured[high_engine]
-            if gap and not a.high <= b.low:
+            if gap and not a.below(b):
                 wrong.append(f"{low_engine} {a} vs {high_engine} {b}" + (" (tied)" if a.overlaps(b) else ""))
     evidence = ", ".join(f"{e} {measured[e]} (paper {paper[e]:.3g})" for e in engines)
     missing = sorted(set(paper) - set(measured))
@@ -128,6 +136,44 @@ def order_verdict(
     if wrong:
         return Verdict(DIFFERS, metric, f"{evidence}; not in the paper's order: {'; '.join(wrong)}", True)
     return Verdict(MATCHES, metric, evidence, True)
+
+
+def range_verdict(metric: str, measured: Interval, paper: tuple[float, float]) -> Verdict:
+    """A measured interval against a range the paper gives (no tolerance: the range is its own
+    allowance): matches where the measured interval lies inside the paper's range, so a
+    measurement that cannot tell values in the range from values outside it differs."""
+    low, high = paper
+    evidence = f"kvbench {measured}, paper {low:g}-{high:g}"
+    if math.isinf(measured.high) and measured.low <= high:  # as in `value_verdict`: cannot confirm
+        return Verdict(NOT_MEASURED, metric, f"{evidence}; no upper end (no rate swept failed)")
+    inside = low <= measured.low and measured.high <= high
+    return Verdict(MATCHES if inside else DIFFERS, metric, evidence)
+
+
+def missing(metric: str, what: str) -> Verdict:
+    """A verdict with nothing measured to hold against the paper: it cannot match."""
+    return Verdict(DIFFERS, metric, f"no measurement: {what}")
+
+
+def figure_verdict(verdicts: Sequence[Verdict]) -> str:
+    """A figure's one line: its overall outcome, then every part with its evidence."""
+    return f"{overall(verdicts)}: " + "; ".join(str(v) for v in verdicts)
+
+
+def assumed_terms(cost_model: str | None, real: bool) -> frozenset[str]:
+    """The cost terms a setting's numbers rest on without data behind them.
+
+    A calibrated cost file lists them under "assumed" (none when the key is missing). The
+    roofline (no file, simulated) prices a swap with a link bandwidth and latency written down,
+    not measured; a real run measures its own step times.
+    """
+    if real:
+        return frozenset()
+    if cost_model is None:
+        return frozenset({"per_swap_block_s"})
+    from kvbench.results.files import read_json
+
+    return frozenset(read_json(Path(cost_model)).get("assumed") or ())
 
 
 def overall(verdicts: Sequence[Verdict]) -> str:

@@ -1,0 +1,208 @@
+"""Figure verdicts of `kvbench reproduce` on hand-made figure rows: each figure's rule says no
+where the paper's number lies outside kvbench's interval, or where engines tie across a gap."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from kvbench.paper import FIG12_SUSTAINED, FIG13_BATCHED, FIG16_RATIO
+from kvbench.reproduce.engines import fig2_verdict, fig13_verdict
+from kvbench.reproduce.rows import FigureResult, Options, Row, Setting, merge_seeds, read_figure, write_figure
+from kvbench.reproduce.sharing import fig16_verdict
+from kvbench.reproduce.sweeps import BOUND, fig12_verdict, fig18b_verdict, fig19_verdict
+
+SIMULATED = Options(True, Setting())
+
+
+def _batched(trace: str, values: dict[str, float]) -> list[Row]:
+    return [
+        Row("fig13", e, trace, "mean_batched_requests", v, FIG13_BATCHED[trace][e]) for e, v in values.items()
+    ]
+
+
+def _paper_values(trace: str, scale: float = 1.0) -> dict[str, float]:
+    return {e: v * scale for e, v in FIG13_BATCHED[trace].items()}
+
+
+def test_fig13_alpaca_paged_level_with_oracle_differs():
+    """The audit's case: paged/Oracle 1.00x on Alpaca against the paper's 1.82x."""
+    rows = _batched("sharegpt-paper", _paper_values("sharegpt-paper")) + _batched(
+        "alpaca-paper", {"orca-max": 7.0, "orca-pow2": 29.8, "orca-oracle": 29.8, "paged": 29.8}
+    )
+    verdict = fig13_verdict(rows, SIMULATED)
+    assert verdict.startswith("differs: ")
+    parts = verdict.split("; ")
+    (ratio,) = [
+        p for p in parts if p.startswith("differs: alpaca-paper mean batched requests, busy-weighted, paged/")
+    ]
+    assert "kvbench 1 " in ratio and "paper 1.82" in ratio
+    (order,) = [p for p in parts if p.startswith("differs (order only): alpaca-paper")]
+    assert "(tied)" in verdict
+    # ShareGPT at the paper's own values: no part of it differs
+    assert "differs: sharegpt" not in verdict and "differs (order only): sharegpt" not in verdict
+    assert order and "matches (order only): sharegpt-paper" in verdict
+
+
+def test_fig13_matches_only_inside_the_widened_interval():
+    alpaca = _batched("alpaca-paper", _paper_values("alpaca-paper"))
+    inside = _batched("sharegpt-paper", _paper_values("sharegpt-paper", 1.1))  # 10 % off: within 15 %
+    assert fig13_verdict(inside + alpaca, SIMULATED).startswith("matches: ")
+    outside = _batched("sharegpt-paper", {**_paper_values("sharegpt-paper"), "paged": 30.42 * 1.3})
+    verdict = fig13_verdict(outside + alpaca, SIMULATED)
+    assert (
+        verdict.startswith("differs: ") and "differs: sharegpt-paper paged mean batched requests" in verdict
+    )
+    # with seeds, the interval widens: the same mean inside a wide enough CI matches
+    wide = [
+        Row(r.figure, r.engine, r.workload, r.metric, r.kvbench, r.paper, r.kvbench * 0.8, r.kvbench * 1.2, 3)
+        for r in outside
+    ]
+    assert "differs: sharegpt-paper paged mean batched" not in fig13_verdict(wide + alpaca, SIMULATED)
+
+
+def test_fig2_names_its_metric_and_weighting_and_a_tie_differs():
+    levels = {"orca-max": 20.4, "orca-pow2": 26.8, "orca-oracle": 38.2, "paged": 96.3}
+    rows = [Row("fig2", e, "sharegpt-paper", "token_states_%", v, v) for e, v in levels.items()]
+    verdict = fig2_verdict(rows, SIMULATED)
+    assert verdict.startswith("matches: ") and "time-weighted while requests wait" in verdict
+    tied = [
+        Row("fig2", e, "sharegpt-paper", "token_states_%", 38.2 if e != "orca-max" else 20.4) for e in levels
+    ]
+    assert fig2_verdict(tied, SIMULATED).startswith("differs: ")
+
+
+def _sustained(trace: str, brackets: dict[str, tuple[float, float]], bound: float = 0.5) -> list[Row]:
+    rows = [Row("fig12", "all", trace, BOUND, bound)]
+    rows += [
+        Row("fig12", e, trace, "sustained_rate_req_s", lo, None, lo, hi) for e, (lo, hi) in brackets.items()
+    ]
+    paged = brackets["paged"]
+    for other in ("orca-oracle", "orca-max", "static"):
+        lo, hi = brackets[other]
+        paper = FIG12_SUSTAINED[trace]["paged"] / FIG12_SUSTAINED[trace][other]
+        rows.append(
+            Row(
+                "fig12",
+                f"paged/{other}",
+                trace,
+                "sustained_ratio",
+                paged[0] / lo,
+                paper,
+                paged[0] / hi,
+                paged[1] / lo,
+            )
+        )
+    return rows
+
+
+def _near_paper(trace: str, width: float = 0.05) -> dict[str, tuple[float, float]]:
+    return {e: (v, v * (1 + width)) for e, v in FIG12_SUSTAINED[trace].items()}
+
+
+def test_fig12_reads_sustained_brackets_and_their_ratios_against_the_paper():
+    rows = _sustained("sharegpt-paper", _near_paper("sharegpt-paper")) + _sustained(
+        "alpaca-paper", _near_paper("alpaca-paper")
+    )
+    verdict = fig12_verdict(rows, SIMULATED)
+    assert verdict.startswith("matches: "), verdict
+    assert "sustained rate, normalized latency <= 0.5 s/token" in verdict
+    # Alpaca's three best engines at the top of a coarse grid: tied, and the ratios cannot match
+    top = {
+        **_near_paper("alpaca-paper"),
+        "orca-pow2": (16.0, 32.0),
+        "orca-oracle": (16.0, 32.0),
+        "paged": (16.0, 32.0),
+    }
+    tied = _sustained("sharegpt-paper", _near_paper("sharegpt-paper")) + _sustained("alpaca-paper", top)
+    verdict = fig12_verdict(tied, SIMULATED)
+    assert verdict.startswith("differs: ") and "(tied)" in verdict
+    assert "differs: alpaca-paper paged/orca-max" not in verdict  # 16/3.85: its interval holds 7.3
+
+
+def test_fig12_a_ratio_outside_the_bracket_interval_differs():
+    brackets = {**_near_paper("sharegpt-paper"), "paged": (1.10, 1.15)}  # paged only level with oracle
+    rows = _sustained("sharegpt-paper", brackets) + _sustained("alpaca-paper", _near_paper("alpaca-paper"))
+    verdict = fig12_verdict(rows, SIMULATED)
+    assert "differs: sharegpt-paper paged/orca-oracle sustained rate" in verdict
+
+
+def test_fig16_without_a_sustained_rate_cannot_match():
+    rows = []
+    for prefix, paper in FIG16_RATIO.items():
+        label = f"translation {prefix}"
+        rows += [Row("fig16", "all", label, BOUND, 0.02),
+                 Row("fig16", "paged-prefix/orca-oracle", label, "sustained_ratio", None, paper),
+                 Row("fig16", "paged-prefix/orca-oracle", label, "capacity_ratio", 2.5)]  # fmt: skip
+    verdict = fig16_verdict(rows, SIMULATED)
+    assert verdict.startswith("differs: ") and "no measurement" in verdict and "capacity ratio 2.5" in verdict
+
+
+def test_fig18b_every_size_tied_differs():
+    def rows(latency):
+        traces = ("sharegpt-paper", "alpaca-paper")
+        return [
+            Row("fig18b", "paged", t, f"normalized_latency_s@bs{bs}", v)
+            for t in traces
+            for bs, v in latency.items()
+        ]
+
+    flat = {bs: 0.1 for bs in (1, 4, 16, 32, 64, 128, 256)}
+    assert fig18b_verdict(rows(flat), SIMULATED).startswith("differs: ")
+    shaped = {**{bs: 0.2 for bs in flat}, 16: 0.1, 32: 0.104}
+    verdict = fig18b_verdict(rows(shaped), SIMULATED)
+    assert verdict.startswith("matches: ") and "16 (+0.0%), 32 (+4.0%)" in verdict
+
+
+def test_fig19_swap_on_an_assumed_term_is_not_measured(tmp_path):
+    rows = [
+        Row("fig19", f"paged-{how}", "sharegpt-paper", f"overhead_ms_per_preemption@bs{bs}", ms)
+        for how, by in (
+            ("swap", {1: 137.0, 16: 40.0, 256: 33.0}),
+            ("recompute", {1: 37.0, 16: 38.0, 256: 36.0}),
+        )
+        for bs, ms in by.items()
+    ]
+    roofline = fig19_verdict(rows, SIMULATED)  # the roofline's swap link is written down, not measured
+    assert roofline.startswith("not measured: ") and "assumed cost term per_swap_block_s" in roofline
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"model": "opt-13b", "fixed_s": 0.01, "per_token_s": 1e-4}))  # no "assumed"
+    fitted = Options(True, Setting(cost_model=str(cost)))
+    assert fig19_verdict(rows, fitted).startswith("matches: ")
+    cost.write_text(json.dumps({"model": "opt-13b", "fixed_s": 0.01, "assumed": ["per_swap_block_s"]}))
+    assert fig19_verdict(rows, fitted).startswith("not measured: ")
+    real = Options(True, Setting(real=True))
+    assert fig19_verdict(rows[:3], real).startswith("differs: ")  # recompute never measured
+
+
+def test_rows_over_seeds_are_means_with_intervals_and_files_keep_them(tmp_path):
+    seeds = [
+        [Row("fig13", "paged", "alpaca-paper", "mean_batched_requests", v, 132.44),
+         Row("fig12", "paged", "alpaca-paper", "sustained_rate_req_s", r, None, r, r * 1.1)]
+        for v, r in ((10.0, 20.0), (12.0, 22.0), (14.0, 24.0))
+    ]  # fmt: skip
+    batched, rate = merge_seeds(seeds)
+    assert (batched.kvbench, batched.n) == (12.0, 3)
+    assert math.isclose(batched.high - batched.kvbench, 4.303 * 2 / 3**0.5, rel_tol=1e-3)
+    assert rate.kvbench == 22.0 and rate.high >= 22.0 * 1.1  # at least the seeds' mean bracket
+    result = FigureResult("fig13", "t", (batched, rate), "matches: x")
+    write_figure(result, tmp_path / "fig13")
+    assert read_figure(tmp_path / "fig13").rows == (batched, rate)
+    # a figure.json written before the intervals: its rows read as single-seed points
+    data = json.loads((tmp_path / "fig13" / "figure.json").read_text())
+    for row in data["rows"]:
+        for key in ("low", "high", "n"):
+            del row[key]
+    (tmp_path / "fig13" / "figure.json").write_text(json.dumps(data))
+    old = read_figure(tmp_path / "fig13").rows[0]
+    assert (old.low, old.high, old.n) == (None, None, 1) and old.interval.low == old.kvbench == 12.0
+
+
+def test_a_real_opt_13b_setting_holds_the_papers_15728_slots():
+    from kvbench.budget import budget_from_gib
+    from kvbench.config import resolve_model
+    from kvbench.reproduce.run import setting_for
+
+    setting = setting_for(True, None, quick=False, model="opt-13b")
+    assert setting.real and setting.model == "opt-13b" and setting.rate_scale == 3.0
+    assert budget_from_gib(setting.kv_cache_gib, resolve_model(setting.model)).num_slots == 15728
