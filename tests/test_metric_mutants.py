@@ -145,6 +145,7 @@ def test_token_ids_a_model_cannot_embed_are_refused_naming_the_request():
         check_vocabulary(unnamed, 10, "tiny")
     check_vocabulary(Trace("t", trace.requests[:2]), 10, "tiny")  # 9 is the last id of a vocabulary of 10
     check_vocabulary(Trace("t", (Request(0, 0.0, 2, 2),)), 10, "tiny")  # no ids at all
+    check_vocabulary(Trace("t", ()), 10, "tiny")  # no requests: nothing to refuse
 
 
 def test_a_trace_back_in_columns_builds_the_same_trace():
