@@ -318,3 +318,16 @@ def test_a_segment_granting_fractions_of_a_slot_integrates_what_it_granted():
     growth = Growth(asked=np.array([0, 4, 4]), target=np.array([0, 2, 2]), granted=np.array([0.0, 4.5, 4.5]))
     got = segment_integral(end, np.array([1.0, 2.0, 4.0]), 2, growth)
     assert (got.granted, got.asked) == (7 * 1 + 11.5 * 2 + 16 * 4, 8 * 1 + 12 * 2 + 16 * 4)
+
+
+def test_each_sequences_longest_gap_inside_and_into_its_segments():
+    """a: prefilled at 1, then a segment of two steps at 1.5 and 4.5 (gap 0.5 into it, 3 inside
+    it): longest 3. b: all three tokens in one segment (gaps 1, 2): longest 2. c never ran: NaN,
+    listed last so that its missing segments cannot borrow a neighbour's."""
+    a, b, c = (Sequence(Request(i, 0.0, 4, n)) for i, n in ((0, 3), (1, 3), (2, 2)))
+    a.advance(1, 1.0, 0.0, ends=np.array([1.0]))
+    a.advance(2, 4.5, 1.0, ends=np.array([1.5, 4.5]))
+    b.advance(3, 4.0, 0.0, ends=np.array([1.0, 2.0, 4.0]))
+    table = ItlTable.of([a, b, c])
+    assert table.maxima[:2].tolist() == [3.0, 2.0] and math.isnan(table.maxima[2])
+    assert sorted(table.expanded().tolist()) == [0.5, 1.0, 2.0, 3.0]
