@@ -56,4 +56,5 @@ mutation: $(VENV)/.dev
 		--tests tests/test_engine_paged_mutants.py tests/test_rules.py
 	nice $(PY) tools/mutation.py --scope metrics --paths kvbench/metrics/occupancy.py kvbench/metrics/summary.py \
 		kvbench/metrics/latency.py workloads/columns.py --tests tests/test_definitions.py \
-		tests/test_trace_validation.py tests/test_rules.py
+		tests/test_trace_validation.py tests/test_rules.py tests/test_metrics.py tests/test_tracefile.py \
+		tests/test_metric_mutants.py
