@@ -4,12 +4,16 @@ Each preset is the public config.json of its model written in (the source named 
 what is derived from it (KV bytes per token and per layer group, parameter counts) is computed
 by `ModelSpec` (kvbench/kvspec/model.py) and pinned by tests against the model cards. OPT and
 Llama presets are decoded by kvbench's own model code; the 2024-2025 families (sliding windows,
-MLA, mixtures of experts) are sized and simulated only (`ModelSpec.decoded`).
+MLA, mixtures of experts) are sized and simulated only (`ModelSpec.decoded`). `--model` also takes
+a folder holding a Hugging Face config.json (`kvbench.kvspec.hf`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kvbench.errors import KvbenchError
+from kvbench.kvspec.hf import read_model_config
 from kvbench.kvspec.model import MlaShape, ModelSpec, MoeShape
 
 __all__ = ["MODELS", "ModelSpec", "get_model"]
@@ -50,7 +54,7 @@ MODELS: dict[str, ModelSpec] = {
         ),
         ModelSpec(
             "qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 151936, 40960, norm_eps=1e-6,
-            rope_theta=1e6, head_size=128,
+            rope_theta=1e6,  # head_dim 128 = 4,096 / 32
         ),
         # mistralai/Mistral-7B-v0.1 config.json: every layer sees the last 4,096 tokens
         ModelSpec(
@@ -88,7 +92,13 @@ MODELS: dict[str, ModelSpec] = {
 
 
 def get_model(name: str) -> ModelSpec:
+    """A preset by name, or the architecture of a folder holding a Hugging Face config.json
+    (sized from its keys alone: no weights, no network, no remote code)."""
+    if Path(name).is_dir():
+        return read_model_config(Path(name))
     try:
         return MODELS[name]
     except KeyError:
-        raise KvbenchError(f"unknown --model {name!r}; choose one of: {', '.join(MODELS)}") from None
+        raise KvbenchError(
+            f"unknown --model {name!r}; choose one of: {', '.join(MODELS)}, or a folder with a config.json"
+        ) from None

@@ -12,41 +12,34 @@ check needs no model code.
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
+from kvbench.kvspec.config_json import ConfigKeys as _Keys
+from kvbench.kvspec.config_json import json_kind as _json_kind
+from kvbench.kvspec.config_json import read_config_json
+from kvbench.kvspec.hf import FAMILIES as SIZED_FAMILIES
+from kvbench.kvspec.hf import spec_from_config
 from kvbench.models import ModelSpec
 
 HF_MODEL_TYPES = {"opt": "opt", "llama": "llama", "mistral": "llama"}
-_REQUIRED = object()  # a key without a default
 
 
 def read_checkpoint_spec(path: Path) -> ModelSpec:
     """The architecture of the checkpoint folder `path`, from its config.json."""
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise KvbenchError(f"--model {path}: no config.json in the checkpoint folder")
-    try:
-        config = json.loads(config_file.read_bytes().decode("utf-8-sig"))
-    except OSError as error:
-        raise KvbenchError(f"--model {path}: cannot read config.json ({error.strerror})") from None
-    except UnicodeDecodeError as error:
-        raise KvbenchError(f"--model {path}: config.json is not UTF-8 text ({error.reason})") from None
-    except json.JSONDecodeError as error:
-        raise KvbenchError(f"--model {path}: config.json is not valid JSON (line {error.lineno})") from None
-    except RecursionError:
-        raise KvbenchError(f"--model {path}: config.json nests too deeply to read") from None
+    config = read_config_json(path)
     return spec_from_hf_config(config, str(path))
 
 
 def spec_from_hf_config(config: object, name: str) -> ModelSpec:
-    """A `ModelSpec` from a parsed `config.json` (OPT, Llama, Mistral) of the folder `name`."""
+    """A `ModelSpec` from a parsed `config.json` (OPT, Llama, Mistral) of the folder `name`; the other
+    families kvbench sizes (Qwen, Gemma, DeepSeek) come from the sizing reader, `kvbench.kvspec.hf`."""
     where = f"--model {name}: config.json"
     if not isinstance(config, dict):
         raise KvbenchError(f"{where}: expected a JSON object, got a JSON {_json_kind(config)}")
     model_type = config.get("model_type")
+    if isinstance(model_type, str) and model_type in SIZED_FAMILIES and model_type not in HF_MODEL_TYPES:
+        return spec_from_config(config, name)  # sized and simulated; building its model is refused
     if not isinstance(model_type, str) or model_type not in HF_MODEL_TYPES:
         supported = ", ".join(HF_MODEL_TYPES)
         raise KvbenchError(
@@ -99,56 +92,3 @@ def spec_from_hf_config(config: object, name: str) -> ModelSpec:
         name, "llama", layers, hidden, heads, kv_heads, key.count("intermediate_size"), vocab,
         min(max_len, window), norm_eps=key.number("rms_norm_eps", 1e-6), rope_theta=theta,
     )  # fmt: skip
-
-
-class _Keys:
-    """Typed reads of one config object's keys; each failure is one line naming the file and key.
-
-    A JSON null reads as an absent key (Hugging Face writes null for "the default").
-    """
-
-    def __init__(self, config: dict, where: str) -> None:
-        self.config, self.where = config, where
-
-    def _get(self, key: str, default: object) -> object:
-        value = self.config.get(key)
-        if value is not None:
-            return value
-        if default is _REQUIRED:
-            raise KvbenchError(f"{self.where} lacks {key!r}")
-        return default
-
-    def count(self, key: str, default: object = _REQUIRED) -> int:
-        """A size: an integer >= 1 (2.0 or "2" is refused, not read as 2: a config is not a guess)."""
-        value = self._get(key, default)
-        if type(value) is not int or value < 1:
-            raise KvbenchError(f"{self.where}: {key} must be an integer >= 1, got {value!r}")
-        return value
-
-    def number(self, key: str, default: float) -> float:
-        """A finite real > 0 (an epsilon, a rotary base)."""
-        value = self._get(key, default)
-        if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
-            raise KvbenchError(f"{self.where}: {key} must be a number > 0, got {value!r}")
-        return float(value)
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self._get(key, default)
-        if type(value) is not bool:
-            raise KvbenchError(f"{self.where}: {key} must be true or false, got {value!r}")
-        return value
-
-    def choice(self, key: str, supported: str) -> None:
-        """Refuse a value kvbench's model does not compute."""
-        value = self._get(key, supported)
-        if value != supported:
-            raise KvbenchError(f"{self.where}: {key} {value!r} is not supported (only {supported!r})")
-
-    def unsupported(self, key: str, what: str) -> None:
-        raise KvbenchError(f"{self.where}: {key} {self.config[key]!r}: {what} is not supported")
-
-
-def _json_kind(value: object) -> str:
-    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(
-        type(value), "null"
-    )

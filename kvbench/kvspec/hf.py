@@ -1,0 +1,166 @@
+"""A local Hugging Face `config.json` sized without its weights: keys mapped to a `ModelSpec`.
+
+`--model path/to/folder` needs nothing but the folder's config.json: no weights, no network, and
+never `trust_remote_code` (the file is read as JSON, nothing in it runs). Every key the sizes
+depend on is read typed (`ConfigKeys`); a missing or unsupported one is one line naming the
+folder, config.json and the key, since a guessed default would size the cache silently wrong.
+Keys that change only the arithmetic of a layer (activations, soft-capping, rope scaling) do not
+change what is stored per token and are not read here; kvbench's own decoding reads its
+checkpoints through `kvbench.modeling.hf_config`, which refuses them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvbench.errors import KvbenchError
+from kvbench.kvspec.config_json import ConfigKeys, json_kind, read_config_json
+from kvbench.kvspec.model import Family, MlaShape, ModelSpec, MoeShape
+
+FAMILIES: dict[str, Family] = {
+    "opt": "opt", "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+    "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "deepseek_v2": "deepseek",
+    "deepseek_v3": "deepseek",
+}  # fmt: skip
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+LAYER_TYPES = {"full_attention": False, "sliding_attention": True}  # is the layer windowed
+TIED = ("gemma2", "gemma3")  # transformers' defaults for tie_word_embeddings
+# keys the published Gemma 3 checkpoints leave to transformers' Gemma3TextConfig defaults (the
+# 4B-27B text_config gives only the sizes that differ): the defaults, as that class sets them
+GEMMA3_DEFAULTS = {
+    "vocab_size": 262208, "head_dim": 256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+    "sliding_window_pattern": 6,
+}  # fmt: skip
+
+
+def read_model_config(path: Path) -> ModelSpec:
+    """The architecture of the folder `path`, from its config.json alone."""
+    return spec_from_config(read_config_json(path), str(path))
+
+
+def spec_from_config(config: object, name: str) -> ModelSpec:
+    """A `ModelSpec` from a parsed config.json of the folder `name` (any family in `FAMILIES`)."""
+    where = f"--model {name}: config.json"
+    if not isinstance(config, dict):
+        raise KvbenchError(f"{where}: expected a JSON object, got a JSON {json_kind(config)}")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
+        raise KvbenchError(
+            f"{where}: unsupported architecture {model_type!r} (model_type; one of: {', '.join(FAMILIES)})"
+        )
+    family = FAMILIES[model_type]
+    dtype = config.get("torch_dtype") or config.get("dtype") or "float16"
+    if model_type == "gemma3":  # the multimodal checkpoint: its language model is text_config
+        text = config.get("text_config")
+        if not isinstance(text, dict):
+            raise KvbenchError(f"{where}: text_config must be an object, got a JSON {json_kind(text)}")
+        config, where = text, f"{where}: text_config"
+        dtype = config.get("torch_dtype") or config.get("dtype") or dtype
+    if family == "gemma3":
+        config = {**GEMMA3_DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
+    key = ConfigKeys(config, where)
+    layers, hidden = key.count("num_hidden_layers"), key.count("hidden_size")
+    heads, vocab = key.count("num_attention_heads"), key.count("vocab_size")
+    max_len = key.count("max_position_embeddings")
+    if dtype not in DTYPE_BYTES:
+        raise KvbenchError(
+            f"{where}: torch_dtype {dtype!r} is not supported (one of: {', '.join(DTYPE_BYTES)})"
+        )
+    if not key.given("head_dim") and hidden % heads:
+        raise KvbenchError(f"{where}: hidden_size {hidden} does not divide by num_attention_heads {heads}")
+    if family == "opt":
+        if key.count("word_embed_proj_dim", hidden) != hidden:
+            key.unsupported("word_embed_proj_dim", "a projected embedding (opt-350m)")
+        ffn = key.count("ffn_dim")
+        return ModelSpec(name, "opt", layers, hidden, heads, heads, ffn, vocab, max_len, DTYPE_BYTES[dtype])
+    kv_heads = key.count("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise KvbenchError(
+            f"{where}: num_attention_heads {heads} does not divide by num_key_value_heads {kv_heads}"
+        )
+    head_dim = key.count("head_dim", hidden // heads)
+    window, window_layers = _windows(key, family, layers)
+    theta, local_theta = _rope_bases(key, family)
+    return ModelSpec(
+        name, family, layers, hidden, heads, kv_heads, key.count("intermediate_size"), vocab, max_len,
+        DTYPE_BYTES[dtype], norm_eps=key.number("rms_norm_eps", 1e-6), rope_theta=theta,
+        head_size=0 if head_dim * heads == hidden else head_dim, window=window, window_layers=window_layers,
+        local_rope_theta=local_theta, tied_embeddings=key.flag("tie_word_embeddings", family in TIED),
+        mla=_mla(key) if family == "deepseek" else None, moe=_moe(key) if family == "deepseek" else None,
+    )  # fmt: skip
+
+
+def _windows(key: ConfigKeys, family: Family, layers: int) -> tuple[int, tuple[int, ...]]:
+    """The window and the indices of the sliding-window layers: `layer_types` where given, else
+    each family's rule (as transformers applies it)."""
+    if family in ("llama", "deepseek"):
+        return 0, ()
+    if family in ("qwen2", "qwen3") and not key.flag("use_sliding_window", False):
+        return 0, ()
+    if family == "mistral" and not key.given("sliding_window"):
+        return 0, ()  # Mistral v0.2 and later: full attention
+    window = key.count("sliding_window")
+    types = key.config.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
+            raise KvbenchError(
+                f"{key.where}: layer_types must list {layers} of {', '.join(LAYER_TYPES)} (one per layer), "
+                f"got {types!r:.120}"
+            )
+        return window, tuple(i for i, kind in enumerate(types) if LAYER_TYPES[kind])
+    if family == "mistral":
+        return window, tuple(range(layers))
+    if family in ("qwen2", "qwen3"):  # the layers from max_window_layers on
+        first = key.count("max_window_layers", layers) if key.given("max_window_layers") else layers
+        return window, tuple(range(min(first, layers), layers))
+    if family == "gemma2":  # local, global, local, ...
+        return window, tuple(range(0, layers, 2))
+    pattern_key = (
+        "sliding_window_pattern" if key.given("sliding_window_pattern") else "_sliding_window_pattern"
+    )
+    period = key.count(pattern_key, 6)  # gemma3: (period - 1) local layers, then a global one
+    return window, tuple(i for i in range(layers) if (i + 1) % period)
+
+
+def _rope_bases(key: ConfigKeys, family: Family) -> tuple[float, float | None]:
+    """The rotary base (Gemma 3: its global layers') and Gemma 3's local one: top-level keys, or
+    `rope_parameters` where newer configs keep them (per layer type for Gemma 3); where neither
+    gives one, transformers' default for the family."""
+    nested = key.config.get("rope_parameters") or {}
+    if not isinstance(nested, dict):
+        raise KvbenchError(f"{key.where}: rope_parameters must be an object, got {nested!r:.80}")
+    base = 1_000_000.0 if family == "gemma3" else 10_000.0
+    if key.given("rope_theta") or not nested:
+        local = key.number("rope_local_base_freq", 10_000.0) if family == "gemma3" else None
+        return key.number("rope_theta", base), local
+    full, sliding = nested.get("full_attention", nested), nested.get("sliding_attention", {})
+    if not isinstance(full, dict) or not isinstance(sliding, dict):
+        raise KvbenchError(f"{key.where}: rope_parameters must hold objects, got {nested!r:.80}")
+    theta = ConfigKeys(full, f"{key.where}: rope_parameters").number("rope_theta", base)
+    if family != "gemma3":
+        return theta, None
+    where = f"{key.where}: rope_parameters.sliding_attention"
+    return theta, ConfigKeys(sliding, where).number("rope_theta", 10_000.0)
+
+
+def _mla(key: ConfigKeys) -> MlaShape:
+    return MlaShape(
+        kv_lora_rank=key.count("kv_lora_rank"),
+        qk_rope_head_dim=key.count("qk_rope_head_dim"),
+        qk_nope_head_dim=key.count("qk_nope_head_dim"),
+        v_head_dim=key.count("v_head_dim"),
+        q_lora_rank=key.count("q_lora_rank") if key.given("q_lora_rank") else 0,
+    )
+
+
+def _moe(key: ConfigKeys) -> MoeShape | None:
+    if not key.given("n_routed_experts"):
+        return None
+    if key.count("moe_layer_freq", 1) != 1:
+        key.unsupported("moe_layer_freq", "MoE on every n-th layer only")
+    return MoeShape(
+        experts=key.count("n_routed_experts"),
+        shared_experts=key.count("n_shared_experts") if key.given("n_shared_experts") else 0,
+        expert_ffn=key.count("moe_intermediate_size"),
+        dense_layers=key.count("first_k_dense_replace") if key.given("first_k_dense_replace") else 0,
+    )
