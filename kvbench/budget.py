@@ -1,7 +1,8 @@
 """The KV byte budget, and the GPUs it can be derived from.
 
 Every engine of a run gets the same budget, turned into one arena of
-`num_slots = budget_bytes // kv_bytes_per_token` token slots.
+`num_slots = budget_bytes // kv_bytes_per_token` token slots. For models with sliding-window
+layers, `budget_by_layer_kind` also splits it into the per-group pools a hybrid allocator keeps.
 
 `--emulate-gpu NAME` derives the budget the way a serving system sizes its cache::
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
+from kvbench.kvspec.layers import KVGroup
 from kvbench.models import ModelSpec
 from kvbench.paper import TABLE1_KV_GIB
 
@@ -171,3 +173,51 @@ def budget_emulating(
         )
         budget = published * GIB
     return _budget(budget, model, source, f"--emulate-gpu {gpu.name}")
+
+
+@dataclass(frozen=True)
+class GroupPool:
+    """One KV group's share of a budget: `num_slots` tokens of every layer in the group."""
+
+    group: KVGroup
+    budget_bytes: int
+    num_slots: int
+
+
+@dataclass(frozen=True)
+class LayerKindBudget:
+    """One budget two ways, for sequences of `seq_len` tokens: the one arena every engine has today
+    (a slot holds a token in every layer, window layers treated as full), and per-group pools as a
+    hybrid allocator keeps them (vLLM's hybrid KV cache manager, Jenga), where a sliding-window
+    group needs only min(seq_len, window) tokens of a sequence."""
+
+    budget_bytes: int
+    seq_len: int
+    one_pool_slots: int
+    pools: tuple[GroupPool, ...]
+
+    @property
+    def one_pool_sequences(self) -> int:
+        """Sequences of `seq_len` tokens the one arena holds at once."""
+        return self.one_pool_slots // self.seq_len
+
+    @property
+    def pooled_sequences(self) -> int:
+        """Sequences of `seq_len` tokens the per-group pools hold at once (the scarcest pool's)."""
+        return min(pool.num_slots // pool.group.layer.tokens_held(self.seq_len) for pool in self.pools)
+
+
+def budget_by_layer_kind(budget: KVBudget, model: ModelSpec, seq_len: int) -> LayerKindBudget:
+    """`budget` as a one-pool arena and as per-group pools sized for sequences of `seq_len` tokens:
+    each group's share is what such a sequence needs of it (its bytes per token x the tokens it
+    holds), so every pool fills at the same number of sequences. For a model without window
+    layers both are the same arena; for Gemma 3 at 8,192 tokens the pools hold 3.5x the sequences.
+    """
+    if type(seq_len) is not int or seq_len < 1:
+        raise KvbenchError(f"the sequence length to size pools for must be an integer >= 1, got {seq_len!r}")
+    total = model.kv_bytes_held(seq_len)
+    pools = []
+    for group in model.groups:
+        share = budget.budget_bytes * group.bytes_held(seq_len) // total
+        pools.append(GroupPool(group, share, share // group.bytes_per_token))
+    return LayerKindBudget(budget.budget_bytes, seq_len, budget.num_slots, tuple(pools))
