@@ -56,6 +56,7 @@ class EngineOptions:
     hash_block_size: int | None = None  # prefix caching: tokens per `block_hashes` entry (the trace's)
     page_tokens: int | Fraction = 0  # vmm: slots one physical page holds, maybe a fraction (0: block_size)
     num_pages: int | None = None  # vmm: whole pages the byte budget holds (None: num_slots // page_tokens)
+    driver_pages: int = 1  # vmm: driver pages one page maps (2 x layers under the per-layer layout)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
@@ -81,7 +82,10 @@ def _vmm(options: EngineOptions) -> KVAllocator:
     page = options.page_tokens or options.block_size
     pages = int(options.num_slots / Fraction(page)) if options.num_pages is None else options.num_pages
     ranges = options.scheduler.max_num_seqs or DEFAULT_MAX_NUM_SEQS  # one per running sequence
-    return VirtualAllocator(options.num_slots, page, pages, options.max_len, ranges, options.watermark)
+    return VirtualAllocator(
+        options.num_slots, page, pages, options.max_len, ranges, options.watermark,
+        driver_pages=options.driver_pages,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

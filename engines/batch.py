@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from engines.allocator import SlotCopy
 from kvbench.sequence import Sequence
@@ -33,3 +36,9 @@ class Batch:
     slot_copies: tuple[SlotCopy, ...] = ()  # contiguous forks: K/V ranges to copy before the step
     copied_slots: int = 0  # slots the block and slot copies move
     has_groups: bool = False  # some sequence belongs to a group: branch it after the step
+    # vmm: driver pages mapped and unmapped for this batch (admissions, step 0's growth,
+    # reclaimed and freed pages since the last batch), and, for a decode segment, the pages
+    # each of its k steps maps as it grows (`VirtualAllocator.map_plan`: `[k]`)
+    mapped_pages: int = 0
+    unmapped_pages: int = 0
+    map_plan: Callable[[int], np.ndarray] | None = None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from bisect import insort
 from collections import deque
+from functools import partial
 
 from engines.allocator import KVAllocator, SlotCopy
 from engines.batch import DEFAULT_MAX_NUM_SEQS, Batch, SchedulerConfig
@@ -52,6 +53,7 @@ class Scheduler(Preemption):
         self._swaps: list[tuple[bool, int, int]] = []  # copies the next batch must do first
         self._copies: list[SlotCopy] = []  # forks' K/V copies the next batch must do first
         self._block_slots = getattr(allocator, "block_size", 0)  # slots a block copy moves
+        self._maps = (0, 0)  # the allocator's driver calls when the last batch was made
         self._unsettled = False  # this step preempted or ended a swap-out period
 
     def add(self, seq: Sequence) -> None:
@@ -185,9 +187,14 @@ class Scheduler(Preemption):
         self._copies.clear()
         copied = len(copies) * self._block_slots + sum([n for _, _, n in slot_copies])
         groups = any(seq.group is not None for seq in seqs)
+        maps = getattr(self.allocator, "driver_calls", (0, 0))  # vmm: (pages mapped, unmapped) so far
+        mapped, unmapped = maps[0] - self._maps[0], maps[1] - self._maps[1]
+        self._maps = maps
+        plan = getattr(self.allocator, "map_plan", None)
         return Batch(
-            seqs, is_prefill, num_tokens, num_context, steps, copies, swaps, slot_copies, copied, groups
-        )
+            seqs, is_prefill, num_tokens, num_context, steps, copies, swaps, slot_copies, copied, groups,
+            mapped, unmapped, None if plan is None or is_prefill else partial(plan, seqs),
+        )  # fmt: skip
 
     def _run(self, seq: Sequence) -> None:
         """Add to `running` in arrival order, so "preempt the newest" means the latest arrival.

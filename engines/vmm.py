@@ -67,7 +67,7 @@ class VirtualAllocator:
 
     def __init__(
         self, num_slots: int, page_tokens: int | Fraction, num_pages: int, max_len: int, max_requests: int,
-        watermark: float = 0.01, deferred: bool = True,
+        watermark: float = 0.01, deferred: bool = True, driver_pages: int = 1,
     ) -> None:  # fmt: skip
         page_tokens = Fraction(page_tokens)
         assert page_tokens > 0 and 0 <= num_pages * page_tokens <= num_slots, "pages exceed the budget"
@@ -82,6 +82,8 @@ class VirtualAllocator:
         self.watermark_pages = int(watermark * num_pages)
         self.deferred = deferred
         self.maps = self.unmaps = self.reused = 0
+        self.driver_pages = driver_pages  # driver pages per page: 2 x layers under the per-layer layout
+        self._grown_maps = 0  # of `maps`, those `grow` made (a segment's later steps: `map_plan` prices them)
         self._unmapped: deque[int] = deque(range(num_pages))
         self._mapped: list[list[int]] = [[] for _ in range(max_requests)]  # physical pages per range
         self._free_ranges: set[int] = set(range(max_requests))  # held by no sequence and no group
@@ -96,6 +98,21 @@ class VirtualAllocator:
         self._pools: dict[SeqGroup, list[int]] = {}  # a group's ranges no member holds now
         self._resident: dict[SeqGroup, int] = {}  # members holding a range, per group
         self._grown: list[tuple[int, Sequence]] = []  # last grow's (step, sequence), in order
+
+    @property
+    def driver_calls(self) -> tuple[int, int]:
+        """Driver pages mapped and unmapped so far when batches were made (a segment's growth
+        left out: `map_plan` prices it step by step): what a batch's `mapped_pages` counts."""
+        return (self.maps - self._grown_maps) * self.driver_pages, self.unmaps * self.driver_pages
+
+    def map_plan(self, seqs: Seq[Sequence], num_steps: int) -> np.ndarray:
+        """Driver pages each of a decode segment's `num_steps` steps maps as its sequences grow
+        (`[num_steps]`; step 0's were mapped with the batch: 0), as `grow` will take them."""
+        computed = np.array([seq.num_computed for seq in seqs], dtype=np.int64)  # [B]
+        held = np.array([len(self._mapped[self._owner[seq]]) for seq in seqs], dtype=np.int64)  # [B]
+        steps = np.arange(1, num_steps + 1)[:, None]  # [K, 1] steps run
+        need = np.maximum(-(-(computed + steps) * self._den // self._num) - held, 0).sum(axis=1)  # [K]
+        return np.diff(need, prepend=0) * self.driver_pages
 
     @property
     def virtual_slots(self) -> int:
@@ -317,6 +334,7 @@ class VirtualAllocator:
             seq = seqs[index]
             self._mapped[self._owner[seq]].append(self._unmapped.popleft())
             self.maps += 1
+            self._grown_maps += 1
             self._held += 1
             added = self.capacity(n + 1) - self.capacity(n)
             self._asked += added
@@ -342,6 +360,7 @@ class VirtualAllocator:
             self._asked -= self.capacity(n + 1) - self.capacity(n)
             self._unmapped.appendleft(pages.pop())
             self.maps -= 1
+            self._grown_maps -= 1
             self._held -= 1
         self._grown = []
 

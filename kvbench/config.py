@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from engines import ARENAS, EngineOptions, get_engine
@@ -155,12 +155,16 @@ def prepare(
         from kvbench.calibrate.fit import load_cost_model
 
         base = load_cost_model(config.cost_model, model.name)
-    cost = CostModel(
+    cost = replace(  # a fitted file's other terms (knee, page maps, what it assumed) as it gives them
+        base,
         fixed_s=_or(config.cost_fixed_s, base.fixed_s, "--cost-fixed-s"),
         per_token_s=_or(config.cost_per_token_s, base.per_token_s, "--cost-per-token-s"),
         per_kv_token_s=_or(config.cost_per_kv_token_s, base.per_kv_token_s, "--cost-per-kv-token-s"),
-        per_swap_block_s=base.per_swap_block_s or roofline.per_swap_block_s,  # runs without swaps fit none
-        per_copy_slot_s=base.per_copy_slot_s or roofline.per_copy_slot_s,  # nor do runs without sharing
+        # runs without swaps fit none, nor do runs without sharing: the roofline's, at this block size
+        per_swap_block_s=_fitted(base, "per_swap_block_s") or roofline.per_swap_block_s,
+        per_copy_slot_s=_fitted(base, "per_copy_slot_s") or roofline.per_copy_slot_s,
+        per_map_page_s=_fitted(base, "per_map_page_s") or roofline.per_map_page_s,  # nor runs without vmm
+        per_unmap_page_s=_fitted(base, "per_unmap_page_s") or roofline.per_unmap_page_s,
         per_prefill_s=base.per_prefill_s,
         # an explicit --cost-per-token-s is every token's cost, prefill tokens' too
         per_prefill_token_s=None if config.cost_per_token_s is not None else base.per_prefill_token_s,
@@ -184,6 +188,7 @@ def prepare(
         hash_block_size=trace.hash_block_size,
         page_tokens=pages.page_tokens,
         num_pages=pages.num_pages,
+        driver_pages=pages.page_bytes // pages.driver_page_bytes,
         scheduler=SchedulerConfig(config.max_num_seqs, tokens, config.preemption),
     )
     if spec is not None:
@@ -203,6 +208,11 @@ def check_real_options(config: RunConfig) -> None:
         raise KvbenchError("--engine vmm maps its virtual arena on one GPU: use --tensor-parallel 1")
     if config.vmm_map not in VMM_MAPS:
         raise KvbenchError(f"--vmm-map must be one of {', '.join(VMM_MAPS)}, got {config.vmm_map!r}")
+
+
+def _fitted(cost: CostModel, name: str) -> float:
+    """A cost term as fitted, 0 where the fit assumed it (`CostModel.assumed`)."""
+    return 0.0 if name in cost.assumed else getattr(cost, name)
 
 
 def resolve_model(name: str) -> ModelSpec:

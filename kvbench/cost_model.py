@@ -20,6 +20,24 @@ and written once. The roofline terms divide by an efficiency (`bandwidth_efficie
 decode step of 30 sequences at 400 tokens of context models at 32.7 ms (20.7 ms of it
 weights). `kvbench calibrate` replaces these constants by ones fitted to real
 runs.
+
+A fitted model may bend its decode cost where the GPU does: past `knee_batch` rows a decode
+step costs `per_row_above_knee_s` more per row (a convex, roofline-shaped step: weight-bound
+below the knee, compute-bound above it; OPT-13B on the H200 measures 9.9 ms at batch 8, 11.8 at
+32, 14.9 at 64 and 21.4 at 128, 0.08 ms per row below 32 and 0.10 above). The roofline has
+no knee.
+
+The vAttention-style engine (`vmm`) maps and unmaps physical pages through the CUDA driver:
+`per_map_page_s` per driver page mapped (map + set access) and `per_unmap_page_s` per page
+unmapped, charged for the pages a batch's scheduling mapped (`Batch.mapped_pages`,
+`unmapped_pages`) and for those each later step of a decode segment maps as its sequences grow
+(`Batch.map_plan`), so a coalesced segment costs what its steps one by one would. The roofline
+takes the H200's measured driver costs on 2 MiB pages, a reused handle
+(results/reference/vmm-probe: 35.5 us map + set access, 22.3 us unmap, medians); a model built
+by hand charges none unless given them.
+
+`assumed` names the constants of a calibrated model that no run measured (no run swapped, so
+the swap cost is the roofline's): verdicts that rest on them say so.
 """
 
 from __future__ import annotations
@@ -36,6 +54,18 @@ from kvbench.runner import StepResult, step_ends
 
 SWAP_LATENCY_S = 10e-6  # per device<->host copy: launch and DMA setup
 HOST_LINK_BANDWIDTH = 25e9  # bytes/s, PCIe 4 x16 in practice
+# CUDA driver, per 2 MiB page, H200 (results/reference/vmm-probe, medians of 1,000 remaps)
+MAP_PAGE_S = 35.5e-6  # cuMemMap + cuMemSetAccess, handle reused
+UNMAP_PAGE_S = 22.3e-6  # cuMemUnmap
+DEFAULT_SOURCES = {  # where the roofline's constants come from, for a fit that could not measure one
+    "per_swap_block_s": f"roofline: {SWAP_LATENCY_S * 1e6:g} us + a block's bytes at "
+    f"{HOST_LINK_BANDWIDTH / 1e9:g} GB/s",
+    "per_copy_slot_s": "roofline: a slot's K/V read and written at 0.8 x HBM bandwidth",
+    "per_map_page_s": "H200 driver, results/reference/vmm-probe (map + set access, median)",
+    "per_unmap_page_s": "H200 driver, results/reference/vmm-probe (unmap, median)",
+    "per_prefill_s": "none: 0 (no prefill row to fit)",
+    "per_prefill_token_s": "none: decode rows' per-token cost (no prefill row to fit)",
+}
 
 
 @dataclass(frozen=True)
@@ -51,6 +81,17 @@ class CostModel:
     # pays its share of small GEMMs, sampling over the vocabulary and attention launches (on the
     # H200, OPT-1.3B: about 3 us per prefill token, 12 per decode row); None: `per_token_s`
     per_prefill_token_s: float | None = None
+    per_map_page_s: float = 0.0  # vmm: per driver page mapped (map + set access); roofline: MAP_PAGE_S
+    per_unmap_page_s: float = 0.0  # vmm: per driver page unmapped; roofline: UNMAP_PAGE_S
+    per_row_above_knee_s: float = 0.0  # decode: more per row beyond `knee_batch` rows (a convex step)
+    knee_batch: int | None = None  # None: decode cost linear in the batch
+    assumed: tuple[str, ...] = ()  # fields no run measured (a calibrated model's; see DEFAULT_SOURCES)
+
+    def above_knee(self, rows: int) -> float:
+        """The decode step's extra cost for `rows` rows past the knee (0 without one)."""
+        if self.knee_batch is None:
+            return 0.0
+        return self.per_row_above_knee_s * max(rows - self.knee_batch, 0)
 
     def per_token(self, prefill: bool) -> float:
         """The cost of one token fed in a prefill step (`prefill`) or one decode row."""
@@ -74,6 +115,8 @@ class CostModel:
             per_kv_token_s=model.kv_bytes_per_token / bandwidth,
             per_swap_block_s=SWAP_LATENCY_S + block_size * model.kv_bytes_per_token / HOST_LINK_BANDWIDTH,
             per_copy_slot_s=2 * model.kv_bytes_per_token / bandwidth,
+            per_map_page_s=MAP_PAGE_S,
+            per_unmap_page_s=UNMAP_PAGE_S,
         )
 
 
@@ -94,13 +137,17 @@ class CostModelRunner:
         first += c.per_swap_block_s * swaps
         first += c.per_copy_slot_s * batch.copied_slots
         first += c.per_prefill_s * batch.is_prefill
+        first += c.per_map_page_s * batch.mapped_pages + c.per_unmap_page_s * batch.unmapped_pages
+        n = len(batch.seqs)
+        first += 0.0 if batch.is_prefill else c.above_knee(n)
         if max_steps == 1:
             return StepResult(np.array([first]))
         # later steps are decodes: one token per sequence, context one longer each step
-        n = len(batch.seqs)
         growth = c.per_kv_token_s * n * np.arange(max_steps)  # (k,)
-        durations = c.fixed_s + c.per_token_s * n + c.per_kv_token_s * context + growth
-        durations[0] = first  # step 0 also pays the swaps and copies scheduled with it
+        durations = c.fixed_s + c.per_token_s * n + c.above_knee(n) + c.per_kv_token_s * context + growth
+        durations[0] = first  # step 0 also pays the swaps, copies and page maps scheduled with it
+        if batch.map_plan is not None and c.per_map_page_s:
+            durations += c.per_map_page_s * batch.map_plan(max_steps)  # pages later steps map as they grow
         if math.isfinite(until_s):
             ends = step_ends(start_s, durations)  # [k] absolute
             durations = durations[: int(np.searchsorted(ends, until_s)) + 1]

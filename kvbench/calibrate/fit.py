@@ -24,6 +24,19 @@ to both was a compromise (2.9 us on the H200's OPT-1.3B runs) between prompt tok
 GEMMs (2.8 us) and decode rows (11.5 us, sampling and small GEMMs included), so runs with
 larger decode batches than the fitting runs' (Alpaca's) were simulated too fast: rows of the
 held-out Alpaca runs erred by 14.6 % (median) with one token cost, 5.6 % with two.
+
+A decode step is not linear in its batch on a GPU: below some batch it is bound by reading the
+weights, above it by compute (OPT-13B on the H200: 0.08 ms per row up to 32 rows, 0.10 beyond).
+When the decode rows span enough batch sizes (two or more on each side of a candidate), the
+fit also tries a knee: `per_row_above_knee_s` more per row beyond `knee_batch` rows, at each
+observed batch size, and keeps the best only if it at least halves the linear fit's squared
+relative error; otherwise the linear model stands.
+
+Terms no row can measure are *assumed*: no run swapped (the swap cost), forked (copies inside
+the arena), mapped pages (the vmm driver costs; steps.csv columns `mapped_pages`,
+`unmapped_pages` where a run writes them) or prefilled. Their values are written as used (the
+roofline's or the H200's driver measurement) and named in `assumed`, with where each comes
+from in `assumed_from`, so no constant of a fitted file is a silent default.
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +58,12 @@ from kvbench.results.shape import STEP_TEXT, check_summary
 TERMS = ("num_steps", "num_tokens", "context_tokens", "swapped_blocks")  # steps.csv columns
 PREFILL = "prefill"  # steps.csv `kind` of a prefill row: the fifth term counts them, the sixth
 # its tokens (taken out of the second term, which then counts decode rows alone)
+MAPS = ("mapped_pages", "unmapped_pages")  # optional steps.csv columns: vmm driver pages per row
+# the CostModel field each count column prices, in column order (the knee's column last)
+FITTED = ("fixed_s", "per_token_s", "per_kv_token_s", "per_swap_block_s", "per_prefill_s",
+          "per_prefill_token_s", "per_map_page_s", "per_unmap_page_s")  # fmt: skip
+KNEE_GAIN = 0.5  # a knee is kept when it at least halves the linear fit's squared relative error
+KNEE_SIDES = 2  # batch sizes a knee needs on each side
 
 
 @dataclass(frozen=True)
@@ -55,15 +74,28 @@ class Calibration:
     rows: int
     median_relative_error: float  # of the fitted row durations, on the fitting rows
     p90_relative_error: float
+    assumed_from: dict = field(default_factory=dict)  # per assumed term: where its value comes from
 
     def to_dict(self) -> dict:
-        return {**asdict(self.cost), "model": self.model, "runs": list(self.runs), "rows": self.rows,
+        return {**asdict(self.cost), "assumed": list(self.cost.assumed), "assumed_from": self.assumed_from,
+                "model": self.model, "runs": list(self.runs), "rows": self.rows,
                 "median_relative_error": self.median_relative_error,
                 "p90_relative_error": self.p90_relative_error}  # fmt: skip
 
 
-def read_rows(run: Path, *, simulated_ok: bool = False) -> tuple[str, np.ndarray, np.ndarray]:
-    """(model, counts `[R, 6]`, durations `[R]`) of a real run folder's steps.csv.
+@dataclass(frozen=True)
+class Rows:
+    """A run's steps.csv as the fit reads it."""
+
+    model: str
+    counts: np.ndarray  # [R, 8] one column per `FITTED` term
+    durations: np.ndarray  # [R]
+    batch: np.ndarray  # [R] rows of each step (0 for prefill rows: no knee there)
+    config: dict  # the run's config.json (block size and GPU for assumed terms)
+
+
+def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
+    """The counts and durations of a real run folder's steps.csv.
 
     A simulated run is refused (unless `simulated_ok`, for tests that recover a known model):
     its step times come from a cost model, so a fit to them returns that model with 0 % error
@@ -88,64 +120,131 @@ def read_rows(run: Path, *, simulated_ok: bool = False) -> tuple[str, np.ndarray
     missing = [name for name in (*TERMS, "kind", "duration_s") if name not in table]
     if missing:
         raise KvbenchError(f"{steps}: no column {missing[0]!r} (written by an older kvbench?)")
-    names = (*TERMS, "duration_s")
-    data = table[list(names)].to_numpy(dtype=np.float64).reshape(-1, len(names))  # [R, 5]
-    bad = ~(np.isfinite(data) & (data >= 0))  # [R, 5]
+    optional = [name for name in (*MAPS, "batch_size") if name in table]
+    names = (*TERMS, *optional, "duration_s")
+    data = table[list(names)].to_numpy(dtype=np.float64).reshape(-1, len(names))  # [R, N]
+    bad = ~(np.isfinite(data) & (data >= 0))  # [R, N]
     if bad.any():
         row, col = np.argwhere(bad)[0]
         raise KvbenchError(
             f"{steps}: line {row + 2}, column {names[col]!r}: {data[row, col]} is not a finite number >= 0"
         )
+    column = dict(zip(names, data.T, strict=True))  # name -> [R]
+    zeros = np.zeros(len(data))
     prefill = (table["kind"].astype(str).to_numpy() == PREFILL).astype(np.float64)  # [R] 1 for a prefill row
-    counts = data[:, : len(TERMS)].copy()  # [R, 4]
-    tokens = counts[:, 1].copy()  # [R]
-    counts[:, 1] = tokens * (1 - prefill)  # decode rows' tokens
-    return model, np.column_stack([counts, prefill, tokens * prefill]), data[:, -1]
+    tokens = column["num_tokens"]
+    counts = np.column_stack([
+        column["num_steps"], tokens * (1 - prefill), column["context_tokens"], column["swapped_blocks"],
+        prefill, tokens * prefill, *(column.get(m, zeros) for m in MAPS),
+    ])  # fmt: skip
+    batch = column.get("batch_size", zeros) * (1 - prefill)
+    config = read_json(run / "config.json") if (run / "config.json").is_file() else {}
+    return Rows(model, counts, data[:, -1], batch, config)
 
 
-def fit(counts: np.ndarray, durations: np.ndarray) -> np.ndarray:
-    """Non-negative, relative-error least squares: constants `[T]` with counts `[R, T]` @ c ~ durations."""
-    keep = durations > 0
-    a = counts[keep] / durations[keep, None]  # [R, T] each row scaled to relative error
-    b = np.ones(int(keep.sum()))
-    best, best_loss = np.zeros(counts.shape[1]), float(len(b))  # all-zero fit: loss = R
-    for size in range(1, counts.shape[1] + 1):
-        for subset in itertools.combinations(range(counts.shape[1]), size):
-            cols = list(subset)
-            if not a[:, cols].any():
-                continue
+def _nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
+    """Non-negative least squares of `a` `[R, T]` @ x ~ `b` by enumeration: the best
+    unconstrained fit over every subset of the columns that are not all zero, keeping the
+    feasible one; (x, squared error)."""
+    best, best_loss = np.zeros(a.shape[1]), float((b**2).sum())  # all-zero fit
+    active = [t for t in range(a.shape[1]) if a[:, t].any()]
+    for size in range(1, len(active) + 1):
+        for cols in map(list, itertools.combinations(active, size)):
             solution, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
             if (solution < 0).any():
                 continue
             loss = float(((a[:, cols] @ solution - b) ** 2).sum())
             if loss < best_loss - 1e-15:
-                best, best_loss = np.zeros(counts.shape[1]), loss
+                best, best_loss = np.zeros(a.shape[1]), loss
                 best[cols] = solution
-    return best
+    return best, best_loss
+
+
+def fit(counts: np.ndarray, durations: np.ndarray) -> np.ndarray:
+    """Non-negative, relative-error least squares: constants `[T]` with counts `[R, T]` @ c ~ durations."""
+    keep = durations > 0
+    return _nnls(counts[keep] / durations[keep, None], np.ones(int(keep.sum())))[0]
+
+
+def knee_column(steps: np.ndarray, batch: np.ndarray, knee: int) -> np.ndarray:
+    """Rows past the knee, over a row's steps: what `per_row_above_knee_s` prices (`[R]`)."""
+    return steps * np.maximum(batch - knee, 0)
+
+
+def fit_shape(counts: np.ndarray, durations: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, int | None]:
+    """The linear fit's constants `[T]` and their knee term appended (`[T + 1]`), with the knee
+    batch (None: linear). A knee is tried at every decode batch size with `KNEE_SIDES` sizes on
+    each side and kept if the best one's squared relative error is at most `KNEE_GAIN` x the
+    linear fit's."""
+    keep = durations > 0
+    a, b, steps = counts[keep] / durations[keep, None], np.ones(int(keep.sum())), counts[keep, 0]
+    linear, linear_loss = _nnls(a, b)
+    sizes = np.unique(batch[keep][batch[keep] > 0])  # decode batch sizes seen
+    best: tuple[float, np.ndarray, int] | None = None
+    for knee in sizes[KNEE_SIDES - 1 : len(sizes) - KNEE_SIDES]:
+        hinge = knee_column(steps, batch[keep], int(knee)) / durations[keep]
+        solution, loss = _nnls(np.column_stack([a, hinge]), b)
+        if solution[-1] > 0 and (best is None or loss < best[0]):
+            best = (loss, solution, int(knee))
+    if best is not None and best[0] <= KNEE_GAIN * linear_loss:
+        return best[1], best[2]
+    return np.append(linear, 0.0), None
 
 
 def calibrate(runs: list[Path], *, simulated_ok: bool = False) -> Calibration:
     """Fit the cost model to real runs' step rows (`simulated_ok`: see `read_rows`)."""
     if not runs:
         raise KvbenchError("kvbench calibrate: give at least one run folder")
-    models, counts, durations = set(), [], []
-    for run in runs:
-        model, c, d = read_rows(Path(run), simulated_ok=simulated_ok)
-        models.add(model)
-        counts.append(c)
-        durations.append(d)
+    read = [read_rows(Path(run), simulated_ok=simulated_ok) for run in runs]
+    models = {rows.model for rows in read}
     if len(models) > 1:
         names = ", ".join(sorted(models))
         raise KvbenchError(f"kvbench calibrate: the runs are of different models ({names})")
-    c, d = np.concatenate(counts), np.concatenate(durations)
+    c = np.concatenate([rows.counts for rows in read])
+    d = np.concatenate([rows.durations for rows in read])
+    batch = np.concatenate([rows.batch for rows in read])
     if len(d) < c.shape[1]:
         raise KvbenchError(f"kvbench calibrate: {len(d)} step rows are too few to fit {c.shape[1]} constants")
-    constants = fit(c, d)
-    error = np.abs(c @ constants - d) / np.maximum(d, 1e-12)
+    constants, knee = fit_shape(c, d, batch)
+    predicted = c @ constants[:-1] + (knee_column(c[:, 0], batch, knee) * constants[-1] if knee else 0.0)
+    error = np.abs(predicted - d) / np.maximum(d, 1e-12)
+    model = models.pop()
+    fitted = dict(zip(FITTED, map(float, constants), strict=False))
+    if fitted["per_prefill_token_s"] == 0 and not c[:, 5].any():
+        fitted["per_prefill_token_s"] = None  # no prefill row: prompt tokens cost a decode row's
+    cost = CostModel(**fitted, per_row_above_knee_s=float(constants[-1]), knee_batch=knee)
+    cost, sources = _assume(cost, c, model, read[0].config)
     return Calibration(
-        _cost(*map(float, constants)), models.pop(), tuple(str(r) for r in runs), len(d),
-        float(np.median(error)), float(np.quantile(error, 0.9)),
+        cost, model, tuple(str(r) for r in runs), len(d),
+        float(np.median(error)), float(np.quantile(error, 0.9)), sources,
     )  # fmt: skip
+
+
+def _assume(cost: CostModel, counts: np.ndarray, model: str, config: dict) -> tuple[CostModel, dict]:
+    """`cost` with every term no row measured set to its default and named in `assumed`, and
+    where each default comes from: the roofline of the model (on the runs' `emulate_gpu`, at
+    their block size) for swaps and arena copies, the H200 driver measurement for page maps."""
+    from kvbench.budget import get_gpu
+    from kvbench.cost_model import DEFAULT_SOURCES, MAP_PAGE_S, UNMAP_PAGE_S
+    from kvbench.models import get_model
+
+    unmeasured = [name for column, name in enumerate(FITTED) if not counts[:, column].any()]
+    unmeasured.append("per_copy_slot_s")  # steps.csv has no copy count: never measured
+    values = {"per_map_page_s": MAP_PAGE_S, "per_unmap_page_s": UNMAP_PAGE_S,
+              "per_prefill_s": 0.0, "per_prefill_token_s": None}  # fmt: skip
+    sources = dict(DEFAULT_SOURCES)
+    try:
+        gpu, block_size = config.get("emulate_gpu", "a100-40gb"), int(config.get("block_size", 16))
+        roofline = CostModel.roofline(get_model(model), get_gpu(gpu), block_size)
+        values |= {"per_swap_block_s": roofline.per_swap_block_s, "per_copy_slot_s": roofline.per_copy_slot_s}
+        sources["per_swap_block_s"] += f" ({block_size}-slot blocks of {model})"
+        sources["per_copy_slot_s"] += f" ({model} on the {gpu})"
+    except (KvbenchError, TypeError, ValueError):  # a checkpoint folder's model: no preset roofline
+        values |= {"per_swap_block_s": 0.0, "per_copy_slot_s": 0.0}
+        sources["per_swap_block_s"] = sources["per_copy_slot_s"] = "none: 0 (no preset roofline of the model)"
+    unmeasured = [name for name in unmeasured if name in values]
+    assumed = {name: values[name] for name in unmeasured}
+    return replace(cost, **assumed, assumed=tuple(unmeasured)), {name: sources[name] for name in unmeasured}
 
 
 def cost_file_digest(path: str) -> str | None:
@@ -166,7 +265,9 @@ def cost_file_digest(path: str) -> str | None:
 def load_cost_model(path: str, model: str) -> CostModel:
     """The cost model of a `kvbench calibrate` file, checked against the run's model: every
     constant a finite number >= 0 (NaN, inf or a negative cost would give NaN or negative
-    latencies that look like results)."""
+    latencies that look like results), the knee a whole batch >= 1 or null, `assumed` a list of
+    cost terms. A file written before `assumed` existed assumed what it lacks or left at 0: the
+    swap, copy and page-map costs."""
     where = f"--cost-model {path}"
     if not Path(path).is_file():
         raise KvbenchError(f"{where}: cannot read it (no such file)")
@@ -177,11 +278,12 @@ def load_cost_model(path: str, model: str) -> CostModel:
     if data.get("model") not in (None, model):
         raise KvbenchError(f"{where}: fitted on {data['model']}, not on --model {model}")
     required = ("fixed_s", "per_token_s", "per_kv_token_s")
-    optional = ("per_swap_block_s", "per_prefill_s", "per_prefill_token_s")
+    optional = ("per_swap_block_s", "per_copy_slot_s", "per_prefill_s", "per_prefill_token_s",
+                "per_map_page_s", "per_unmap_page_s", "per_row_above_knee_s")  # fmt: skip
     missing = [key for key in required if key not in data]
     if missing:
         raise KvbenchError(f"{where}: not a kvbench calibrate file (no {missing[0]!r})")
-    values = {}
+    values: dict = {}
     for key in (*required, *optional):
         value = data.get(key)
         if value is None and key not in required:
@@ -189,16 +291,15 @@ def load_cost_model(path: str, model: str) -> CostModel:
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
             raise KvbenchError(f"{where}: {key!r} must be a finite number >= 0, got {json.dumps(value)}")
         values[key] = float(value)
-    return CostModel(
-        values["fixed_s"], values["per_token_s"], values["per_kv_token_s"],
-        values.get("per_swap_block_s", 0.0),
-        per_prefill_s=values.get("per_prefill_s", 0.0),
-        per_prefill_token_s=values.get("per_prefill_token_s"),  # files fitted before it: one token cost
-    )  # fmt: skip
-
-
-def _cost(
-    fixed: float, token: float, context: float, swap: float, prefill: float, prefill_token: float
-) -> CostModel:
-    """The fitted constants, in TERMS order then the two prefill terms, as a cost model."""
-    return CostModel(fixed, token, context, swap, per_prefill_s=prefill, per_prefill_token_s=prefill_token)
+    knee = data.get("knee_batch")
+    if knee is not None and (isinstance(knee, bool) or not isinstance(knee, int) or knee < 1):
+        raise KvbenchError(f"{where}: 'knee_batch' must be a whole number >= 1 or null, got {knee}")
+    terms = {f.name for f in fields(CostModel) if f.name not in ("knee_batch", "assumed")}
+    assumed = data.get("assumed")
+    if assumed is None:  # an older file: what it could not fit is what it lacks or left at 0
+        lacks = ("per_swap_block_s", "per_copy_slot_s", "per_map_page_s", "per_unmap_page_s")
+        assumed = [key for key in lacks if not values.get(key)]
+    elif not isinstance(assumed, list) or not all(str(name) in terms for name in assumed):
+        raise KvbenchError(f"{where}: 'assumed' must be a list of cost terms ({', '.join(sorted(terms))}), "
+                           f"got {json.dumps(assumed)}")  # fmt: skip
+    return replace(CostModel(**values), knee_batch=knee, assumed=tuple(assumed))
