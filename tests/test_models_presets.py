@@ -102,3 +102,28 @@ def test_a_hybrid_preset_simulates_with_the_real_engines():
     slots = int(0.05 * (1 << 30)) // 26_624
     assert result.summary["num_slots"] == slots == 2016
     assert result.summary["completed"] == 6
+
+
+def _row(model) -> str:
+    groups = "; ".join(
+        f"{g.kind} {len(g.layer_ids)} x {g.layer.bytes_per_token:,} = {g.bytes_per_token:,}"
+        for g in model.groups
+    )
+    window = f"{model.window:,}" if model.window_layers else "–"
+    kept = model.kv_bytes_held(8192) // 8192
+    decoded = "yes" if model.decoded else "no"
+    return (
+        f"| `{model.name}` | {model.family} | {groups} | {window} | {model.kv_bytes_per_token:,} | {kept:,} "
+        f"| {model.num_params / 1e9:.2f} B | {decoded} |"
+    )
+
+
+def test_the_presets_table_of_docs_models_is_the_code():
+    from pathlib import Path
+
+    from kvbench.models import MODELS
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "MODELS.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    table = [row for row in rows if row.split(" | ")[0].strip("| `") in MODELS]
+    assert table == [_row(model) for model in MODELS.values()]
