@@ -154,7 +154,7 @@ def test_a_trace_back_in_columns_builds_the_same_trace():
     trace = Trace(
         "t",
         (
-            Request(5, 0.0, 4, 2, (1, 2, 3, 4), "g", 2, (11,), "c", 0, 2, 1),
+            Request(2**62 + 1, 0.0, 4, 2, (1, 2, 3, 4), "g", 2, (11,), "c", 0, 2, 1),  # an id past 2**53
             Request(3, 1.5, 3, 1, None, None, 0, None, None, None, 1, 3),
         ),
         source="f.csv",
