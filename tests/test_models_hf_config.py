@@ -218,6 +218,12 @@ def test_torch_dtype_sets_the_bytes_of_every_cache_entry(tmp_path):
     assert mla.kv_bytes_per_token == 27 * 576 * 4
 
 
+def test_gemma3_layer_pattern_from_the_private_key_newer_configs_write(tmp_path):
+    config = {**GEMMA3_1B, "sliding_window_pattern": None, "_sliding_window_pattern": 4}
+    model = read_model_config(folder_with(tmp_path, config))
+    assert [i for i in range(26) if i not in model.window_layers] == [3, 7, 11, 15, 19, 23]
+
+
 def test_gemma3_rotary_bases_from_rope_parameters_of_newer_configs(tmp_path):
     config = {**GEMMA3_1B, "rope_theta": None, "rope_local_base_freq": None}
     config["rope_parameters"] = {
@@ -247,6 +253,11 @@ def _without(config: dict, *keys: str) -> dict:
         (_without(DEEPSEEK_V2_LITE, "kv_lora_rank"), ["lacks 'kv_lora_rank'"]),
         ({**DEEPSEEK_V2_LITE, "moe_layer_freq": 2}, ["moe_layer_freq 2", "not supported"]),
         ({**MISTRAL_7B, "sliding_window": 0}, ["sliding_window must be an integer >= 1", "0"]),
+        (_without(MISTRAL_7B, "sliding_window"), ["lacks 'sliding_window'"]),  # null would say: none
+        (
+            {**QWEN3_8B, "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": None},
+            ["lacks 'max_window_layers'"],
+        ),
         ({**TINY, "model_type": "opt", "ffn_dim": 256, "word_embed_proj_dim": 32}, ["word_embed_proj_dim"]),
         ({**GEMMA3_1B, "rope_theta": None, "rope_parameters": [1]}, ["rope_parameters must be an object"]),
         ([QWEN3_8B], ["expected a JSON object, got a JSON list"]),

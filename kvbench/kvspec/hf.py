@@ -27,10 +27,8 @@ LAYER_TYPES = {"full_attention": False, "sliding_attention": True}  # is the lay
 TIED = ("gemma2", "gemma3")  # transformers' defaults for tie_word_embeddings
 # keys the published Gemma 3 checkpoints leave to transformers' Gemma3TextConfig defaults (the
 # 4B-27B text_config gives only the sizes that differ): the defaults, as that class sets them
-GEMMA3_DEFAULTS = {
-    "vocab_size": 262208, "head_dim": 256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
-    "sliding_window_pattern": 6,
-}  # fmt: skip
+# (its rotary bases and layer pattern: in `_rope_bases` and `_windows`)
+GEMMA3_DEFAULTS = {"vocab_size": 262208, "head_dim": 256, "max_position_embeddings": 131072}
 
 
 def read_model_config(path: Path) -> ModelSpec:
@@ -97,8 +95,8 @@ def _windows(key: ConfigKeys, family: Family, layers: int) -> tuple[int, tuple[i
         return 0, ()
     if family in ("qwen2", "qwen3") and not key.flag("use_sliding_window", False):
         return 0, ()
-    if family == "mistral" and not key.given("sliding_window"):
-        return 0, ()  # Mistral v0.2 and later: full attention
+    if family == "mistral" and "sliding_window" in key.config and not key.given("sliding_window"):
+        return 0, ()  # null: full attention (Mistral v0.2 and later); absent is refused, not guessed
     window = key.count("sliding_window")
     types = key.config.get("layer_types")
     if types is not None:
@@ -111,8 +109,7 @@ def _windows(key: ConfigKeys, family: Family, layers: int) -> tuple[int, tuple[i
     if family == "mistral":
         return window, tuple(range(layers))
     if family in ("qwen2", "qwen3"):  # the layers from max_window_layers on
-        first = key.count("max_window_layers", layers) if key.given("max_window_layers") else layers
-        return window, tuple(range(min(first, layers), layers))
+        return window, tuple(range(min(key.count("max_window_layers"), layers), layers))
     if family == "gemma2":  # local, global, local, ...
         return window, tuple(range(0, layers, 2))
     pattern_key = (
