@@ -192,3 +192,23 @@ def test_a_batch_that_maps_pages_costs_exactly_that_much_more():
     )
     # the next decode batch maps nothing new until a sequence crosses a page: nothing charged
     assert scheduler.schedule().mapped_pages == 0
+
+
+def test_a_run_whose_steps_count_page_maps_has_its_map_cost_fitted(tmp_path):
+    """steps.csv columns `mapped_pages` and `unmapped_pages`, where a run writes them, are fitted
+    like any count: rows made 50 us longer per page mapped and 20 per page unmapped give back
+    those costs, and neither is assumed."""
+    from kvbench.results.load import read_csv
+
+    run = simulated(tmp_path / "run", 6.0, 0)
+    steps = read_csv(run / "steps.csv")
+    rng = np.random.default_rng(1)
+    steps["mapped_pages"] = rng.integers(0, 160, len(steps))
+    steps["unmapped_pages"] = rng.integers(0, 80, len(steps))
+    steps["duration_s"] += 5e-5 * steps["mapped_pages"] + 2e-5 * steps["unmapped_pages"]
+    steps.to_csv(run / "steps.csv", index=False)
+    fitted = calibrate([run], simulated_ok=True)
+    assert fitted.cost.per_map_page_s == pytest.approx(5e-5, rel=1e-6)
+    assert fitted.cost.per_unmap_page_s == pytest.approx(2e-5, rel=1e-6)
+    assert not {"per_map_page_s", "per_unmap_page_s"} & set(fitted.cost.assumed)
+    assert fitted.cost.fixed_s == pytest.approx(TRUE["cost_fixed_s"], rel=1e-6)

@@ -78,6 +78,8 @@ def test_a_held_out_run_of_a_fitted_trace_draw_is_dropped_and_the_rest_split_by_
         assert summary["runs"] == 2 and summary["loaded"]["runs"] == 1 and summary["unloaded"]["runs"] == 1
     assert "| held/queued | paged | loaded | output_token_throughput |" in done.stdout
     assert "held out: output_token_throughput " in done.stdout
+    assert "  assumed, no run measured it: per_swap_block_s = " in done.stdout  # no run swapped
+    assert "per_swap_block_s" in written["assumed"] and "per_swap_block_s" in written["assumed_from"]
     assert "of 1 loaded runs within 10 % (" in done.stdout
 
 

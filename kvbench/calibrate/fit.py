@@ -83,6 +83,22 @@ class Calibration:
                 "p90_relative_error": self.p90_relative_error}  # fmt: skip
 
 
+def shape_lines(calibration: Calibration) -> list[str]:
+    """What a fit's constants do not say by themselves: its decode knee, and each assumed term
+    with its value and where it comes from (printed by `kvbench calibrate`)."""
+    c = calibration.cost
+    lines = []
+    if c.knee_batch is not None:
+        extra = f"{1e6 * c.per_row_above_knee_s:.3f} us"
+        lines.append(f"decode knee: {extra} more per row past {c.knee_batch} rows")
+    for name in c.assumed:
+        value = getattr(c, name)
+        shown = "a decode row's" if value is None else f"{value:.4g} s"
+        source = calibration.assumed_from.get(name, "?")
+        lines.append(f"assumed, no run measured it: {name} = {shown} ({source})")
+    return lines
+
+
 @dataclass(frozen=True)
 class Rows:
     """A run's steps.csv as the fit reads it."""

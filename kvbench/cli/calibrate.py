@@ -83,6 +83,10 @@ def calibrate(
         f"({result.rows} rows; relative error median {100 * result.median_relative_error:.1f} %, "
         f"p90 {100 * result.p90_relative_error:.1f} %)\n  written: {out}"
     )
+    from kvbench.calibrate.fit import shape_lines
+
+    for line in shape_lines(result):
+        typer.echo(f"  {line}")
 
 
 def register(app: typer.Typer) -> None:
