@@ -46,6 +46,10 @@ class MoeShape:
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """The config.json values that size a model's weights and KV cache. Fields after `rope_theta`
+    default to what OPT and Llama have (no window, K and V per head), so those presets stay one
+    positional line; `window_layers` and `mla` decide each layer's kind (`layers`)."""
+
     name: str
     family: Family
     num_layers: int
