@@ -44,7 +44,7 @@ Pages and ranges (page_tokens 4, 3 ranges of 2 pages, 5 physical pages)::
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence as Seq
 from fractions import Fraction
 
@@ -107,9 +107,11 @@ class VirtualAllocator:
 
     def map_plan(self, seqs: Seq[Sequence], num_steps: int) -> np.ndarray:
         """Driver pages each of a decode segment's `num_steps` steps maps as its sequences grow
-        (`[num_steps]`; step 0's were mapped with the batch: 0), as `grow` will take them."""
+        (`[num_steps]`; step 0's were mapped with the batch: 0), as `grow` takes them: after the
+        run, or before it for a runner that allocates ahead (pages it grew are not held before)."""
+        grown = Counter(seq for _, seq in self._grown)  # this segment's, when grown ahead
         computed = np.array([seq.num_computed for seq in seqs], dtype=np.int64)  # [B]
-        held = np.array([len(self._mapped[self._owner[seq]]) for seq in seqs], dtype=np.int64)  # [B]
+        held = [len(self._mapped[self._owner[seq]]) - grown[seq] for seq in seqs]  # [B] before this growth
         steps = np.arange(1, num_steps + 1)[:, None]  # [K, 1] steps run
         need = np.maximum(-(-(computed + steps) * self._den // self._num) - held, 0).sum(axis=1)  # [K]
         return np.diff(need, prepend=0) * self.driver_pages

@@ -212,3 +212,35 @@ def test_a_run_whose_steps_count_page_maps_has_its_map_cost_fitted(tmp_path):
     assert fitted.cost.per_unmap_page_s == pytest.approx(2e-5, rel=1e-6)
     assert not {"per_map_page_s", "per_unmap_page_s"} & set(fitted.cost.assumed)
     assert fitted.cost.fixed_s == pytest.approx(TRUE["cost_fixed_s"], rel=1e-6)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_coalesced_vmm_segment_pays_the_page_maps_its_steps_one_by_one_would(ahead):
+    """Pages a decode segment maps as it grows are charged at the step that maps them, so
+    skipping identical steps changes no time; `ahead`: grown before the segment runs, as the
+    real runner does (`allocates_ahead`), with the same charges. Small pages (2.5 tokens) and
+    a tight budget make sequences cross pages within segments and reclaim idle ones."""
+    from fractions import Fraction
+
+    from engines import EngineOptions
+    from kvbench.engine import Engine
+    from workloads.presets import make_trace
+
+    cost = CostModel(0.02, 1e-4, 5e-7, per_map_page_s=3e-4, per_unmap_page_s=1e-4)
+    trace = make_trace("sharegpt-paper", 60, rate=4.0, seed=11)
+    options = EngineOptions(
+        num_slots=5000, max_len=2048, page_tokens=Fraction(5, 2), num_pages=2000, driver_pages=80
+    )
+    runs = []
+    for coalesce, runner_ahead, charged in ((False, False, cost), (True, ahead, cost), (True, ahead, replace(
+        cost, per_map_page_s=0.0, per_unmap_page_s=0.0
+    ))):  # fmt: skip
+        runner = CostModelRunner(charged)
+        runner.allocates_ahead = runner_ahead  # the real runner's order: grow, then run
+        runs.append(Engine(get_engine("vmm").build(options), runner, coalesce=coalesce).run(trace))
+    slow, fast, free = runs
+    assert len(fast.steps) < len(slow.steps)  # it did skip
+    finish = [s.finish_s for s in slow.sequences]
+    assert [s.finish_s for s in fast.sequences] == pytest.approx(finish, rel=1e-9)
+    assert fast.busy.seconds == pytest.approx(slow.busy.seconds, rel=1e-9)
+    assert fast.busy.seconds > free.busy.seconds + 80 * 3e-4  # maps were charged
