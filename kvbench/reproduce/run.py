@@ -156,7 +156,8 @@ def _calibrate(out: Path, echo: Callable[[str], None]) -> None:
         echo("calibration: not yet (it needs Figure 2's five real runs in this folder)")
         return
     spread = "; ".join(
-        f"{s.label} {metric} {m['within_target']}/{m['runs']} within 10 %" for s in sets
+        f"{s.label} {metric} {m['loaded']['within_target']}/{m['loaded']['runs']} loaded runs within 10 %"
+        for s in sets
         for metric, m in s.summary.items()
     ) or "no real run of Figures 12-17 here to hold out"  # fmt: skip
     echo(f"calibration: fitted on fig2; {spread} ({time.perf_counter() - start:.0f} s)")
