@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from kvbench.reproduce.rows import COLUMNS
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ("fig2", "fig13", "fig12", "fig18b", "fig19")
 SHARING = ("fig14", "fig15", "fig16", "fig17")
@@ -57,15 +59,7 @@ def _value(rows, engine, workload, metric) -> float:
 def _check_written(out: Path, figures: tuple[str, ...]) -> None:
     for figure in figures:
         rows = _rows(out, figure)
-        assert rows and list(rows[0]) == [
-            "figure",
-            "engine",
-            "workload",
-            "metric",
-            "kvbench",
-            "paper",
-            "ratio",
-        ]
+        assert rows and tuple(rows[0]) == COLUMNS
         data = json.loads((out / figure / "figure.json").read_text())
         assert data["verdict"] and "\n" not in data["verdict"]
         assert data["plots"], data["notes"]
@@ -78,9 +72,9 @@ def _check_written(out: Path, figures: tuple[str, ...]) -> None:
 
 def test_every_figure_writes_its_tables_and_plots(quick):
     _check_written(quick, FIGURES)
-    assert (quick / "fig12" / "sharegpt-paper" / "sweep.csv").is_file()
-    assert (quick / "fig12" / "alpaca-paper" / "sustained.csv").is_file()
-    assert (quick / "fig19" / "swap" / "sweep.csv").is_file()
+    assert (quick / "fig12" / "seed-0" / "sharegpt-paper" / "sweep.csv").is_file()
+    assert (quick / "fig12" / "seed-0" / "alpaca-paper" / "sustained.csv").is_file()
+    assert (quick / "fig19" / "seed-0" / "swap" / "sweep.csv").is_file()
     claims = (quick / "claims.md").read_text()
     assert "`kvbench kernels` measures it" in claims and "not measured in this folder" not in claims
 
@@ -92,7 +86,7 @@ def test_recompute_overhead_survives_a_pruned_requests_file(quick, tmp_path):
 
     from kvbench.reproduce.sweeps import preemption_overhead_ms, prompt_tokens
 
-    cells = sorted((quick / "fig19" / "recompute" / "cells").iterdir())
+    cells = sorted((quick / "fig19" / "seed-0" / "recompute" / "cells").iterdir())
     measured = [(prompt_tokens(c), preemption_overhead_ms(c, "recompute")) for c in cells]
     assert any(overhead for _, overhead in measured)
     for cell, before in zip(cells, measured, strict=True):
@@ -170,7 +164,7 @@ def test_real_runs_pick_a_model_holding_the_papers_slots(tmp_path):
 @pytest.mark.parametrize(
     ("args", "names"),
     [
-        (("--mode", "real", "--model", "opt-13b"), "opt-125m, opt-1.3b"),
+        (("--mode", "real", "--model", "opt-66b"), "opt-125m, opt-1.3b, opt-13b"),
         (("--mode", "simulate", "--model", "opt-125m"), "--cost-model"),
     ],
 )
@@ -183,9 +177,9 @@ def test_a_model_the_run_cannot_take_is_one_line(tmp_path, args, names):
 
 def test_sharing_figures_write_their_tables_and_plots(sharing):
     _check_written(sharing, SHARING)
-    for sweep in ("fig14/k6", "fig16/fewshot-5", "fig17/chat"):
+    for sweep in ("fig14/seed-0/k6", "fig16/seed-0/fewshot-5", "fig17/seed-0/chat"):
         assert (sharing / sweep / "sweep.csv").is_file()
-    assert (sharing / "fig15" / "alpaca-paper" / "k6" / "summary.json").is_file()
+    assert (sharing / "fig15" / "seed-0" / "alpaca-paper" / "k6" / "summary.json").is_file()
 
 
 def test_sharing_saves_memory_and_serves_more_as_in_the_paper(sharing):
@@ -266,7 +260,7 @@ def test_sharing_figures_decode_for_real(tmp_path, monkeypatch):
 
 
 def test_a_figure_run_again_resumes_its_finished_cells(sharing):
-    cells = sorted((sharing / "fig17" / "chat" / "cells").glob("*/summary.json"))
+    cells = sorted((sharing / "fig17" / "seed-0" / "chat" / "cells").glob("*/summary.json"))
     assert cells
     stamps = [f.stat().st_mtime_ns for f in cells]
     before = _rows(sharing, "fig17")
@@ -287,9 +281,9 @@ def test_a_real_reproduction_calibrates_the_simulator_on_its_own_runs(tmp_path, 
     lines: list[str] = []
     run_reproduce(("fig2", "fig13"), Options(True, setting, num_requests=6), out, echo=lines.append)
     cost = json.loads((out / "calibration" / "cost.json").read_text())
-    assert cost["model"] == "tiny-opt" and cost["runs"] == [f"fig2/{e}" for e in ENGINES]
+    assert cost["model"] == "tiny-opt" and cost["runs"] == [f"fig2/seed-0/{e}" for e in ENGINES]
     held = sorted({c["run"] for c in cost["held_out"]})
-    assert held == [f"fig13/alpaca-paper/{e}" for e in sorted(ENGINES)]
+    assert held == [f"fig13/seed-0/alpaca-paper/{e}" for e in sorted(ENGINES)]
     summary = cost["held_out_summary"]["output_token_throughput"]
     checks = [c for c in cost["held_out"] if c["metric"] == "output_token_throughput"]
     for c in checks:  # each error is the simulation's against the real run's own summary
@@ -299,7 +293,7 @@ def test_a_real_reproduction_calibrates_the_simulator_on_its_own_runs(tmp_path, 
     assert summary["runs"] == len(errors) == 5
     assert summary["within_target"] == sum(e <= 0.10 for e in errors)
     assert summary["median_abs_error"] == errors[2] and summary["max_abs_error"] == errors[-1]
-    assert "fig13/alpaca-paper/paged" in (out / "calibration" / "held_out.md").read_text()
+    assert "fig13/seed-0/alpaca-paper/paged" in (out / "calibration" / "held_out.md").read_text()
     report = (out / "reproduce.md").read_text()
     assert "## The calibrated simulator against the real runs" in report
     loaded, unloaded = summary["loaded"], summary["unloaded"]  # the table states the two apart

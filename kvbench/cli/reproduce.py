@@ -43,7 +43,14 @@ def reproduce(
         ),
     ] = None,
     num_requests: Annotated[int | None, typer.Option(hidden=True, help="Requests per run (tests).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the traces.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the traces (the first, with --repeats).")] = 0,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            help="Run every figure on seeds seed .. seed+N-1 (another trace sample and arrivals each), "
+            "into <figure>/seed-<s>/: numbers become means with 95 % confidence intervals."
+        ),
+    ] = 1,
 ) -> None:
     """Run, collect and report the paper's figures; kvbench's numbers beside the paper's."""
     from kvbench.reproduce.rows import Options
@@ -54,8 +61,11 @@ def reproduce(
         raise KvbenchError(f"--mode {mode!r}: choose auto, simulate or real")
     if num_requests is not None and num_requests < 1:
         raise KvbenchError(f"--num-requests must be at least 1, got {num_requests}")
+    if repeats < 1:
+        raise KvbenchError(f"--repeats must be at least 1, got {repeats}")
     real = mode == "real" or (mode == "auto" and cost_model is None and opt.has_cuda())
-    options = Options(quick, setting_for(real, cost_model, quick=quick, model=model), num_requests, seed)
+    setting = setting_for(real, cost_model, quick=quick, model=model)
+    options = Options(quick, setting, num_requests, seed, repeats)
     start = time.perf_counter()
     # print, not typer.echo: under the progress bar (stderr), a terminal's stdout lines go above it
     run_reproduce(names, options, out, echo=functools.partial(print, flush=True))

@@ -1,6 +1,7 @@
 """`kvbench reproduce`: run the paper's figures, put every number beside the paper's.
 
-    <out>/<figure>/     run or sweep folders, figure.csv, figure.json, PNG/SVG plots
+    <out>/<figure>/seed-<s>/  one seed's run or sweep folders and plots (seeds seed .. seed+repeats-1)
+    <out>/<figure>/     figure.csv, figure.json: every number a mean over the seeds with its 95 % CI
     <out>/claims.md     PAPER.md's claims beside what the figures measured
     <out>/reproduce.md  every figure's table and a one-line verdict computed from its numbers
     <out>/calibration/  real runs: the simulator fitted to Figure 2's runs, its error on Figures 12-17's
@@ -21,10 +22,38 @@ from kvbench.errors import KvbenchError
 from kvbench.paper import FIG13_RATE
 from kvbench.reproduce.calibration import calibrate_reproduction, held_out_markdown, read_held_out
 from kvbench.reproduce.claims import claims_table
-from kvbench.reproduce.engines import fig2, fig13
-from kvbench.reproduce.rows import FigureResult, Options, Setting, markdown, read_figure, write_figure
-from kvbench.reproduce.sharing import fig14, fig15, fig16, fig17
-from kvbench.reproduce.sweeps import fig12, fig18b, fig19
+from kvbench.reproduce.engines import fig2, fig2_verdict, fig13, fig13_verdict
+from kvbench.reproduce.plots import plot_seed_intervals
+from kvbench.reproduce.rows import (
+    FigureResult,
+    Options,
+    Row,
+    Setting,
+    markdown,
+    merge_seeds,
+    read_figure,
+    seed_folder,
+    write_figure,
+)
+from kvbench.reproduce.sharing import (
+    fig14,
+    fig14_verdict,
+    fig15,
+    fig15_verdict,
+    fig16,
+    fig16_verdict,
+    fig17,
+    fig17_verdict,
+)
+from kvbench.reproduce.sweeps import (
+    fig12,
+    fig12_verdict,
+    fig18b,
+    fig18b_verdict,
+    fig19,
+    fig19_verdict,
+    plot_into,
+)
 from kvbench.results.files import write_text
 from kvbench.results.outputs import prepare_out
 from kvbench.sweep.progress import Progress
@@ -34,21 +63,26 @@ from kvbench.sweep.progress import Progress
 class FigureSpec:
     name: str
     what: str
-    run: Callable[[Options, Path], FigureResult]
+    run: Callable[[Options, Path], FigureResult]  # one seed into one folder
+    verdict: Callable[[Sequence[Row], Options], str]  # the figure's rows (over seeds) judged
 
 
 FIGURES = {
     spec.name: spec
     for spec in (
-        FigureSpec("fig2", "KV memory breakdown per engine", fig2),
-        FigureSpec("fig13", "mean batched requests, ShareGPT and Alpaca", fig13),
-        FigureSpec("fig12", "normalized latency vs rate, sustained rates and their ratios", fig12),
-        FigureSpec("fig14", "parallel sampling and beam search: sustained rates (Alpaca)", fig14),
-        FigureSpec("fig15", "KV memory saved by parallel sampling and beam search", fig15),
-        FigureSpec("fig16", "shared few-shot prefix: sustained rates", fig16),
-        FigureSpec("fig17", "chatbot (history cut to 1024 tokens): sustained rates", fig17),
-        FigureSpec("fig18b", "normalized latency vs block size (paged)", fig18b),
-        FigureSpec("fig19", "preemption by recompute vs swap, overhead vs block size", fig19),
+        FigureSpec("fig2", "KV memory breakdown per engine", fig2, fig2_verdict),
+        FigureSpec("fig13", "mean batched requests, ShareGPT and Alpaca", fig13, fig13_verdict),
+        FigureSpec(
+            "fig12", "normalized latency vs rate, sustained rates and their ratios", fig12, fig12_verdict
+        ),
+        FigureSpec(
+            "fig14", "parallel sampling and beam search: sustained rates (Alpaca)", fig14, fig14_verdict
+        ),
+        FigureSpec("fig15", "KV memory saved by parallel sampling and beam search", fig15, fig15_verdict),
+        FigureSpec("fig16", "shared few-shot prefix: sustained rates", fig16, fig16_verdict),
+        FigureSpec("fig17", "chatbot (history cut to 1024 tokens): sustained rates", fig17, fig17_verdict),
+        FigureSpec("fig18b", "normalized latency vs block size (paged)", fig18b, fig18b_verdict),
+        FigureSpec("fig19", "preemption by recompute vs swap, overhead vs block size", fig19, fig19_verdict),
     )
 }
 CLAIMS = "claims"  # not a figure: claims.md is written after every invocation
@@ -130,7 +164,7 @@ def run_reproduce(
             echo(f"{name}: {FIGURES[name].what}...")
             progress.begin(name)
             start = time.perf_counter()
-            result = FIGURES[name].run(options, out / name)
+            result = run_seeds(FIGURES[name], options, out / name)
             write_figure(result, out / name)
             progress.finish(True, time.perf_counter() - start)
             echo(f"  {result.verdict} ({time.perf_counter() - start:.0f} s)")
@@ -141,6 +175,35 @@ def run_reproduce(
         _calibrate(out, echo)
     write_reports(out, options)
     return results
+
+
+def seeds(options: Options) -> range:
+    return range(options.seed, options.seed + options.repeats)
+
+
+def run_seeds(spec: FigureSpec, options: Options, folder: Path) -> FigureResult:
+    """The figure once per seed, each into its own `seed-<s>/` (a seed's finished runs there are
+    reused), its rows merged into means with 95 % CIs and judged again over the seeds.
+
+    Each seed draws another trace sample and other arrivals; the plots are the first seed's.
+    """
+    results = [spec.run(replace(options, seed=s), seed_folder(folder, s)) for s in seeds(options)]
+    first = results[0]
+    rows = merge_seeds([r.rows for r in results])
+    prefix = f"{seed_folder(folder, options.seed).name}/"
+    notes = [n for r in results for n in r.notes]
+    notes = list(dict.fromkeys(notes))
+    if options.repeats > 1:
+        notes.append(
+            f"{options.repeats} seeds ({options.seed}-{options.seed + options.repeats - 1}): each number "
+            f"is a mean with its 95 % t interval over the seeds; the plots are seed {options.seed}'s"
+        )
+    plots = [prefix + p for p in first.plots]
+    if options.repeats > 1:
+        plots += plot_into(plot_seed_intervals, rows, folder / "intervals", notes)
+    return FigureResult(
+        first.name, first.title, rows, spec.verdict(rows, options), tuple(plots), tuple(notes)
+    )
 
 
 def _calibrate(out: Path, echo: Callable[[str], None]) -> None:
@@ -200,7 +263,10 @@ def _setup(options: Options) -> str:
     if s.cost_model and not s.real:
         mode = f"simulated with the calibrated cost model {s.cost_model}"
     size = "quick" if options.quick else "full"
+    runs = f"seed {options.seed}" if options.repeats == 1 else (
+        f"seeds {options.seed}-{options.seed + options.repeats - 1} (means with 95 % CIs)"
+    )  # fmt: skip
     return (
         f"Setting: {s.model}, {s.kv_cache_gib:g} GiB of KV, the paper's rates x {s.rate_scale:g}; {mode}; "
-        f"{size} run. The paper: OPT-13B on an A100-40GB with 12 GB of KV."
+        f"{size} run, {runs}. The paper: OPT-13B on an A100-40GB with 12 GB of KV."
     )

@@ -126,8 +126,11 @@ FIG15_METRIC = "KV slots saved by sharing (%), time-weighted over the run"
 def fig15_verdict(rows: Sequence[Row], options: Options) -> str:
     """Each saving the paper gives (trace, samples or beams, width) against kvbench's."""
     verdicts = []
+    letters = {pattern: letter for letter, pattern in PATTERNS.items()}
     for (trace, pattern), paper in FIG15_SAVED_PCT.items():
-        letter = next(k for k, v in PATTERNS.items() if v == pattern)
+        letter = letters.get(pattern)
+        if letter is None:  # a pattern this run leaves out
+            continue
         for width, value in paper.items():
             metric = f"{trace} {pattern} {letter}={width} {FIG15_METRIC}"
             row = find(rows, "fig15", "paged", trace, f"saved_%@{letter}{width}")
