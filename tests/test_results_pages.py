@@ -43,6 +43,24 @@ def test_committed_pages_are_what_the_folders_give(pages_module):
         )
 
 
+def test_generated_blocks_of_the_docs_are_what_the_folders_give(pages_module):
+    """docs/REPRODUCTION.md's numbers on the committed runs sit in generated blocks."""
+    import results_pages_docs as docs
+
+    for path, text in docs.render_docs().items():
+        assert (ROOT / path).read_text(encoding="utf-8") == text, (
+            f"{path}'s generated blocks differ from the result folders: run {pages_module.REGENERATE}"
+        )
+    reproduction = (ROOT / "docs/REPRODUCTION.md").read_text(encoding="utf-8")
+    assert "| `opt-13b` | 12 GiB | 15,728 |" in reproduction
+    # a block's body is replaced whole, the prose around it kept; a missing block is an error
+    start, end = docs.START.format(name="x"), docs.END.format(name="x")
+    filled = docs.fill(f"before\n{start}\nstale 1.0\n{end}\nafter\n", {"x": lambda: "fresh 2.0"}, "d.md")
+    assert filled == f"before\n{start}\nfresh 2.0\n{end}\nafter\n"
+    with pytest.raises(SystemExit, match="no generated block 'x'"):
+        docs.fill("no markers\n", {"x": lambda: ""}, "d.md")
+
+
 def test_rendering_is_deterministic(pages_module):
     assert pages_module.render() == pages_module.render()
 

@@ -1,4 +1,5 @@
-"""Write docs/results/*.md from the committed result folders under results/.
+"""Write docs/results/*.md from the committed result folders under results/, and the generated
+blocks of hand-written docs (docs/REPRODUCTION.md's numbers: `results_pages_docs`).
 
 Docs tables are generated, not typed (docs/METHOD rules): every number on these pages is read
 from a folder's own files (figure.csv, sustained.csv, kernels.csv, the benchmarks' JSON), and
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the page modules bes
 
 import results_pages_common as common
 from results_pages_common import REGENERATE, table
+from results_pages_docs import render_docs
 from results_pages_figures import reproduction_page
 from results_pages_gpu import kernels_page, real_decoding_page, sharing_page, virtual_memory_page
 
@@ -68,20 +70,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page differs")
     args = parser.parse_args(argv)
     out = common.ROOT / PAGES_DIR
-    pages = render()
+    files = {out / name: text for name, text in render().items()}
+    files.update({common.ROOT / path: text for path, text in render_docs().items()})
     stale = [
-        name
-        for name, text in pages.items()
-        if not (out / name).is_file() or (out / name).read_text(encoding="utf-8") != text
+        path for path, text in files.items() if not path.is_file() or path.read_text(encoding="utf-8") != text
     ]
     if args.check:
-        for name in stale:
-            print(f"{PAGES_DIR / name} differs from the result folders: run {REGENERATE}")
+        for path in stale:
+            print(f"{path.relative_to(common.ROOT)} differs from the result folders: run {REGENERATE}")
         return 1 if stale else 0
     out.mkdir(parents=True, exist_ok=True)
-    for name in stale:
-        write_text(out / name, pages[name])
-        print(f"wrote {PAGES_DIR / name}")
+    for path in stale:
+        write_text(path, files[path])
+        print(f"wrote {path.relative_to(common.ROOT)}")
     return 0
 
 

@@ -160,7 +160,9 @@ def sustained_table(figure: str) -> str:
     """Each sweep's bracket: the last rate under the bound and the first over it (sustained.csv)."""
     cells: dict[tuple, dict[str, str]] = {}
     for label, folder in REPRODUCTIONS:
-        for path in sorted((common.ROOT / folder / figure).glob("*/sustained.csv")):
+        base = common.ROOT / folder / figure
+        seeds = sorted(base.glob("seed-*"), key=lambda p: int(p.name.removeprefix("seed-")))
+        for path in sorted((seeds[0] if seeds else base).glob("*/sustained.csv")):  # the first seed's
             for row in pd.read_csv(path).itertuples():
                 bracket = f"{num(row.last_pass_rate)} / {num(row.first_fail_rate)}"
                 cells.setdefault((path.parent.name, row.engine), {})[label] = bracket

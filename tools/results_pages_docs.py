@@ -1,0 +1,119 @@
+"""Generated blocks inside hand-written docs: the numbers docs/REPRODUCTION.md states about the
+committed reproductions, read from their folders, and its table of real-run settings, read
+from `kvbench.reproduce.run.GPU_SETTINGS`.
+
+A block sits between `<!-- generated: NAME ... -->` and `<!-- end generated: NAME -->` lines;
+`tools/results_pages.py` rewrites what lies between them (and `--check` fails where it differs),
+the prose around them stays hand-written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import results_pages_common as common
+from results_pages_common import REGENERATE, num, table
+from results_pages_figures import REPRODUCTIONS, figure_rows
+
+START = "<!-- generated: {name} by `" + REGENERATE + "`; do not edit -->"
+END = "<!-- end generated: {name} -->"
+
+
+def settings_table() -> str:
+    """The real runs' settings: model, KV budget, the token slots it holds, the rate scale."""
+    from kvbench.budget import budget_from_gib
+    from kvbench.config import resolve_model
+    from kvbench.reproduce.run import FULL_GPU_MODEL, GPU_SETTINGS, QUICK_GPU_MODEL
+
+    when = {QUICK_GPU_MODEL: "`--quick`'s default", FULL_GPU_MODEL: "the default without `--quick`"}
+    rows = []
+    for name, s in GPU_SETTINGS.items():
+        slots = budget_from_gib(s.kv_cache_gib, resolve_model(s.model)).num_slots
+        rate = f"the paper's x {s.rate_scale:.3g}"
+        rows.append(
+            [f"`{name}`", f"{s.kv_cache_gib:g} GiB", f"{slots:,}", rate, when.get(name, "`--model` only")]
+        )
+    return table(["`--model`", "KV", "token slots", "rates", "when"], rows)
+
+
+def _first(folder: Path, figure: str, name: str) -> pd.DataFrame | None:
+    """A sweep file of a figure: today's `<sweep>/` or the first seed's `seed-<s>/<sweep>/`."""
+    base = common.ROOT / folder / figure
+    paths = sorted(base.glob(name)) + sorted(base.glob(f"seed-*/{name}"))
+    return pd.read_csv(paths[0]) if paths else None
+
+
+def static_brackets() -> str:
+    """Where static's ShareGPT sustained rate lies in each real run (its bracket)."""
+    parts = []
+    for label, folder in REPRODUCTIONS:
+        frame = _first(folder, "fig12", "sharegpt-paper/sustained.csv")
+        cells = _first(folder, "fig12", "sharegpt-paper/sweep.csv")
+        if (
+            not label.startswith("real")
+            or frame is None
+            or cells is None
+            or "static" not in set(frame.engine)
+        ):
+            continue
+        row = frame[frame.engine == "static"].iloc[0]
+        lowest = cells[(cells.engine == "static") & (cells.role != "baseline")].rate.min()
+        if pd.isna(row.last_pass_rate):
+            parts.append(
+                f"{label}: over the bound from the lowest rate tried, {num(row.first_fail_rate)} req/s"
+            )
+            continue
+        fail = "no rate tried" if pd.isna(row.first_fail_rate) else f"{num(row.first_fail_rate)} req/s"
+        at = " (the lowest rate tried)" if lowest == row.last_pass_rate else ""
+        parts.append(f"{label}: under the bound up to {num(row.last_pass_rate)} req/s{at}, over at {fail}")
+    return "Static's ShareGPT sustained rate (Figure 12's brackets): " + "; ".join(parts) + "."
+
+
+def near_best_block_sizes() -> str:
+    """Each run's block sizes within 5 % of its best, by name (a range would hide gaps)."""
+    parts = []
+    for label, folder in REPRODUCTIONS:
+        frame = figure_rows(folder, "fig18b")
+        if frame is None:
+            continue
+        latency = frame[frame.metric.str.startswith("normalized_latency_s@bs")]
+        for workload, group in latency.groupby("workload", sort=False):
+            best = group.kvbench.min()
+            sizes = group.metric.str.removeprefix("normalized_latency_s@bs").astype(int)
+            above = {bs: 100 * (v / best - 1) for bs, v in zip(sizes, group.kvbench, strict=True)}
+            near = ", ".join(f"{bs} ({a:+.1f} %)" for bs, a in above.items() if a <= 5.0)
+            far = ", ".join(f"{bs} ({a:+.1f} %)" for bs, a in above.items() if a > 5.0) or "-"
+            parts.append(f"- {label}, {workload}: within 5 % of the best: {near}; beyond: {far}")
+    return "Block sizes within 5 % of the best (Figure 18b, normalized latency):\n\n" + "\n".join(parts)
+
+
+BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
+    "docs/REPRODUCTION.md": {
+        "real-settings": settings_table,
+        "static-brackets": static_brackets,
+        "near-best-block-sizes": near_best_block_sizes,
+    },
+}
+
+
+def fill(text: str, blocks: dict[str, Callable[[], str]], path: str) -> str:
+    """`text` with every named block's body regenerated; a block missing from it: an error."""
+    for name, build in blocks.items():
+        start, end = START.format(name=name), END.format(name=name)
+        pattern = re.compile(re.escape(start) + r"\n.*?" + re.escape(end), re.DOTALL)
+        if not pattern.search(text):
+            raise SystemExit(f"{path}: no generated block {name!r} (lines {start} ... {end})")
+        body = f"{start}\n{build().rstrip()}\n{end}"
+        text = pattern.sub(lambda _match, body=body: body, text)
+    return text
+
+
+def render_docs() -> dict[str, str]:
+    """Every doc holding generated blocks, as it should read, by repository path."""
+    return {
+        path: fill((common.ROOT / path).read_text(encoding="utf-8"), blocks, path)
+        for path, blocks in BLOCKS.items()
+    }
