@@ -89,6 +89,18 @@ MESSAGES = [
         {"prompt_ids": [(1, 2, 3, 4), (5, -3, -4, 1), (-1, 2, 3, 4)]},
         "line 2, column prompt_ids: token ids must be >= 0, got -3",  # the first row, its first id
     ),
+    (
+        {"prompt_ids": [(1, 2, 3, -(2**63)), (1, 2, 3, 2**63 - 1), (1, 2**64, 3, 4)]},  # int64's ends pass
+        "line 3, column prompt_ids: token ids must be 64-bit integers, got 18446744073709551616",
+    ),
+    (
+        {"prompt_ids": [(1, 2, 3, 4), (-5, 2, 3, 4), None]},  # a row's first id, right after a row's end
+        "line 2, column prompt_ids: token ids must be >= 0, got -5",
+    ),
+    (
+        {"prompt_ids": [None, (1, -(2**62) - 1, 3, 4), None]},
+        "line 2, column prompt_ids: token ids must be >= 0, got -4611686018427387905",  # exact past 2**53
+    ),
 ]
 
 
