@@ -343,3 +343,13 @@ def test_each_sequences_longest_gap_inside_and_into_its_segments():
     table = ItlTable.of([a, b, c])
     assert table.maxima[:2].tolist() == [3.0, 2.0] and math.isnan(table.maxima[2])
     assert sorted(table.expanded().tolist()) == [0.5, 1.0, 2.0, 3.0]
+
+
+def test_numbers_of_either_kind_give_float_seconds_and_int_lengths():
+    """A loader may hand whole arrival times as integers and lengths as floats (a CSV cell "3.0"):
+    requests still hold float seconds and int token counts, as a trace file writes them back."""
+    trace = to_trace(Columns(np.array([0, 2]), np.array([4.0, 5.0]), np.array([3.0, 1.0])), "t", "spec:x")
+    assert [(type(r.arrival_s), type(r.prompt_len), type(r.output_len)) for r in trace.requests] == [
+        (float, int, int)
+    ] * 2
+    assert [(r.arrival_s, r.prompt_len, r.output_len) for r in trace.requests] == [(0.0, 4, 3), (2.0, 5, 1)]
