@@ -105,6 +105,11 @@ class VirtualAllocator:
         left out: `map_plan` prices it step by step): what a batch's `mapped_pages` counts."""
         return (self.maps - self._grown_maps) * self.driver_pages, self.unmaps * self.driver_pages
 
+    @property
+    def driver_totals(self) -> tuple[int, int]:
+        """Driver pages mapped and unmapped so far, growth included (steps.csv counts them)."""
+        return self.maps * self.driver_pages, self.unmaps * self.driver_pages
+
     def map_plan(self, seqs: Seq[Sequence], num_steps: int) -> np.ndarray:
         """Driver pages each of a decode segment's `num_steps` steps maps as its sequences grow
         (`[num_steps]`; step 0's were mapped with the batch: 0), as `grow` takes them: after the

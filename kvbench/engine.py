@@ -59,6 +59,9 @@ class StepRecord:
     free: int
     # slots the sequences' mappings count beyond the distinct slots held: what sharing saves
     shared_saved: int = 0
+    # vmm: driver pages mapped and unmapped since the previous row (what the cost model charges)
+    mapped_pages: int = 0
+    unmapped_pages: int = 0
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,7 @@ class _RunLog:
         self.rows: list[StepRecord] = []
         self.busy, self.saturated = _Integrator(), _Integrator()
         self.peak = 0
+        self.driver = (0, 0)  # the allocator's driver pages mapped and unmapped at the last row
 
     def pending(self) -> bool:
         return self.arrived < len(self.seqs)
@@ -227,6 +231,9 @@ class _RunLog:
         # have queued them); they cannot change the batch, see `until`
         last_start = float(ends[-2]) if k > 1 else self.clock
         late = bisect_right(self.arrivals, last_start) - self.arrived
+        driver = getattr(sched.allocator, "driver_totals", (0, 0))  # vmm only
+        mapped, unmapped = driver[0] - self.driver[0], driver[1] - self.driver[1]
+        self.driver = driver
         self.rows.append(
             StepRecord(
                 self.step, k, self.clock, seconds, "prefill" if batch.is_prefill else "decode",
@@ -234,7 +241,7 @@ class _RunLog:
                 k * batch.num_context + len(batch.seqs) * k * (k - 1) // 2, len(batch.swaps),
                 len(sched.waiting) + late,
                 running, sched.num_preempted, len(sched.swapped),
-                *whole_slots(end, self.num_slots), saved,
+                *whole_slots(end, self.num_slots), saved, mapped, unmapped,
             )
         )  # fmt: skip
         self.clock = float(ends[-1])

@@ -194,24 +194,30 @@ def test_a_batch_that_maps_pages_costs_exactly_that_much_more():
     assert scheduler.schedule().mapped_pages == 0
 
 
-def test_a_run_whose_steps_count_page_maps_has_its_map_cost_fitted(tmp_path):
-    """steps.csv columns `mapped_pages` and `unmapped_pages`, where a run writes them, are fitted
-    like any count: rows made 50 us longer per page mapped and 20 per page unmapped give back
-    those costs, and neither is assumed."""
+def test_a_vmm_run_counts_its_page_maps_and_the_fit_prices_them(tmp_path):
+    """steps.csv's `mapped_pages` and `unmapped_pages` count the driver pages each row mapped and
+    unmapped, exactly what the cost model charged: a vmm run simulated with known map costs
+    (a budget tight enough to reclaim idle pages) gives them back, and neither is assumed."""
     from kvbench.results.load import read_csv
 
-    run = simulated(tmp_path / "run", 6.0, 0)
+    truth = {"model": "opt-13b", "fixed_s": 0.012, "per_token_s": 4e-5, "per_kv_token_s": 3e-7,
+             "per_map_page_s": 4e-5, "per_unmap_page_s": 1.5e-5}  # fmt: skip
+    model = tmp_path / "truth.json"
+    model.write_text(json.dumps(truth))
+    workload = WorkloadSpec("sharegpt-paper", num_requests=150, rate=8.0, seed=3)
+    run = tmp_path / "vmm"
+    write_result(
+        simulate(RunConfig(engine="vmm", workload=workload, kv_cache_gib=2.0, cost_model=str(model))), run
+    )
     steps = read_csv(run / "steps.csv")
-    rng = np.random.default_rng(1)
-    steps["mapped_pages"] = rng.integers(0, 160, len(steps))
-    steps["unmapped_pages"] = rng.integers(0, 80, len(steps))
-    steps["duration_s"] += 5e-5 * steps["mapped_pages"] + 2e-5 * steps["unmapped_pages"]
-    steps.to_csv(run / "steps.csv", index=False)
+    assert steps["mapped_pages"].sum() > 0 and steps["unmapped_pages"].sum() > 0
+    assert (steps["mapped_pages"] % 80 == 0).all()  # whole pages of 80 per-layer tensors
     fitted = calibrate([run], simulated_ok=True)
-    assert fitted.cost.per_map_page_s == pytest.approx(5e-5, rel=1e-6)
-    assert fitted.cost.per_unmap_page_s == pytest.approx(2e-5, rel=1e-6)
+    assert fitted.cost.per_map_page_s == pytest.approx(4e-5, rel=1e-6)
+    assert fitted.cost.per_unmap_page_s == pytest.approx(1.5e-5, rel=1e-6)
     assert not {"per_map_page_s", "per_unmap_page_s"} & set(fitted.cost.assumed)
-    assert fitted.cost.fixed_s == pytest.approx(TRUE["cost_fixed_s"], rel=1e-6)
+    paged = read_csv(simulated(tmp_path / "paged", 6.0, 0) / "steps.csv")
+    assert (paged["mapped_pages"] == 0).all() and (paged["unmapped_pages"] == 0).all()
 
 
 @pytest.mark.parametrize("ahead", [False, True])
