@@ -1,18 +1,20 @@
 """Fitting the step-time cost model to measured runs, so simulation can sweep what a GPU did.
 
 A real run's steps.csv says, for every row (a prefill step or a decode segment of k steps),
-how long it took and what it did: steps, tokens fed, K/V positions attended, blocks swapped.
-The cost model is linear in exactly those counts,
+how long it took and what it did: steps, tokens fed, K/V positions attended, blocks swapped,
+vmm driver pages mapped and unmapped. The cost model is linear in exactly those counts,
 
     duration = fixed_s * steps + per_token_s * decode tokens + per_kv_token_s * context
                + per_swap_block_s * swaps + per_prefill_s * [row is a prefill]
                + per_prefill_token_s * prefill tokens
+               + per_map_page_s * mapped pages + per_unmap_page_s * unmapped pages
 
 so its constants are a least-squares fit over the rows: non-negative (a negative cost would be
 an artefact of collinear rows), and weighted by 1 / duration so that a 2 ms decode step counts
 as much as a 200 ms prefill (the fit minimises relative error, which is what a simulated
-latency's error is judged by). With 6 unknowns the non-negative fit is exact by enumeration:
-the best unconstrained fit over every subset of the terms, keeping the feasible one.
+latency's error is judged by). With at most 9 unknowns (the 8 above and a knee, below) the
+non-negative fit is exact by enumeration: the best unconstrained fit over every
+subset of the terms whose counts are not all zero, keeping the feasible one.
 
 The prefill term is there because a real runner replays decode steps as CUDA graphs but runs
 prefills eagerly: on the H200 an OPT-1.3B prefill pays milliseconds of kernel launches that a
@@ -32,11 +34,11 @@ fit also tries a knee: `per_row_above_knee_s` more per row beyond `knee_batch` r
 observed batch size, and keeps the best only if it at least halves the linear fit's squared
 relative error; otherwise the linear model stands.
 
-Terms no row can measure are *assumed*: no run swapped (the swap cost), forked (copies inside
-the arena), mapped pages (the vmm driver costs; steps.csv columns `mapped_pages`,
-`unmapped_pages` where a run writes them) or prefilled. Their values are written as used (the
-roofline's or the H200's driver measurement) and named in `assumed`, with where each comes
-from in `assumed_from`, so no constant of a fitted file is a silent default.
+Terms no row can measure are *assumed*: no run swapped (the swap cost), copied inside the arena
+(steps.csv does not count copies), mapped or unmapped pages (the vmm driver costs) or
+prefilled. Their values are written as used (the roofline's or the H200's driver measurement)
+and named in `assumed`, with where each comes from in `assumed_from`, so no constant of a
+fitted file is a silent default.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ FITTED = ("fixed_s", "per_token_s", "per_kv_token_s", "per_swap_block_s", "per_p
           "per_prefill_token_s", "per_map_page_s", "per_unmap_page_s")  # fmt: skip
 KNEE_GAIN = 0.5  # a knee is kept when it at least halves the linear fit's squared relative error
 KNEE_SIDES = 2  # batch sizes a knee needs on each side
+KNEE_CANDIDATES = 32  # knees tried at most (evenly spaced among the sizes seen): each is a full fit
 
 
 @dataclass(frozen=True)
@@ -197,7 +200,10 @@ def fit_shape(counts: np.ndarray, durations: np.ndarray, batch: np.ndarray) -> t
     linear, linear_loss = _nnls(a, b)
     sizes = np.unique(batch[keep][batch[keep] > 0])  # decode batch sizes seen
     best: tuple[float, np.ndarray, int] | None = None
-    for knee in sizes[KNEE_SIDES - 1 : len(sizes) - KNEE_SIDES]:
+    candidates = sizes[KNEE_SIDES - 1 : len(sizes) - KNEE_SIDES]
+    if len(candidates) > KNEE_CANDIDATES:
+        candidates = candidates[np.linspace(0, len(candidates) - 1, KNEE_CANDIDATES).round().astype(int)]
+    for knee in candidates:
         hinge = knee_column(steps, batch[keep], int(knee)) / durations[keep]
         solution, loss = _nnls(np.column_stack([a, hinge]), b)
         if solution[-1] > 0 and (best is None or loss < best[0]):
