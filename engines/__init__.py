@@ -10,12 +10,17 @@
 | paged-static  | blocks (ablation)                       | request-level    |
 | paged-prefix  | blocks + prefix cache (beyond paper)    | iteration-level  |
 | vmm           | virtual ranges, pages mapped on demand  | iteration-level  |
+| hybrid        | per-KV-group blocks, equal-byte pages   | iteration-level  |
+| jenga         | per-KV-group blocks, LCM pages shared   | iteration-level  |
 
 `paged-prefix` is vLLM with automatic prefix caching: requests share computed prompt blocks
 by content (shared prefixes, Mooncake block hashes, earlier chat turns); `paged` is the
 paper's vLLM, which computes and stores every prompt itself, as the contiguous engines do.
 `vmm` is vAttention (ASPLOS 2025): each request's K/V contiguous in a virtual range, physical
 pages mapped under it as it grows and kept mapped for reuse when it finishes.
+`hybrid` (vLLM v1) and `jenga` (SOSP 2025) keep a block table per KV group of a model with
+sliding-window layers and free blocks that leave the window (`engines.hybrid`, docs/HYBRID.md);
+`paged` on such a model is the baseline that treats window layers as full.
 """
 
 from __future__ import annotations
@@ -34,11 +39,13 @@ from engines.contiguous import (
     Pow2Reservation,
     ReservationPolicy,
 )
+from engines.hybrid import HybridAllocator, JengaAllocator
 from engines.paged import PagedAllocator
 from engines.paged_prefix import PrefixCachingAllocator
 from engines.scheduler import IterationScheduler, RequestScheduler, Scheduler, SchedulerConfig
 from engines.vmm import VirtualAllocator
 from kvbench.errors import KvbenchError
+from kvbench.kvspec.layers import KVGroup
 
 ARENAS: dict[str, Callable[[int], SlotArena]] = {"buddy": BuddyArena, "first-fit": FirstFitArena}
 
@@ -57,6 +64,7 @@ class EngineOptions:
     page_tokens: int | Fraction = 0  # vmm: slots one physical page holds, maybe a fraction (0: block_size)
     num_pages: int | None = None  # vmm: whole pages the byte budget holds (None: num_slots // page_tokens)
     driver_pages: int = 1  # vmm: driver pages one page maps (2 x layers under the per-layer layout)
+    kv_groups: tuple[KVGroup, ...] = ()  # hybrid engines: the model's KV groups (none: one full group)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
@@ -86,6 +94,14 @@ def _vmm(options: EngineOptions) -> KVAllocator:
         options.num_slots, page, pages, options.max_len, ranges, options.watermark,
         driver_pages=options.driver_pages,
     )  # fmt: skip
+
+
+def _hybrid(options: EngineOptions) -> KVAllocator:
+    return HybridAllocator(options.num_slots, options.block_size, options.kv_groups, options.watermark)
+
+
+def _jenga(options: EngineOptions) -> KVAllocator:
+    return JengaAllocator(options.num_slots, options.block_size, options.kv_groups, options.watermark)
 
 
 @dataclass(frozen=True)
@@ -138,6 +154,18 @@ ENGINES: dict[str, EngineSpec] = {
             "vmm",
             "vAttention: continuous batching, virtual ranges with physical pages mapped on demand",
             _vmm,
+            IterationScheduler,
+        ),
+        EngineSpec(
+            "hybrid",
+            "vLLM v1 hybrid: a block table per KV group, window blocks freed, equal-byte pages",
+            _hybrid,
+            IterationScheduler,
+        ),
+        EngineSpec(
+            "jenga",
+            "Jenga: a block table per KV group, window blocks freed, LCM pages shared by groups",
+            _jenga,
             IterationScheduler,
         ),
     )

@@ -189,6 +189,7 @@ def prepare(
         page_tokens=pages.page_tokens,
         num_pages=pages.num_pages,
         driver_pages=pages.page_bytes // pages.driver_page_bytes,
+        kv_groups=model.groups,
         scheduler=SchedulerConfig(config.max_num_seqs, tokens, config.preemption),
     )
     if spec is not None:

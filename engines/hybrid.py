@@ -1,0 +1,499 @@
+"""Allocators for models whose layers keep different tokens: sliding-window layers beside full ones.
+
+A paged allocator that treats a window layer as full (`paged` on Gemma) keeps every token of
+every layer, although a window layer never reads a token more than W - 1 positions back. The
+allocators here keep one block table per KV group (`kvbench.kvspec.KVGroup`: layers of one kind
+and shape), so a sequence holds blocks in every group, and a window group frees each block that
+falls wholly out of the window as the sequence grows (vLLM v1's hybrid KV cache manager; Jenga,
+SOSP 2025). Both carve their blocks from ONE pool of equal-byte pages taken from one budget, so a
+group that needs more memory for the current mix of requests simply takes more pages; a static
+split into per-group pools would have to guess the mix (`kvbench.budget.budget_by_layer_kind`
+sizes such a split for one sequence length, which is right only for that length).
+
+- `HybridAllocator` (vLLM v1): a page holds one block of *u* bytes per token, u = the gcd of the
+  groups' bytes per token. vLLM splits every group into sub-groups of equal layer count so that
+  their pages have equal bytes; a block of group g is then m_g = bytes_per_token(g) / u such pages
+  (its m_g sub-groups' blocks, which always grow and shrink together). No page is ever partly
+  used, so nothing is lost beyond the budget's tail.
+- `JengaAllocator` (Jenga): a page is the least common multiple of the groups' block bytes
+  (block_size x bytes per token of the group); a page is split on demand into blocks of one group
+  (k_g = page / block bytes of them) and returns to the shared pool when its last block is freed.
+  The unused blocks of partly used pages are what this layout wastes; they count as allocator
+  overhead (granted, not asked), exactly.
+
+Units. The engine loop, the metrics and reports measure the arena in slots: one slot is one
+token in every layer (`ModelSpec.kv_bytes_per_token`, B bytes), the unit the budget is sized in
+for every engine. A block of group g is block_size x b_g / B slots, a fraction: footprints are
+exact rationals carried as floats, and the categories still sum to the arena.
+
+Which tokens a step reads. A step computes positions [num_computed, num_tokens); the query at
+position p of a window-W layer reads keys p - W + 1 .. p, so the first key any step reads from
+now on is num_computed - W + 1. A window group frees the blocks lying wholly below it (their
+table entries become None, vLLM's null block), and does so as soon as the allocator is next
+asked about the sequence (`can_append`, `append`), never for a token a step still reads.
+
+Peaks. Prefill (and recompute after preemption) writes every prompt token's K/V in one step, so
+a window group holds blocks for all of them until the next step frees the old ones. A sequence
+preempted late is recomputed with up to kv_len - 1 tokens, so `can_ever_hold` asks for kv_len
+tokens in every group: the only peak a request alone is guaranteed to pass through again.
+
+Not here: prefix caching with windows (shared prompt blocks whose window moved on), swapping to
+host memory (`can_swap_out` is False: victims are recomputed), real decoding (no family with
+window layers is decoded; `addressing` gives the first group's table, freed entries as -1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from engines.allocator import BlockTable
+from kvbench.kvspec.layers import KVGroup
+from kvbench.metrics.occupancy import Footprint, Growth
+from kvbench.requests import Request
+from kvbench.sequence import Sequence
+
+Table = list[int | None]  # block ids; None: freed, out of the window (vLLM's null block)
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """What the allocator needs of one KV group: bytes of one token in all its layers, its window."""
+
+    bytes_per_token: int
+    window: int = 0  # 0: the group keeps every token
+
+
+def group_shapes(groups: Seq[KVGroup]) -> tuple[GroupShape, ...]:
+    """The shapes of a model's KV groups; no groups (a model not given) is one full group, under
+    which both allocators are `paged` with a different free order."""
+    shapes = tuple(GroupShape(g.bytes_per_token, getattr(g.layer, "window", 0)) for g in groups)
+    return shapes or (GroupShape(1),)
+
+
+class _Pool:
+    """Pages of one budget; blocks of a group taken from them. Subclasses set the layout."""
+
+    num_pages: int
+    page_bytes: int
+
+    def __init__(self, shapes: tuple[GroupShape, ...], block_size: int, budget_bytes: int) -> None:
+        self.shapes = shapes
+        self.block_size = block_size
+        self.num_pages = budget_bytes // self.page_bytes
+        self.free: deque[int] = deque(range(self.num_pages))
+
+    def block_bytes(self, group: int) -> int:
+        return self.block_size * self.shapes[group].bytes_per_token
+
+    def pages_for(self, need: Seq[int]) -> int:
+        """Free pages `need[g]` more blocks of each group g would take."""
+        raise NotImplementedError
+
+    def take(self, group: int) -> int: ...
+
+    def release(self, group: int, block: int) -> None: ...
+
+    def spare_bytes(self) -> int:
+        """Bytes in pages handed out that no block holds (partly used pages)."""
+        return 0
+
+    def check(self, live: dict[int, int]) -> None:
+        """Assert the pool agrees with `live` (block id -> its group)."""
+        raise NotImplementedError
+
+
+class EqualPages(_Pool):
+    """vLLM's layout: every page is u x block_size bytes; a block of group g is m_g pages."""
+
+    def __init__(self, shapes: tuple[GroupShape, ...], block_size: int, budget_bytes: int) -> None:
+        self.unit = math.gcd(*(s.bytes_per_token for s in shapes))
+        self.multiple = tuple(s.bytes_per_token // self.unit for s in shapes)
+        self.page_bytes = self.unit * block_size
+        super().__init__(shapes, block_size, budget_bytes)
+        self._pages: dict[int, list[int]] = {}  # block id (its first page) -> its pages
+
+    def pages_for(self, need: Seq[int]) -> int:
+        return sum(m * n for m, n in zip(self.multiple, need, strict=True))
+
+    def take(self, group: int) -> int:
+        pages = [self.free.popleft() for _ in range(self.multiple[group])]
+        self._pages[pages[0]] = pages
+        return pages[0]
+
+    def release(self, group: int, block: int) -> None:
+        self.free.extend(self._pages.pop(block))
+
+    def check(self, live: dict[int, int]) -> None:
+        assert set(live) == set(self._pages), "blocks and pages differ"
+        held = [p for block, group in live.items() for p in self._pages[block]]
+        assert all(len(self._pages[b]) == self.multiple[g] for b, g in live.items()), "block size wrong"
+        assert sorted(held + list(self.free)) == list(range(self.num_pages)), "pages lost or doubled"
+
+
+class LcmPages(_Pool):
+    """Jenga's layout: a page of lcm(block bytes) split on demand into k_g blocks of one group.
+
+    A block's id is page x K + index, K the most blocks any page holds. A group takes a block from
+    its partly used page with the lowest id first (packing pages, so freed ones empty sooner), and
+    a page whose last block is freed goes back to the shared queue.
+    """
+
+    def __init__(self, shapes: tuple[GroupShape, ...], block_size: int, budget_bytes: int) -> None:
+        self.page_bytes = math.lcm(*(block_size * s.bytes_per_token for s in shapes))
+        super().__init__(shapes, block_size, budget_bytes)
+        self.per_page = tuple(self.page_bytes // self.block_bytes(g) for g in range(len(shapes)))
+        self.stride = max(self.per_page)
+        self._spare: list[dict[int, list[int]]] = [{} for _ in shapes]  # group -> page -> free indices
+        self._spare_count = [0] * len(shapes)
+        self._owner: dict[int, int] = {}  # page in use -> its group
+
+    def pages_for(self, need: Seq[int]) -> int:
+        rows = zip(need, self._spare_count, self.per_page, strict=True)
+        return sum(-(-max(n - spare, 0) // k) for n, spare, k in rows)
+
+    def take(self, group: int) -> int:
+        spare = self._spare[group]
+        if not spare:
+            page = self.free.popleft()
+            self._owner[page] = group
+            spare[page] = list(range(self.per_page[group]))
+            self._spare_count[group] += self.per_page[group]
+        page = min(spare)
+        indices = spare[page]
+        index = indices.pop(0)
+        if not indices:
+            del spare[page]
+        self._spare_count[group] -= 1
+        return page * self.stride + index
+
+    def release(self, group: int, block: int) -> None:
+        page, index = divmod(block, self.stride)
+        spare = self._spare[group]
+        spare.setdefault(page, []).append(index)
+        spare[page].sort()
+        self._spare_count[group] += 1
+        if len(spare[page]) == self.per_page[group]:  # the page is empty: back to the shared pool
+            del spare[page]
+            del self._owner[page]
+            self._spare_count[group] -= self.per_page[group]
+            self.free.append(page)
+
+    def spare_bytes(self) -> int:
+        return sum(n * self.block_bytes(g) for g, n in enumerate(self._spare_count))
+
+    def check(self, live: dict[int, int]) -> None:
+        used: dict[int, set[int]] = {}
+        for block, group in live.items():
+            page, index = divmod(block, self.stride)
+            assert self._owner.get(page) == group, f"block {block} in a page of another group"
+            used.setdefault(page, set()).add(index)
+        assert set(used) == set(self._owner), "a page in use holds no block, or a block no page"
+        for page, group in self._owner.items():
+            spare = set(self._spare[group].get(page, []))
+            assert not spare & used[page], f"page {page}: an index both free and held"
+            assert spare | used[page] == set(range(self.per_page[group])), f"page {page}: blocks lost"
+        for g in range(len(self.shapes)):
+            assert self._spare_count[g] == sum(len(v) for v in self._spare[g].values()), "spare count"
+        assert sorted(list(self._owner) + list(self.free)) == list(range(self.num_pages)), "pages lost"
+
+
+class _GroupedAllocator:
+    """Block tables per KV group over one page pool; see the module docstring. `KVAllocator`."""
+
+    pool_class: type[_Pool]
+
+    def __init__(
+        self, num_slots: int, block_size: int, groups: Seq[KVGroup] = (), watermark: float = 0.01
+    ) -> None:
+        self.num_slots = num_slots
+        self.block_size = block_size
+        self.shapes = group_shapes(groups)
+        self.slot_bytes = sum(s.bytes_per_token for s in self.shapes)  # B: one token in every layer
+        self.pool = self.pool_class(self.shapes, block_size, num_slots * self.slot_bytes)
+        self.watermark_pages = int(watermark * self.pool.num_pages)
+        # a block of group g in slots: block_size x b_g / B
+        self._block_slots = tuple(block_size * s.bytes_per_token / self.slot_bytes for s in self.shapes)
+        self._tables: dict[Sequence, list[Table]] = {}
+        self._skipped: dict[Sequence, list[int]] = {}  # leading None entries per group
+        self._refs: dict[int, int] = {}
+        self._group_of: dict[int, int] = {}
+        self._num_shared = 0
+
+    # --- sizes ---------------------------------------------------------------------------------
+    @property
+    def num_groups(self) -> int:
+        return len(self.shapes)
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self.pool.free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def held_blocks(self, seq: Sequence) -> list[int]:
+        """Blocks `seq` holds in each group (freed ones not counted)."""
+        return [len(t) - s for t, s in zip(self._tables[seq], self._skipped[seq], strict=True)]
+
+    def _fits(self, need: Seq[int], reserve: int) -> bool:
+        return self.pool.pages_for(need) <= self.num_free_pages - reserve
+
+    # --- admission -----------------------------------------------------------------------------
+    def can_ever_hold(self, request: Request) -> bool:
+        need = self.blocks_for(request.kv_len) * request.beam_width
+        return self.pool.pages_for([need] * self.num_groups) <= self.pool.num_pages - self.watermark_pages
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        return self._fits([self.blocks_for(seq.num_tokens)] * self.num_groups, self.watermark_pages)
+
+    def can_allocate_all(self, seqs: Seq[Sequence]) -> bool:
+        need = sum(self.blocks_for(seq.num_tokens) for seq in seqs)
+        return self._fits([need] * self.num_groups, self.watermark_pages)
+
+    def allocate(self, seq: Sequence) -> None:
+        assert seq not in self._tables, f"seq {seq.seq_id} is already resident"
+        n = self.blocks_for(seq.num_tokens)
+        self._tables[seq] = [[self._take(g) for _ in range(n)] for g in range(self.num_groups)]
+        self._skipped[seq] = [0] * self.num_groups
+
+    def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int, int]]:
+        """Share every block `parent` holds (copy on the first write), as `paged` does."""
+        assert child not in self._tables, f"seq {child.seq_id} is already resident"
+        tables = self._tables[parent]
+        for table in tables:
+            for block in table:
+                if block is not None:
+                    self._ref(block)
+        self._tables[child] = [list(t) for t in tables]
+        self._skipped[child] = list(self._skipped[parent])
+        return []
+
+    # --- growth --------------------------------------------------------------------------------
+    def _slide(self, seq: Sequence) -> None:
+        """Free the window groups' blocks that no step reads again (below num_computed - W + 1)."""
+        tables, skipped = self._tables[seq], self._skipped[seq]
+        for g, shape in enumerate(self.shapes):
+            if shape.window:
+                first = max(seq.num_computed - shape.window + 1, 0) // self.block_size
+                table = tables[g]
+                for index in range(skipped[g], min(first, len(table))):
+                    block = table[index]
+                    assert block is not None
+                    table[index] = None
+                    self._unref(block)
+                skipped[g] = max(skipped[g], min(first, len(table)))
+
+    def _written_shared(self, seq: Sequence, g: int) -> list[int]:
+        """Indices of group g's shared blocks the next step writes into (copied first)."""
+        table = self._tables[seq][g]
+        last = min(self.blocks_for(seq.num_tokens), len(table))
+        first = seq.num_computed // self.block_size
+        return [i for i in range(first, last) if table[i] is not None and self._refs[table[i]] > 1]
+
+    def _append_need(self, seq: Sequence) -> list[int]:
+        want = self.blocks_for(seq.num_tokens)
+        need = [max(want - len(t), 0) for t in self._tables[seq]]
+        if self._num_shared:
+            need = [n + len(self._written_shared(seq, g)) for g, n in enumerate(need)]
+        return need
+
+    def can_append(self, seq: Sequence) -> bool:
+        self._slide(seq)
+        return self._fits(self._append_need(seq), 0)
+
+    def append(self, seq: Sequence) -> list[tuple[int, int]]:
+        self._slide(seq)
+        copies = []
+        want = self.blocks_for(seq.num_tokens)
+        for g, table in enumerate(self._tables[seq]):
+            if self._num_shared:
+                for index in self._written_shared(seq, g):
+                    old, new = table[index], self._take(g)
+                    assert old is not None
+                    self._unref(old)
+                    table[index] = new
+                    copies.append((old, new))
+            table.extend(self._take(g) for _ in range(want - len(table)))
+        return copies
+
+    def append_all(self, seqs: Seq[Sequence]) -> list[tuple[int, int]] | None:
+        if self._num_shared:
+            return None  # copy-on-write is decided sequence by sequence
+        for seq in seqs:
+            self._slide(seq)
+        need = [0] * self.num_groups
+        for seq in seqs:
+            need = [a + b for a, b in zip(need, self._append_need(seq), strict=True)]
+        if not self._fits(need, 0):
+            return None
+        for seq in seqs:
+            self.append(seq)
+        return []
+
+    def free(self, seq: Sequence) -> None:
+        tables = self._tables.pop(seq)
+        del self._skipped[seq]
+        for table in tables:
+            for block in reversed(table):
+                if block is not None:
+                    self._unref(block)
+
+    def can_swap_out(self, seq: Sequence) -> bool:
+        return False  # victims are recomputed (module docstring)
+
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        raise NotImplementedError("hybrid allocators do not swap")
+
+    def can_swap_in(self, seq: Sequence) -> bool:
+        return False
+
+    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
+        raise NotImplementedError("hybrid allocators do not swap")
+
+    def growth_horizon(self, seqs: Seq[Sequence], max_steps: int) -> int:
+        """Steps until some sequence needs a new block or frees one out of a window.
+
+        After step 0's `append` a sequence with c computed tokens and L blocks a group needs a new
+        block at step L x bs - c, and window group g (s blocks freed) frees one at step
+        (s + 1) x bs + W - 1 - c. The segment stops before either: within it nothing changes.
+        """
+        if self._num_shared:
+            return 1  # copy-on-write is decided step by step
+        horizon = max_steps
+        bs = self.block_size
+        for seq in seqs:
+            c = seq.num_computed
+            tables, skipped = self._tables[seq], self._skipped[seq]
+            horizon = min(horizon, len(tables[0]) * bs - c)
+            for g, shape in enumerate(self.shapes):
+                if shape.window:
+                    horizon = min(horizon, (skipped[g] + 1) * bs + shape.window - 1 - c)
+        return max(horizon, 1)
+
+    def grow(self, seqs: Seq[Sequence], num_steps: int) -> Growth | None:
+        return None  # a segment never crosses a block boundary (`growth_horizon`)
+
+    def trim(self, num_steps: int) -> None:
+        pass
+
+    # --- occupancy -----------------------------------------------------------------------------
+    def footprint(self) -> Footprint:
+        tokens = target = asked = 0.0
+        if self._num_shared:
+            return self._footprint_by_blocks()
+        bs = self.block_size
+        for seq, tables in self._tables.items():
+            for g, table in enumerate(tables):
+                start, end = self._skipped[seq][g] * bs, len(table) * bs
+                filled = max(min(seq.num_computed, end) - start, 0)
+                wanted = max(min(seq.request.kv_len, end) - start, filled)
+                scale = self._block_slots[g] / bs
+                tokens += filled * scale
+                target += wanted * scale
+                asked += (end - start) * scale
+        return Footprint(tokens, target, asked, asked + self._spare_slots())
+
+    def _footprint_by_blocks(self) -> Footprint:
+        """Each physical block counted once, at the most any sharer fills and wants of it."""
+        fill: dict[int, int] = {}
+        want: dict[int, int] = {}
+        bs = self.block_size
+        for seq, tables in self._tables.items():
+            for table in tables:
+                for index, block in enumerate(table):
+                    if block is None:
+                        continue
+                    start = index * bs
+                    filled = min(max(seq.num_computed - start, 0), bs)
+                    wanted = min(max(seq.request.kv_len - start, 0), bs)
+                    fill[block] = max(fill.get(block, 0), filled)
+                    want[block] = max(want.get(block, 0), wanted, filled)
+        scale = [self._block_slots[g] / bs for g in range(self.num_groups)]
+        tokens = sum(n * scale[self._group_of[b]] for b, n in fill.items())
+        target = sum(n * scale[self._group_of[b]] for b, n in want.items())
+        asked = sum(self._block_slots[self._group_of[b]] for b in fill)
+        return Footprint(tokens, target, asked, asked + self._spare_slots())
+
+    def _spare_slots(self) -> float:
+        return self.pool.spare_bytes() / self.slot_bytes
+
+    def sharing_saved(self) -> int:
+        if not self._num_shared:
+            return 0
+        saved = sum((r - 1) * self._block_slots[self._group_of[b]] for b, r in self._refs.items() if r > 1)
+        return round(saved)
+
+    def external_frag(self, head: Sequence | None) -> float:
+        """The budget's tail past the last whole page: no block can use it."""
+        return self.num_slots - self.pool.num_pages * self.pool.page_bytes / self.slot_bytes
+
+    def outside_window_slots(self) -> float:
+        """Slots window groups hold for tokens older than their window (0: freed as they leave)."""
+        total = 0.0
+        for seq in self._tables:
+            for g, shape in enumerate(self.shapes):
+                if shape.window:
+                    start = self._skipped[seq][g] * self.block_size
+                    old = max(seq.num_computed - shape.window + 1, 0) - start
+                    total += max(old, 0) * self._block_slots[g] / self.block_size
+        return total
+
+    def addressing(self, seq: Sequence) -> BlockTable:
+        table = self._tables[seq][0]
+        return BlockTable(tuple(-1 if b is None else b for b in table), self.block_size)
+
+    def check_integrity(self) -> None:
+        refs: dict[int, int] = {}
+        for seq, tables in self._tables.items():
+            lengths = {len(t) for t in tables}
+            assert len(lengths) == 1, f"seq {seq.seq_id}: groups' tables differ in length"
+            (length,) = lengths
+            low, high = self.blocks_for(seq.num_computed), self.blocks_for(seq.num_tokens)
+            assert low <= length <= max(high, low), f"seq {seq.seq_id} holds {length} blocks"
+            for g, (table, skipped) in enumerate(zip(tables, self._skipped[seq], strict=True)):
+                shape = self.shapes[g]
+                assert all(b is None for b in table[:skipped]), "a freed entry holds a block"
+                assert all(b is not None for b in table[skipped:]), "a block freed inside the window"
+                if shape.window:  # nothing freed that a step still reads
+                    assert skipped * self.block_size <= max(seq.num_computed - shape.window + 1, 0)
+                else:
+                    assert skipped == 0, "a full group freed a block"
+                for block in table[skipped:]:
+                    assert self._group_of[block] == g, f"block {block} in another group's table"
+                    refs[block] = refs.get(block, 0) + 1
+        assert refs == self._refs, "reference counts differ from the block tables"
+        assert self._num_shared == sum(r > 1 for r in refs.values()), "shared-block count wrong"
+        self.pool.check(self._group_of)
+
+    # --- blocks --------------------------------------------------------------------------------
+    def _take(self, g: int) -> int:
+        block = self.pool.take(g)
+        self._refs[block] = 1
+        self._group_of[block] = g
+        return block
+
+    def _ref(self, block: int) -> None:
+        self._refs[block] += 1
+        self._num_shared += self._refs[block] == 2
+
+    def _unref(self, block: int) -> None:
+        self._refs[block] -= 1
+        self._num_shared -= self._refs[block] == 1
+        if self._refs[block] == 0:
+            del self._refs[block]
+            self.pool.release(self._group_of.pop(block), block)
+
+
+class HybridAllocator(_GroupedAllocator):
+    """vLLM v1's hybrid KV cache manager: per-group tables over equal-byte pages (`EqualPages`)."""
+
+    pool_class = EqualPages
+
+
+class JengaAllocator(_GroupedAllocator):
+    """Jenga: per-group tables over LCM-sized pages split into one group's blocks (`LcmPages`)."""
+
+    pool_class = LcmPages
