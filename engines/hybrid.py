@@ -30,7 +30,10 @@ Which tokens a step reads. A step computes positions [num_computed, num_tokens);
 position p of a window-W layer reads keys p - W + 1 .. p, so the first key any step reads from
 now on is num_computed - W + 1. A window group frees the blocks lying wholly below it (their
 table entries become None, vLLM's null block), and does so as soon as the allocator is next
-asked about the sequence (`can_append`, `append`), never for a token a step still reads.
+asked about the sequence (`can_append`, `append`) or about admitting anyone (`can_allocate`:
+every resident sequence), never for a token a step still reads. Freeing before the admission
+check keeps multi-step segments exact: memory never grows inside a segment, and what the last
+step freed is seen by the check that decides the next one.
 
 Peaks. Prefill (and recompute after preemption) writes every prompt token's K/V in one step, so
 a window group holds blocks for all of them until the next step frees the old ones. A sequence
@@ -247,9 +250,11 @@ class _GroupedAllocator:
         return self.pool.pages_for([need] * self.num_groups) <= self.pool.num_pages - self.watermark_pages
 
     def can_allocate(self, seq: Sequence) -> bool:
+        self._slide_all()
         return self._fits([self.blocks_for(seq.num_tokens)] * self.num_groups, self.watermark_pages)
 
     def can_allocate_all(self, seqs: Seq[Sequence]) -> bool:
+        self._slide_all()
         need = sum(self.blocks_for(seq.num_tokens) for seq in seqs)
         return self._fits([need] * self.num_groups, self.watermark_pages)
 
@@ -272,6 +277,13 @@ class _GroupedAllocator:
         return []
 
     # --- growth --------------------------------------------------------------------------------
+    def _slide_all(self) -> None:
+        """`_slide` every resident sequence: before an admission check, so that blocks the last
+        step left out of the window count as free (as they would after the next `append`)."""
+        if any(s.window for s in self.shapes):
+            for seq in self._tables:
+                self._slide(seq)
+
     def _slide(self, seq: Sequence) -> None:
         """Free the window groups' blocks that no step reads again (below num_computed - W + 1)."""
         tables, skipped = self._tables[seq], self._skipped[seq]
@@ -431,14 +443,19 @@ class _GroupedAllocator:
         return self.num_slots - self.pool.num_pages * self.pool.page_bytes / self.slot_bytes
 
     def outside_window_slots(self) -> float:
-        """Slots window groups hold for tokens older than their window (0: freed as they leave)."""
+        """Slots window groups hold in blocks lying wholly before the first token a step reads.
+
+        Zero right after every resident sequence's `append` (they are freed then); a block that
+        still holds one token of the window stays whole, so up to block_size - 1 older tokens per
+        sequence and group are held, and counted as tokens, as paging counts any partial block.
+        """
         total = 0.0
+        bs = self.block_size
         for seq in self._tables:
             for g, shape in enumerate(self.shapes):
                 if shape.window:
-                    start = self._skipped[seq][g] * self.block_size
-                    old = max(seq.num_computed - shape.window + 1, 0) - start
-                    total += max(old, 0) * self._block_slots[g] / self.block_size
+                    out = max(seq.num_computed - shape.window + 1, 0) // bs - self._skipped[seq][g]
+                    total += max(out, 0) * self._block_slots[g]
         return total
 
     def addressing(self, seq: Sequence) -> BlockTable:
