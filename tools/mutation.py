@@ -148,6 +148,10 @@ def main() -> None:
         os.killpg(mutmut.pid, signal.SIGTERM)
         mutmut.wait()
         finished = False
+    if finished and mutmut.returncode != 0:
+        # e.g. a selected test already fails on the committed tree: no mutant ran, and a report
+        # of "0 killed" would read as a result; the scope's last report stays as it was
+        sys.exit(f"mutmut stopped with exit code {mutmut.returncode} (rerun it in {work}); no report written")
     seconds = time.monotonic() - started
     subprocess.run([sys.executable, "-m", "mutmut", "export-cicd-stats"], cwd=work, env=env, check=True)
     stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
