@@ -76,6 +76,14 @@ def group_shapes(groups: Seq[KVGroup]) -> tuple[GroupShape, ...]:
     return shapes or (GroupShape(1),)
 
 
+def blocks_behind_window(shape: GroupShape, block_size: int, num_computed: int) -> int:
+    """Blocks of a window group lying wholly before the first token any later step reads
+    (num_computed - W + 1): what freeing may give back; 0 for a full group."""
+    if not shape.window:
+        return 0
+    return max(num_computed - shape.window + 1, 0) // block_size
+
+
 class _Pool:
     """Pages of one budget; blocks of a group taken from them. Subclasses set the layout."""
 
@@ -289,7 +297,7 @@ class _GroupedAllocator:
         tables, skipped = self._tables[seq], self._skipped[seq]
         for g, shape in enumerate(self.shapes):
             if shape.window:
-                first = max(seq.num_computed - shape.window + 1, 0) // self.block_size
+                first = blocks_behind_window(shape, self.block_size, seq.num_computed)
                 table = tables[g]
                 for index in range(skipped[g], min(first, len(table))):
                     block = table[index]
@@ -450,12 +458,10 @@ class _GroupedAllocator:
         sequence and group are held, and counted as tokens, as paging counts any partial block.
         """
         total = 0.0
-        bs = self.block_size
         for seq in self._tables:
             for g, shape in enumerate(self.shapes):
-                if shape.window:
-                    out = max(seq.num_computed - shape.window + 1, 0) // bs - self._skipped[seq][g]
-                    total += max(out, 0) * self._block_slots[g]
+                behind = blocks_behind_window(shape, self.block_size, seq.num_computed)
+                total += max(behind - self._skipped[seq][g], 0) * self._block_slots[g]
         return total
 
     def addressing(self, seq: Sequence) -> BlockTable:
