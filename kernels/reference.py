@@ -14,18 +14,22 @@ import torch
 
 
 def context_slots(
-    context_lens: torch.Tensor, max_context: int, *, block_tables=None, block_size: int = 0, starts=None
-) -> torch.Tensor:
+    context_lens: torch.Tensor, max_context: int, *, block_tables=None, block_size: int = 0, starts=None,
+    first=None,
+) -> torch.Tensor:  # fmt: skip
     """`[B, max_context]` arena slot of every position each sequence attends.
 
     Padding past a sequence's context repeats its last position (or position 0 for an empty
     context), so nothing reads a slot the sequence has not written: an unwritten slot may hold
-    anything, even NaN, and a masked NaN still poisons a weighted sum.
+    anything, even NaN, and a masked NaN still poisons a weighted sum. `first` `[B]` (a sliding
+    window's left bound) starts each row at that position, so nothing before it is read.
     """
     device = context_lens.device
-    positions = torch.arange(max_context, device=device)  # [C]
+    positions = torch.arange(max_context, device=device)[None, :]  # [1, C]
+    if first is not None:
+        positions = positions + first.long()[:, None]  # [B, C]
     last = (context_lens.long() - 1).clamp(min=0)  # [B]
-    positions = torch.minimum(positions[None, :], last[:, None])  # [B, C]
+    positions = torch.minimum(positions, last[:, None])  # [B, C]
     if block_tables is not None:
         blocks = block_tables.long().gather(1, positions // block_size)  # [B, C]
         return blocks * block_size + positions % block_size

@@ -19,7 +19,9 @@ from typing import Literal
 from kvbench.kvspec.layers import FullAttention, KVGroup, LatentAttention, LayerKV, SlidingWindow, kv_groups
 
 Family = Literal["opt", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "deepseek"]
-DECODED_FAMILIES = ("opt", "llama")  # what kvbench/modeling/ computes; the rest are sized only
+DECODED_FAMILIES = ("opt", "llama")  # what kvbench/modeling/ computes with full attention only
+# families kvbench/modeling/ computes with their sliding windows and head sizes (not MLA, not MoE)
+WINDOWED_FAMILIES = ("qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ class ModelSpec:
     window_layers: tuple[int, ...] = ()  # indices of the sliding-window layers (the rest: full)
     local_rope_theta: float | None = None  # Gemma 3's sliding layers' rotary base (rope_local_base_freq)
     tied_embeddings: bool = False  # the LM head is the token embedding (OPT always; Gemma; Qwen3-0.6B)
+    query_scale: float = 0.0  # Gemma's query_pre_attn_scalar: scores scaled by its -1/2 power; 0: head_dim's
+    attn_softcap: float = 0.0  # Gemma 2: attention scores become cap * tanh(score / cap); 0: none
+    final_softcap: float = 0.0  # Gemma 2: the same on the final logits; 0: none
     mla: MlaShape | None = None  # latent KV instead of K and V per head
     moe: MoeShape | None = None
 
@@ -129,6 +134,8 @@ class ModelSpec:
     @property
     def decoded(self) -> bool:
         """Whether kvbench's own model code computes this architecture (else: sized and simulated)."""
+        if self.family in WINDOWED_FAMILIES:
+            return self.mla is None and self.moe is None
         return (
             self.family in DECODED_FAMILIES and not self.window_layers and self.mla is None
             and self.head_dim * self.num_heads == self.hidden

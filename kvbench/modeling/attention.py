@@ -82,11 +82,27 @@ def _ops(backend: str):
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    meta: AttentionMetadata, scale: float,
+    meta: AttentionMetadata, scale: float, *, window: int = 0, softcap: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
-    """q `[T, H, D]`, new k/v `[T, Hkv, D]` -> output `[T, H, D]`; stores the new K/V first."""
+    """q `[T, H, D]`, new k/v `[T, Hkv, D]` -> output `[T, H, D]`; stores the new K/V first.
+
+    A sliding `window` (the last `window` positions) or a score `softcap` runs the PyTorch
+    window attention (`window_attention.py`) on every backend: the kernels compute neither yet.
+    """
     store_kv, extend, decode = _ops(meta.backend)
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    if window or softcap:
+        from kvbench.modeling.window_attention import decode_window_attention, extend_window_attention
+
+        if meta.is_prefill:
+            return extend_window_attention(
+                q, k_cache, v_cache, meta.cu_seqlens, meta.context_lens, scale=scale, window=window,
+                softcap=softcap, **meta.addressing(),
+            )  # fmt: skip
+        return decode_window_attention(
+            q, k_cache, v_cache, meta.context_lens, scale=scale, window=window, softcap=softcap,
+            **meta.addressing(),
+        )  # fmt: skip
     if meta.is_prefill:
         return extend(
             q, k_cache, v_cache, meta.cu_seqlens, meta.context_lens, scale=scale, max_new=meta.max_new,

@@ -12,6 +12,7 @@ check needs no model code.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
@@ -33,13 +34,15 @@ def read_checkpoint_spec(path: Path) -> ModelSpec:
 
 def spec_from_hf_config(config: object, name: str) -> ModelSpec:
     """A `ModelSpec` from a parsed `config.json` (OPT, Llama, Mistral) of the folder `name`; the other
-    families kvbench sizes (Qwen, Gemma, DeepSeek) come from the sizing reader, `kvbench.kvspec.hf`."""
+    families kvbench sizes (Qwen, Gemma, DeepSeek) come from the sizing reader, `kvbench.kvspec.hf`,
+    and, where kvbench decodes them, the keys of their arithmetic checked (`_decoding_keys`)."""
     where = f"--model {name}: config.json"
     if not isinstance(config, dict):
         raise KvbenchError(f"{where}: expected a JSON object, got a JSON {_json_kind(config)}")
     model_type = config.get("model_type")
     if isinstance(model_type, str) and model_type in SIZED_FAMILIES and model_type not in HF_MODEL_TYPES:
-        return spec_from_config(config, name)  # sized and simulated; building its model is refused
+        spec = spec_from_config(config, name)  # sized; decoded where kvbench has the family's code
+        return _decoding_keys(config, spec, where) if spec.decoded else spec
     if not isinstance(model_type, str) or model_type not in HF_MODEL_TYPES:
         supported = ", ".join(HF_MODEL_TYPES)
         raise KvbenchError(
@@ -91,4 +94,43 @@ def spec_from_hf_config(config: object, name: str) -> ModelSpec:
     return ModelSpec(
         name, "llama", layers, hidden, heads, kv_heads, key.count("intermediate_size"), vocab,
         min(max_len, window), norm_eps=key.number("rms_norm_eps", 1e-6), rope_theta=theta,
+    )  # fmt: skip
+
+
+ACTIVATIONS = {"qwen2": "silu", "qwen3": "silu", "mistral": "silu", "gemma2": "gelu_pytorch_tanh",
+               "gemma3": "gelu_pytorch_tanh"}  # fmt: skip
+
+
+def _decoding_keys(config: dict, spec: ModelSpec, where: str) -> ModelSpec:
+    """The keys that change a decoded family's arithmetic but not its KV sizes: refused where
+    kvbench's model would compute something else, else read into the spec (Gemma's query scale
+    and soft caps)."""
+    if spec.family == "gemma3" and isinstance(config.get("text_config"), dict):
+        config, where = config["text_config"], f"{where}: text_config"
+    key = _Keys(config, where)
+    if spec.head_dim % 2:
+        raise KvbenchError(f"{where}: rotary embeddings need an even head size, got head_dim {spec.head_dim}")
+    if spec.family.startswith("gemma"):
+        key.choice("hidden_activation", ACTIVATIONS[spec.family])
+    else:
+        key.choice("hidden_act", ACTIVATIONS[spec.family])
+    for bias in ("attention_bias", "mlp_bias"):
+        if key.flag(bias, False):
+            key.unsupported(bias, f"{spec.family} with these biases")
+    scaling = config.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
+    if kind not in (None, "default"):
+        key.unsupported("rope_scaling", "rope scaling")
+    if not spec.family.startswith("gemma"):
+        return spec
+    default = 50.0 if spec.family == "gemma2" else None  # transformers' defaults (Gemma 3: no caps)
+
+    def cap(name: str, default: float | None) -> float:  # null: no capping; absent: the default
+        value = config.get(name, default)
+        return 0.0 if value is None else _Keys({name: value}, where).number(name, 0.0)
+
+    return replace(
+        spec, query_scale=key.number("query_pre_attn_scalar", 256.0),
+        attn_softcap=cap("attn_logit_softcapping", default),
+        final_softcap=cap("final_logit_softcapping", 30.0 if default else None),
     )  # fmt: skip

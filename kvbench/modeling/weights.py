@@ -19,10 +19,14 @@ from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.hf_config import read_checkpoint_spec
 from kvbench.modeling.llama import LlamaForCausalLM
 from kvbench.modeling.opt import OPTForCausalLM
+from kvbench.modeling.qwen import MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from kvbench.models import ModelSpec
 from kvbench.parallel.layers import SINGLE, TensorParallel
 
-FAMILIES: dict[str, type[CausalLM]] = {"opt": OPTForCausalLM, "llama": LlamaForCausalLM}
+FAMILIES: dict[str, type[CausalLM]] = {
+    "opt": OPTForCausalLM, "llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM,
+    "mistral": MistralForCausalLM,
+}  # fmt: skip
 
 
 def empty_model(
@@ -30,10 +34,11 @@ def empty_model(
 ) -> CausalLM:
     """The model's modules on `device` with uninitialised weights (a rank's shard under `tp`)."""
     if not spec.decoded:  # every real run builds its model here: refuse shapes kvbench does not compute
+        windowed = ", ".join(family for family in FAMILIES if family not in ("opt", "llama"))
         raise KvbenchError(
-            f"--model {spec.name}: kvbench decodes OPT and Llama with full attention only; "
-            f"{spec.family} ({', '.join(sorted({g.kind for g in spec.groups}))} layers) is sized and "
-            "simulated (kvbench simulate), not run"
+            f"--model {spec.name}: kvbench decodes OPT and Llama (full attention) and {windowed} "
+            f"(sliding windows included); {spec.family} ({', '.join(sorted({g.kind for g in spec.groups}))} "
+            "layers) is sized and simulated (kvbench simulate), not run"
         )
     model = FAMILIES[spec.family](spec, tp=tp, device="meta", dtype=dtype).to_empty(device=device)
     model.tie_weights()
@@ -79,7 +84,8 @@ def load_checkpoint(path: Path, dtype: torch.dtype, device: torch.device) -> Cau
         )
     model = empty_model(spec, dtype, device)
     for name, param in model.named_parameters():
-        if name == "lm_head.weight" and name not in tensors and spec.family == "opt":
+        tied = spec.family == "opt" or spec.tied_embeddings
+        if name == "lm_head.weight" and name not in tensors and tied:
             continue  # tied to the embedding
         names = _checkpoint_names(name, model.packed)
         packed = len(names) > 1  # rows of each part: the packed module's sections
@@ -98,7 +104,7 @@ def load_checkpoint(path: Path, dtype: torch.dtype, device: torch.device) -> Cau
                 )
             parts.append(tensor)
         param.copy_(parts[0] if len(parts) == 1 else torch.cat(parts))
-    if spec.family == "llama" and "lm_head.weight" not in tensors:
+    if spec.family != "opt" and "lm_head.weight" not in tensors:
         model.lm_head.weight.copy_(model.model.embed_tokens.weight)  # tie_word_embeddings
     return model
 
