@@ -278,17 +278,20 @@ def test_a_valid_checkpoint_loads_every_tensor_as_saved(family, tmp_path):
         assert torch.equal(param, saved[name]), name
 
 
-def test_a_mistral_sliding_window_caps_the_maximum_length(checkpoints, tmp_path):
-    """Beyond its window a Mistral attends to fewer tokens than kvbench's full attention would:
-    requests stop at the window instead of decoding silently different tokens."""
+def test_a_mistral_sliding_window_makes_every_layer_a_window_layer(checkpoints, tmp_path):
+    """Beyond its window a Mistral attends to its last `sliding_window` tokens only: every layer
+    is decoded as a window layer (tests/test_families.py), the maximum length is the model's."""
     from kvbench.modeling.hf_config import read_checkpoint_spec
 
     folder = tmp_path / "mistral"
     shutil.copytree(checkpoints["llama"], folder)
     set_keys(model_type="mistral", sliding_window=16)(folder)
-    assert read_checkpoint_spec(folder).max_len == 16
-    set_keys(sliding_window=None)(folder)
-    assert read_checkpoint_spec(folder).max_len == 64
+    spec = read_checkpoint_spec(folder)
+    assert (spec.family, spec.max_len, spec.window, spec.window_layers) == ("mistral", 64, 16, (0, 1))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "sliding_window": None}))  # v0.2 and later
+    spec = read_checkpoint_spec(folder)
+    assert (spec.max_len, spec.window_layers) == (64, ())
 
 
 # --- traces ------------------------------------------------------------------------------------

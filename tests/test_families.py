@@ -38,6 +38,8 @@ def hf_config(kind: str):
         )  # fmt: skip
     if kind == "qwen3":  # head_dim 32, not 64 / 4; tied embeddings as Qwen3-0.6B
         return transformers.Qwen3Config(**TINY, num_hidden_layers=2, head_dim=32, tie_word_embeddings=True)
+    if kind == "mistral":  # every layer sees its last 8 positions; head_dim of its own (as Mistral Nemo)
+        return transformers.MistralConfig(**TINY, num_hidden_layers=2, sliding_window=8, head_dim=32)
     raise ValueError(kind)
 
 
@@ -56,9 +58,11 @@ def reference(tmp_path, kind: str):
     return reloaded.eval(), tmp_path / kind
 
 
-def compare(ref, model, *, paged: bool, chunks=(11, 15)) -> None:
+def compare(ref, model, *, paged: bool, chunks=(11, 15), forget_before_window=False) -> None:
     """Two sequences: positions [0, 11) then [11, 15) prefilled, then decoded one by one up to
-    LENGTH; each step's last logits against transformers' full forward pass."""
+    LENGTH; each step's last logits against transformers' full forward pass.
+    `forget_before_window`: before each step, NaN into the slots of every position no query of
+    the step may see (older than the window of its earliest query)."""
     spec = model.spec
     ids = torch.randint(0, spec.vocab, (2, LENGTH), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -78,6 +82,9 @@ def compare(ref, model, *, paged: bool, chunks=(11, 15)) -> None:
 
     def forward(lo: int, hi: int) -> torch.Tensor:
         n = hi - lo
+        if forget_before_window and lo - spec.window + 1 > 0:
+            old = slots(0, lo - spec.window + 1)
+            arena.k[:, old], arena.v[:, old] = float("nan"), float("nan")
         meta = AttentionMetadata(
             n > 1, slots(lo, hi), torch.tensor([0, n, 2 * n]), torch.tensor([hi, hi], dtype=torch.int32),
             max_new=n, num_splits=2, backend="torch", **addressing,
@@ -93,7 +100,7 @@ def compare(ref, model, *, paged: bool, chunks=(11, 15)) -> None:
 
 
 @pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
-@pytest.mark.parametrize("kind", ["qwen2", "qwen2-window", "qwen3"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen2-window", "qwen3", "mistral"])
 def test_logits_equal_transformers_for_prefill_and_decode(tmp_path, kind, paged):
     ref, folder = reference(tmp_path, kind)
     model = load_checkpoint(folder, torch.float32, CPU)
@@ -114,3 +121,13 @@ def test_qwen3_keeps_its_own_head_size_and_ties_its_head():
     model = random_model(spec, torch.float32, CPU)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert model.model.layers[0].self_attn.qkv_proj.weight.shape == (4 * 32 + 2 * 2 * 32, 64)
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
+def test_a_window_layer_reads_nothing_before_its_window(tmp_path, paged):
+    """Mistral with a window of 8: every slot of positions older than the window is poisoned
+    (NaN) before each step once the prompt is in: the logits still match, so nothing read them.
+    Prefill chunks [0, 11) and [11, 15); a block of 4 wholly before the window is skipped too."""
+    ref, folder = reference(tmp_path, "mistral")
+    model = load_checkpoint(folder, torch.float32, CPU)
+    compare(ref, model, paged=paged, forget_before_window=True)

@@ -23,7 +23,7 @@ from kvbench.kvspec.hf import FAMILIES as SIZED_FAMILIES
 from kvbench.kvspec.hf import spec_from_config
 from kvbench.models import ModelSpec
 
-HF_MODEL_TYPES = {"opt": "opt", "llama": "llama", "mistral": "llama"}
+HF_MODEL_TYPES = {"opt": "opt", "llama": "llama"}  # the rest: `kvbench.kvspec.hf`, then `_decoding_keys`
 
 
 def read_checkpoint_spec(path: Path) -> ModelSpec:
@@ -33,8 +33,8 @@ def read_checkpoint_spec(path: Path) -> ModelSpec:
 
 
 def spec_from_hf_config(config: object, name: str) -> ModelSpec:
-    """A `ModelSpec` from a parsed `config.json` (OPT, Llama, Mistral) of the folder `name`; the other
-    families kvbench sizes (Qwen, Gemma, DeepSeek) come from the sizing reader, `kvbench.kvspec.hf`,
+    """A `ModelSpec` from a parsed `config.json` (OPT, Llama) of the folder `name`; the other
+    families kvbench sizes (Mistral, Qwen, Gemma, DeepSeek) come from the sizing reader, `kvbench.kvspec.hf`,
     and, where kvbench decodes them, the keys of their arithmetic checked (`_decoding_keys`)."""
     where = f"--model {name}: config.json"
     if not isinstance(config, dict):
@@ -90,10 +90,9 @@ def spec_from_hf_config(config: object, name: str) -> ModelSpec:
         theta = _Keys(nested, f"{where}: rope_parameters").number("rope_theta", 10000.0)
     else:
         theta = key.number("rope_theta", 10000.0)
-    window = key.count("sliding_window", max_len)  # Mistral: attention sees only the last W tokens
     return ModelSpec(
         name, "llama", layers, hidden, heads, kv_heads, key.count("intermediate_size"), vocab,
-        min(max_len, window), norm_eps=key.number("rms_norm_eps", 1e-6), rope_theta=theta,
+        max_len, norm_eps=key.number("rms_norm_eps", 1e-6), rope_theta=theta,
     )  # fmt: skip
 
 
