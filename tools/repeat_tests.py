@@ -39,11 +39,11 @@ FIELDS = ("lane", "cores", "loaded", "run", "seconds", *(f"rc{i}" for i in range
 lock = threading.Lock()
 
 
-def run_once(cores: str) -> tuple[float, list[int]]:
+def run_once(cores: str, selections=SELECTION) -> tuple[float, list[int]]:
     start = time.monotonic()
     codes = []
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
-    for selection in SELECTION:
+    for selection in selections:
         command = ["taskset", "-c", cores, sys.executable, "-m", "pytest", "-p", "no:xdist", "-p",
                    "no:cacheprovider", "-q", *selection]  # fmt: skip
         proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -54,15 +54,17 @@ def run_once(cores: str) -> tuple[float, list[int]]:
     return time.monotonic() - start, codes
 
 
-def lane(index: int, cores: str, loaded: bool, deadline: float, out: Path, first_run: int) -> None:
+def lane(index: int, cores: str, loaded: bool, deadline: float, out: Path, first_run: int,
+         selections=SELECTION, runs: int | None = None) -> None:
     loops = []
     if loaded:
         busy = [sys.executable, "-c", "while 1: pass"]
         loops = [subprocess.Popen(["taskset", "-c", cores, *busy]) for _ in range(2)]
     try:
         run, longest = first_run, 0.0
-        while time.monotonic() + longest * 1.1 < deadline:
-            seconds, codes = run_once(cores)
+        while time.monotonic() + longest * 1.1 < deadline and (runs is None or run - first_run < runs):
+            seconds, codes = run_once(cores, selections)
+            codes += [None] * (len(SELECTION) - len(codes))  # selections not run: empty cells
             longest = max(longest, seconds)
             row = dict(zip(FIELDS, (index, cores, loaded, run, round(seconds, 1), *codes, not any(codes)),
                            strict=True))  # fmt: skip
@@ -85,7 +87,12 @@ def main() -> None:
     parser.add_argument("--lanes", type=int, default=4, help="idle 2-core lanes")
     parser.add_argument("--loaded-lanes", type=int, default=4, help="2-core lanes with two busy loops each")
     parser.add_argument("--minutes", type=float, default=8.0)
+    parser.add_argument("--only", help="repeat only the selections whose first file name contains this")
+    parser.add_argument("--runs", type=int, default=None, help="stop a lane after this many runs")
     args = parser.parse_args()
+    selections = [s for s in SELECTION if args.only is None or args.only in s[0]]
+    if not selections:
+        parser.error(f"--only {args.only!r} matches no selection")
     args.out.mkdir(parents=True, exist_ok=True)
     table = args.out / "runs.csv"
     done = _rows(table) if table.is_file() else []
@@ -98,7 +105,8 @@ def main() -> None:
         cores = f"{2 * index},{2 * index + 1}"
         first = sum(1 for row in done if row["lane"] == str(index))
         threads.append(threading.Thread(
-            target=lane, args=(index, cores, index >= args.lanes, deadline, args.out, first)
+            target=lane, args=(index, cores, index >= args.lanes, deadline, args.out, first, selections,
+                               args.runs)
         ))  # fmt: skip
     for thread in threads:
         thread.start()
