@@ -291,9 +291,12 @@ def test_a_real_reproduction_calibrates_the_simulator_on_its_own_runs(tmp_path, 
         summary = json.loads((seed / engine / "summary.json").read_text())
         assert summary["mode"] == "real" and summary["completed"] == 3
         occupancy = summary["occupancy_saturated"] or summary["occupancy"]
-        assert _value(fig2, engine, "sharegpt-paper", "token_states_%") == pytest.approx(
-            100 * occupancy["token_states"], rel=1e-5
-        )
+        # the saturated weighting is empty where no request waited for memory: so is the figure's cell
+        written = next(r["kvbench"] for r in fig2 if (r["engine"], r["metric"]) == (engine, "token_states_%"))
+        if written == "":
+            assert summary["saturated_s"] == 0, summary["saturated_s"]
+        else:
+            assert float(written) == pytest.approx(100 * occupancy["token_states"], rel=1e-5)
         for trace, folder in (
             ("sharegpt-paper", seed),
             ("alpaca-paper", out / "fig13" / "seed-0" / "alpaca-paper"),
