@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,9 +50,15 @@ class DemoRow:
 
 
 def _row(s: dict) -> DemoRow:
-    """A run's row of the side-by-side table, from its summary (in memory or summary.json)."""
-    occ = s["occupancy_saturated"] or s["occupancy"]
-    other = sum(occ.get(c, 0.0) for c in PAPER_OTHER)  # results before mapped_idle lack it
+    """A run's row of the side-by-side table, from its summary (in memory or summary.json).
+
+    Occupancy is the saturated-weighted one (the paper's Figure 2 setting); a run in which no
+    request ever waited has none, and its cells are NaN (shown "-"), never the busy-weighted
+    figure in its place.
+    """
+    saturated = s["occupancy_saturated"]
+    occ = saturated or dict.fromkeys(("token_states", "reservation", "internal_frag"), math.nan)
+    other = sum(occ.get(c, 0.0) for c in PAPER_OTHER) if saturated else math.nan
     grouped = {
         "token_states": occ["token_states"],
         "reservation": occ["reservation"],
@@ -128,7 +135,8 @@ def run_demo(
 
 def _pair(ours: float, paper: float | None) -> str:
     """kvbench's number beside the paper's, both with the one decimal the paper gives."""
-    return f"{ours:5.1f} ({paper:5.1f})" if paper is not None else f"{ours:5.1f} (   - )"
+    mine = "  -  " if math.isnan(ours) else f"{ours:5.1f}"
+    return f"{mine} ({paper:5.1f})" if paper is not None else f"{mine} (   - )"
 
 
 def table_cells(rows: list[DemoRow], trace: str = "sharegpt-paper") -> tuple[list[str], list[list[str]]]:
