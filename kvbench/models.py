@@ -65,6 +65,7 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec(
             "gemma-2-9b", "gemma2", 42, 3584, 16, 8, 14336, 256000, 8192, norm_eps=1e-6,
             head_size=256, window=4096, window_layers=_local(42, 2), tied_embeddings=True,
+            attn_softcap=50.0, final_softcap=30.0,  # query_pre_attn_scalar 256: head_dim's
         ),
         # google/gemma-3-1b-pt config.json: five local layers (512 tokens) per global one,
         # local rotary base 10,000, global 1,000,000

@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 from kvbench.modeling.arena import KVArena  # noqa: E402
 from kvbench.modeling.attention import AttentionMetadata  # noqa: E402
 from kvbench.modeling.weights import load_checkpoint  # noqa: E402
+from kvbench.models import ModelSpec  # noqa: E402
 
 CPU = torch.device("cpu")
 LENGTH = 24  # positions compared; windows are 8 tokens, so most positions see only part of the context
@@ -40,6 +41,13 @@ def hf_config(kind: str):
         return transformers.Qwen3Config(**TINY, num_hidden_layers=2, head_dim=32, tie_word_embeddings=True)
     if kind == "mistral":  # every layer sees its last 8 positions; head_dim of its own (as Mistral Nemo)
         return transformers.MistralConfig(**TINY, num_hidden_layers=2, sliding_window=8, head_dim=32)
+    gemma = dict(TINY, head_dim=32, query_pre_attn_scalar=24, sliding_window=8)  # 24: not head_dim
+    if kind == "gemma2":  # local, global, ...; caps small enough that tanh bends random scores
+        return transformers.Gemma2Config(
+            **gemma, num_hidden_layers=4, attn_logit_softcapping=0.5, final_logit_softcapping=0.3
+        )  # fmt: skip
+    if kind == "gemma3":  # five local layers (rotary base 10,000), then a global one (1,000,000)
+        return transformers.Gemma3TextConfig(**gemma, num_hidden_layers=6)
     raise ValueError(kind)
 
 
@@ -100,7 +108,7 @@ def compare(ref, model, *, paged: bool, chunks=(11, 15), forget_before_window=Fa
 
 
 @pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
-@pytest.mark.parametrize("kind", ["qwen2", "qwen2-window", "qwen3", "mistral"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen2-window", "qwen3", "mistral", "gemma2", "gemma3"])
 def test_logits_equal_transformers_for_prefill_and_decode(tmp_path, kind, paged):
     ref, folder = reference(tmp_path, kind)
     model = load_checkpoint(folder, torch.float32, CPU)
@@ -131,3 +139,37 @@ def test_a_window_layer_reads_nothing_before_its_window(tmp_path, paged):
     ref, folder = reference(tmp_path, "mistral")
     model = load_checkpoint(folder, torch.float32, CPU)
     compare(ref, model, paged=paged, forget_before_window=True)
+
+
+GEMMA3_TINY = ModelSpec(
+    "tiny-gemma3", "gemma3", 6, 64, 4, 2, 128, 512, 64, norm_eps=1e-6, rope_theta=1e6, head_size=32,
+    window=8, window_layers=(0, 1, 2, 3, 4), local_rope_theta=10000.0, tied_embeddings=True, query_scale=24.0,
+)  # fmt: skip
+
+
+def test_every_engine_decodes_the_same_greedy_tokens_on_a_gemma3_shaped_model():
+    """The real engine loop on the CPU (PyTorch attention), arena poisoned with NaN: contexts up
+    to 38 tokens run past the local layers' window of 8, through each engine's addressing."""
+    from engines import ENGINES
+    from kvbench.engine import Engine
+    from kvbench.modeling.weights import random_model
+    from kvbench.real.model_runner import ModelRunner
+    from tests.support import VIRTUAL_CLOCK
+    from tests.test_modeling import engine_options, small_trace
+
+    model = random_model(GEMMA3_TINY, torch.float32, CPU, seed=3)
+    tokens = {}
+    for engine in ("static", "orca-max", "orca-pow2", "orca-oracle", "paged", "paged-static", "paged-prefix"):
+        arena = KVArena(GEMMA3_TINY, 300, torch.float32, CPU)
+        arena.fill(float("nan"))
+        sched = ENGINES[engine].build(engine_options(300))
+        runner = ModelRunner(
+            model, arena, sched.allocator, max_batch=10, max_len=64, temperature=0.0, seed=5,
+            attention="torch", clock=VIRTUAL_CLOCK,
+        )  # fmt: skip
+        run = Engine(sched, runner).run(small_trace())
+        lengths = [r.output_len for r in small_trace().requests]
+        assert [len(seq.output_ids) for seq in run.sequences] == lengths
+        tokens[engine] = [tuple(seq.output_ids) for seq in run.sequences]
+    assert max(r.prompt_len + r.output_len for r in small_trace().requests) > 3 * GEMMA3_TINY.window
+    assert len(set(map(tuple, tokens.values()))) == 1, f"engines disagree on greedy tokens: {tokens}"

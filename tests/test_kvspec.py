@@ -68,7 +68,7 @@ def test_a_hybrid_model_splits_its_bytes_between_full_and_window_layers():
     assert TOY.kv_bytes_held(100) == 512 * 100 + 2560 * 16 == 92_160
     for n in (1, 15, 16, 17, 4096):
         assert TOY.kv_bytes_held(n) == sum(group.bytes_held(n) for group in TOY.groups)
-    assert not TOY.decoded
+    assert TOY.decoded  # its windows are decoded too (tests/test_families.py)
 
 
 def test_an_mla_model_has_one_latent_group():

@@ -84,6 +84,7 @@ def spec_from_config(config: object, name: str) -> ModelSpec:
         DTYPE_BYTES[dtype], norm_eps=key.number("rms_norm_eps", 1e-6), rope_theta=theta,
         head_size=0 if head_dim * heads == hidden else head_dim, window=window, window_layers=window_layers,
         local_rope_theta=local_theta, tied_embeddings=key.flag("tie_word_embeddings", family in TIED),
+        **(_gemma_scores(key, family, head_dim) if family in ("gemma2", "gemma3") else {}),
         mla=_mla(key) if family == "deepseek" else None, moe=_moe(key) if family == "deepseek" else None,
     )  # fmt: skip
 
@@ -138,6 +139,24 @@ def _rope_bases(key: ConfigKeys, family: Family) -> tuple[float, float | None]:
         return theta, None
     where = f"{key.where}: rope_parameters.sliding_attention"
     return theta, ConfigKeys(sliding, where).number("rope_theta", 10_000.0)
+
+
+def _gemma_scores(key: ConfigKeys, family: Family, head_dim: int) -> dict[str, float]:
+    """Gemma's query scale (0 where it is head_dim's) and soft caps (0: none): no KV size depends
+    on them, but a decoded Gemma computes with them. Absent keys take transformers' defaults
+    (Gemma 2 caps at 50 and 30, Gemma 3 not); a null one means no capping."""
+    capped = family == "gemma2"
+
+    def cap(name: str, default: float | None) -> float:
+        value = key.config.get(name, default)
+        return 0.0 if value is None else ConfigKeys({name: value}, key.where).number(name, 1.0)
+
+    scale = key.number("query_pre_attn_scalar", 256.0)
+    return {
+        "query_scale": 0.0 if scale == head_dim else scale,
+        "attn_softcap": cap("attn_logit_softcapping", 50.0 if capped else None),
+        "final_softcap": cap("final_logit_softcapping", 30.0 if capped else None),
+    }
 
 
 def _mla(key: ConfigKeys) -> MlaShape:

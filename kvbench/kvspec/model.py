@@ -21,7 +21,7 @@ from kvbench.kvspec.layers import FullAttention, KVGroup, LatentAttention, Layer
 Family = Literal["opt", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "deepseek"]
 DECODED_FAMILIES = ("opt", "llama")  # what kvbench/modeling/ computes with full attention only
 # families kvbench/modeling/ computes with their sliding windows and head sizes (not MLA, not MoE)
-WINDOWED_FAMILIES = ("qwen2", "qwen3", "mistral")
+WINDOWED_FAMILIES = ("qwen2", "qwen3", "mistral", "gemma2", "gemma3")
 
 
 @dataclass(frozen=True)

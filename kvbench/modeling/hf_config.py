@@ -12,7 +12,6 @@ check needs no model code.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
@@ -101,9 +100,8 @@ ACTIVATIONS = {"qwen2": "silu", "qwen3": "silu", "mistral": "silu", "gemma2": "g
 
 
 def _decoding_keys(config: dict, spec: ModelSpec, where: str) -> ModelSpec:
-    """The keys that change a decoded family's arithmetic but not its KV sizes: refused where
-    kvbench's model would compute something else, else read into the spec (Gemma's query scale
-    and soft caps)."""
+    """The keys that change a decoded family's arithmetic but not its KV sizes, refused where
+    kvbench's model would compute something else."""
     if spec.family == "gemma3" and isinstance(config.get("text_config"), dict):
         config, where = config["text_config"], f"{where}: text_config"
     key = _Keys(config, where)
@@ -120,16 +118,4 @@ def _decoding_keys(config: dict, spec: ModelSpec, where: str) -> ModelSpec:
     kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
     if kind not in (None, "default"):
         key.unsupported("rope_scaling", "rope scaling")
-    if not spec.family.startswith("gemma"):
-        return spec
-    default = 50.0 if spec.family == "gemma2" else None  # transformers' defaults (Gemma 3: no caps)
-
-    def cap(name: str, default: float | None) -> float:  # null: no capping; absent: the default
-        value = config.get(name, default)
-        return 0.0 if value is None else _Keys({name: value}, where).number(name, 0.0)
-
-    return replace(
-        spec, query_scale=key.number("query_pre_attn_scalar", 256.0),
-        attn_softcap=cap("attn_logit_softcapping", default),
-        final_softcap=cap("final_logit_softcapping", 30.0 if default else None),
-    )  # fmt: skip
+    return spec  # Gemma's query scale and soft caps: read with its sizes (`kvbench.kvspec.hf`)

@@ -16,6 +16,7 @@ import torch
 
 from kvbench.errors import KvbenchError
 from kvbench.modeling.causal_lm import CausalLM
+from kvbench.modeling.gemma import GemmaForCausalLM
 from kvbench.modeling.hf_config import read_checkpoint_spec
 from kvbench.modeling.llama import LlamaForCausalLM
 from kvbench.modeling.opt import OPTForCausalLM
@@ -25,7 +26,7 @@ from kvbench.parallel.layers import SINGLE, TensorParallel
 
 FAMILIES: dict[str, type[CausalLM]] = {
     "opt": OPTForCausalLM, "llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM,
-    "mistral": MistralForCausalLM,
+    "mistral": MistralForCausalLM, "gemma2": GemmaForCausalLM, "gemma3": GemmaForCausalLM,
 }  # fmt: skip
 
 
