@@ -37,7 +37,10 @@ from tests.test_cli import kvbench
 from workloads.spec import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parent.parent
-EVERY = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged", "paged-static", "paged-prefix", "vmm")
+EVERY = (
+    "static", "orca-max", "orca-pow2", "orca-oracle", "paged", "paged-static", "paged-prefix", "vmm",
+    "hybrid", "jenga",
+)  # fmt: skip
 
 
 def rows_of(path: Path) -> list[dict[str, str]]:

@@ -26,6 +26,8 @@ ENGINE_COLORS = {
     "paged-static": "#DA8BC3",
     "paged-prefix": "#E17C05",
     "vmm": "#17BECF",
+    "hybrid": "#BCBD22",
+    "jenga": "#8C564B",
 }
 _SPARE = ("#CCB974", "#64B5CD", "#937860", "#DD8452", "#8C613C", "#1B9E77", "#7570B3", "#E7298A")
 ENGINE_ORDER = tuple(ENGINE_COLORS)
