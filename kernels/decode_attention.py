@@ -15,6 +15,11 @@ that read is the kernel's floor. The kernel is built around reading it once, fas
   contiguous). Everything else is the same code, so paged-vs-contiguous measures paging alone.
 - Launch shapes depend only on the batch size and `num_splits`, never on context lengths (they
   are read on the device), so the kernels replay inside CUDA graphs.
+- **Sliding window** (`window=W`, a `constexpr`: one compiled variant per window, and W = 0 is
+  the full-attention kernel unchanged): the query at position `p` sees `[max(0, p - W + 1), p]`.
+  The K loop starts at the tile holding the window's first position and the splits share only
+  the tiles from there, so blocks wholly before the window are never read; positions before the
+  bound inside that first tile are masked out of the loads.
 
 fp16/bf16 inputs, fp32 accumulation; any head dim (tiles padded to a power of two >= 16).
 """
@@ -57,16 +62,20 @@ def tile_slots(table, first, hi, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr
 
 @triton.jit
 def load_kv_tile(
-    k_ptr, v_ptr, table, start, first, hi, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, d, d_mask,
-    PAGED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    k_ptr, v_ptr, table, start, first, low, hi, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, d,
+    d_mask, PAGED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, WINDOW: tl.constexpr,
 ):  # fmt: skip
     """K and V `[BLOCK_N, D]` of one KV head at positions `first, ...` (< hi), and their mask.
 
     Paged: slots through the block-table row `table`; contiguous: `start + position`. The one
-    place where the two addressing modes differ, shared by decode and extend attention.
+    place where the two addressing modes differ, shared by decode and extend attention. With a
+    sliding `WINDOW` (> 0) positions before `low` are masked too: a window's first tile may
+    begin before the window, and a slot there may hold anything (a freed block, NaN).
     """
     pos = first + tl.arange(0, BLOCK_N)  # [N]
     n_mask = pos < hi
+    if WINDOW > 0:
+        n_mask = n_mask & (pos >= low)
     if PAGED:  # noqa: SIM108 (a constexpr branch, compiled away)
         slots = tile_slots(table, first, hi, BLOCK_N, BLOCK_SIZE)  # [N]
     else:
@@ -95,16 +104,22 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr,
 ):  # fmt: skip
     """Program (b, kv head, split): attention of the group's queries over one context range."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context = tl.load(lens_ptr + b).to(tl.int32)
-    # balanced ranges, rounded to whole tiles: split s covers [lo, hi)
-    per_split = tl.cdiv(tl.cdiv(context, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * per_split
+    if WINDOW > 0:  # a constexpr branch: full attention (WINDOW 0) compiles to the kernel without it
+        low = tl.maximum(context - WINDOW, 0)  # the window's first position
+        base = low // BLOCK_N * BLOCK_N  # the first tile overlapping it: tiles stay aligned
+    else:
+        low = 0
+        base = 0
+    # balanced ranges of [base, context), rounded to whole tiles: split s covers [lo, hi)
+    per_split = tl.cdiv(tl.cdiv(context - base, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = base + split * per_split
     hi = tl.minimum(lo + per_split, context)
 
     g = tl.arange(0, BLOCK_G)  # [G] query heads of this KV head
@@ -126,8 +141,8 @@ def _decode_split_kernel(
     start = tl.load(starts_ptr + b).to(tl.int64)  # contiguous: its extent (a placeholder when paged)
     for first in range(lo, hi, BLOCK_N):
         k, v, n_mask = load_kv_tile(
-            k_ptr, v_ptr, table, start, first, hi, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, d,
-            d_mask, PAGED, BLOCK_N, BLOCK_SIZE,
+            k_ptr, v_ptr, table, start, first, low, hi, kv_head, stride_ks, stride_kh, stride_vs, stride_vh,
+            d, d_mask, PAGED, BLOCK_N, BLOCK_SIZE, WINDOW,
         )  # fmt: skip  # [N, D] each
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [G, N] fp32
         scores = tl.where(n_mask[None, :], scores, float("-inf"))
@@ -170,6 +185,7 @@ def decode_attention(
     scale: float, block_tables: torch.Tensor | None = None, block_size: int = 0,
     starts: torch.Tensor | None = None, num_splits: int | None = None, out: torch.Tensor | None = None,
     launch: tuple[int, int, int] | None = None, merge: str = MERGE, workspace: DecodeWorkspace | None = None,
+    window: int | None = 0,
 ) -> torch.Tensor:  # fmt: skip
     """q `[B, H, D]` over each sequence's first `context_lens[b]` arena positions -> `[B, H, D]`.
 
@@ -184,6 +200,10 @@ def decode_attention(
     launch; `kernels/split_merge.py`). The partials (and the fused merge's tickets) live in
     `workspace`, allocated once by the caller; without one, the call allocates its own, and the
     fused merge's zeroed tickets then cost a memset launch of their own.
+
+    A sliding `window` W (> 0) lets the query (at position `context_lens[b] - 1`) see only the
+    last `min(W, context_lens[b])` positions, and the kernel reads only the tiles holding them;
+    0 or None is full attention.
     """
     batch, heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
@@ -194,12 +214,16 @@ def decode_attention(
         raise ValueError(f"block_size must be a power of two, got {block_size}")
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {', '.join(MERGES)}, got {merge!r}")
+    window = window or 0
+    if window < 0:
+        raise ValueError(f"window must be 0 (full attention) or positive, got {window}")
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
         return out
     if num_splits is None:
-        num_splits = choose_num_splits(batch, kv_heads, int(context_lens.max()), q.device)
+        longest = int(context_lens.max())
+        num_splits = choose_num_splits(batch, kv_heads, min(longest, window) if window else longest, q.device)
     fused = merge == "fused" and num_splits > 1
     launch = launch or choose_launch(batch * kv_heads * num_splits, q.device)
     if num_splits > 1:
@@ -223,7 +247,8 @@ def decode_attention(
         GROUP=heads // kv_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
         PAGED=paged, BLOCK_SIZE=block_size if paged else 1,
         BLOCK_G=_tile(heads // kv_heads), BLOCK_D=_tile(head_dim), BLOCK_N=launch[0],
-        FUSED=fused, DOT_PRECISION=dot_precision(q.dtype), num_warps=launch[1], num_stages=launch[2],
+        FUSED=fused, DOT_PRECISION=dot_precision(q.dtype), WINDOW=window,
+        num_warps=launch[1], num_stages=launch[2],
         **({"maxnreg": FUSED_MAXNREG} if fused else {}),
     )  # fmt: skip
     if num_splits > 1 and not fused:

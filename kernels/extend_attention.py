@@ -7,7 +7,10 @@ One kernel therefore covers a fresh prompt (no prefix), a recomputed sequence af
 preemption, a prompt extending a shared prefix and a new turn of a conversation.
 
 Program (b, query tile, head): a `[BLOCK_M, D]` tile of one head's queries runs an online
-softmax over key tiles up to the tile's last position (causal), in fp32.
+softmax over key tiles up to the tile's last position (causal), in fp32. With a sliding window
+W (a `constexpr`; 0 is full attention, compiled without it) the query at position `p` sees
+`[max(0, p - W + 1), p]`: the key loop starts at the tile holding the tile's first query's left
+bound, and each row masks its own.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ def _extend_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_tb,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     tile = tl.program_id(1)
@@ -58,14 +62,22 @@ def _extend_kernel(
         total = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         last = tl.minimum(context - num_new + (tile + 1) * BLOCK_M, context)  # keys the tile can see
-        for key_first in range(0, last, BLOCK_N):
+        if WINDOW > 0:  # a constexpr branch
+            low = tl.maximum(context - num_new + tile * BLOCK_M - WINDOW + 1, 0)  # first query's bound
+            base = low // BLOCK_N * BLOCK_N  # the first key tile overlapping the tile's windows
+        else:
+            low = 0
+            base = 0
+        for key_first in range(base, last, BLOCK_N):
             pos = key_first + tl.arange(0, BLOCK_N)  # [N]
             k, v, n_mask = load_kv_tile(
-                k_ptr, v_ptr, table, start, key_first, last, kv_head, stride_ks, stride_kh, stride_vs,
-                stride_vh, d, d_mask, PAGED, BLOCK_N, BLOCK_SIZE,
+                k_ptr, v_ptr, table, start, key_first, low, last, kv_head, stride_ks, stride_kh, stride_vs,
+                stride_vh, d, d_mask, PAGED, BLOCK_N, BLOCK_SIZE, WINDOW,
             )  # fmt: skip  # [N, D] each
             scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [M, N]
             visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
+            if WINDOW > 0:
+                visible = visible & (pos[None, :] > q_pos[:, None] - WINDOW)  # each row's own bound
             scores = tl.where(visible, scores, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, axis=1))
             m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows with nothing visible yet
@@ -85,16 +97,22 @@ def extend_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens: torch.Tensor,
     context_lens: torch.Tensor, *, scale: float, max_new: int, block_tables: torch.Tensor | None = None,
     block_size: int = 0, starts: torch.Tensor | None = None, out: torch.Tensor | None = None,
+    window: int | None = 0,
 ) -> torch.Tensor:  # fmt: skip
     """q `[T, H, D]` (new tokens, `cu_seqlens` `[B + 1]`) over arena positions `[0, context_lens[b])`.
 
-    `max_new` is the longest sequence's new-token count (sizes the grid). Returns `[T, H, D]`.
+    `max_new` is the longest sequence's new-token count (sizes the grid). A sliding `window` W
+    (> 0) limits the query at position `p` to `[max(0, p - W + 1), p]`; 0 or None: causal over
+    everything. Returns `[T, H, D]`.
     """
     tokens, heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     paged = block_tables is not None
     if not paged and starts is None:
         raise ValueError("extend_attention needs block_tables (paged) or starts (contiguous)")
+    window = window or 0
+    if window < 0:
+        raise ValueError(f"window must be 0 (full attention) or positive, got {window}")
     if out is None:
         out = torch.empty_like(q)
     batch = cu_seqlens.shape[0] - 1
@@ -110,6 +128,6 @@ def extend_attention(
         out.stride(0), out.stride(1), table.stride(0),
         GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGED=paged, BLOCK_SIZE=block_size if paged else 1,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2,
+        DOT_PRECISION=dot_precision(q.dtype), WINDOW=window, num_warps=4, num_stages=2,
     )  # fmt: skip
     return out

@@ -1,0 +1,154 @@
+"""Sliding-window decode and prefill in the Triton kernels, against the PyTorch window attention.
+
+The oracle is `kvbench/modeling/window_attention.py` (the path window layers take on the torch
+backend). Contexts run over several windows; windows below, at and across block and tile
+boundaries; paged (block sizes 1, 16 and one larger than a tile) and contiguous; every split
+count and merge. Each check computes the oracle, then fills every position before the windows'
+left bound, in the sequence's own slots, with NaN before it runs the kernel: a kernel that read
+one of them would return NaN (a masked NaN still poisons a weighted sum), so a matching output
+proves that nothing before the window is read. Tolerances as in tests/test_kernels.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from kernels.decode_attention import decode_attention  # noqa: E402
+from kernels.extend_attention import extend_attention  # noqa: E402
+from kernels.splits import LARGE_GRID_LAUNCH, SMALL_GRID_LAUNCH  # noqa: E402
+from kvbench.modeling.attention import AttentionMetadata, attention  # noqa: E402
+from kvbench.modeling.window_attention import decode_window_attention, extend_window_attention  # noqa: E402
+from tests.support import INTERPRETED  # noqa: E402
+from tests.test_kernels import TOLERANCE, Arena, _rand  # noqa: E402
+
+CPU = torch.device("cpu")
+pytestmark = INTERPRETED
+
+
+def poison_before(arena: Arena, bounds: list[int]) -> None:
+    """NaN into sequence b's own slots at positions `[0, bounds[b])`: where a window never looks."""
+    for b, bound in enumerate(bounds):
+        if bound > 0:
+            where = arena.slots(b, torch.arange(bound))
+            arena.k[where] = float("nan")
+            arena.v[where] = float("nan")
+
+
+# (context lengths, block size: 0 = contiguous, window): windows of several blocks, not block
+# aligned, smaller than a block and than a tile, one larger than some contexts (full attention
+# there); rows of different lengths, an empty one among them
+DECODE_CASES = [
+    ([200, 1, 70, 131], 16, 37),
+    ([300, 5, 129], 1, 64),
+    ([260, 0, 100], 128, 3),
+    ([200, 64, 9, 190], 0, 50),
+    ([150, 2], 0, 7),
+]
+# (splits, merge, launch): one split (written directly), the merge kernel, the fused merge; both tiles
+DECODE_RUNS = [
+    (1, "kernel", SMALL_GRID_LAUNCH),
+    (3, "kernel", LARGE_GRID_LAUNCH),
+    (4, "fused", SMALL_GRID_LAUNCH),
+]
+
+
+@pytest.mark.parametrize(("lens", "block_size", "window"), DECODE_CASES)
+def test_windowed_decode_matches_reference_and_reads_nothing_before_the_window(lens, block_size, window):
+    gen = torch.Generator().manual_seed(sum(lens) + block_size + window)
+    kv_heads, group, head_dim, dtype = 2, 2, 16, torch.float16
+    arena = Arena(lens, kv_heads, head_dim, dtype, CPU, block_size=block_size, gen=gen)
+    q = _rand((len(lens), kv_heads * group, head_dim), dtype, CPU, gen)
+    kwargs = dict(scale=head_dim**-0.5, **arena.addressing())
+    expected = decode_window_attention(q, arena.k, arena.v, arena.lens, window=window, **kwargs)
+    full = decode_window_attention(q, arena.k, arena.v, arena.lens, **kwargs)
+    assert any(n > window for n in lens) and (expected - full).abs().max() > 10 * TOLERANCE[dtype]  # it bites
+    poison_before(arena, [max(n - window, 0) for n in lens])
+    for num_splits, merge, launch in DECODE_RUNS:
+        out = torch.full_like(q, float("nan"))
+        decode_attention(
+            q, arena.k, arena.v, arena.lens, num_splits=num_splits, merge=merge, launch=launch, out=out,
+            window=window, **kwargs,
+        )  # fmt: skip
+        run = (num_splits, merge, launch)
+        assert not out.isnan().any(), run
+        assert (out.float() - expected.float()).abs().max() <= TOLERANCE[dtype], run
+
+
+def test_windowed_decode_in_fp32_with_the_default_splits():
+    """The runner's CPU dtype, splits chosen for the window (not the context), window None = full."""
+    gen = torch.Generator().manual_seed(11)
+    lens, window = [513, 40, 300], 100
+    arena = Arena(lens, 1, 32, torch.float32, CPU, block_size=32, gen=gen)
+    q = _rand((3, 4, 32), torch.float32, CPU, gen)
+    kwargs = dict(scale=0.2, **arena.addressing())
+    full = decode_attention(q, arena.k, arena.v, arena.lens, window=None, **kwargs)
+    assert (full - decode_window_attention(q, arena.k, arena.v, arena.lens, **kwargs)).abs().max() <= 1e-5
+    expected = decode_window_attention(q, arena.k, arena.v, arena.lens, window=window, **kwargs)
+    poison_before(arena, [max(n - window, 0) for n in lens])
+    out = decode_attention(q, arena.k, arena.v, arena.lens, window=window, **kwargs)
+    assert (out - expected).abs().max() <= 1e-5
+
+
+# (context lengths after the step, tokens new in it, block size, window): fresh prompts longer
+# than several windows, an extension of a stored prefix, single new tokens; windows smaller than
+# a block, not aligned, larger than the prompt
+EXTEND_CASES = [
+    ([90, 1, 70, 40], [90, 1, 6, 1], 16, 20),
+    ([75, 50], [75, 3], 0, 5),
+    ([66, 33], [40, 33], 1, 33),
+    ([45, 12], [45, 12], 64, 100),
+]
+
+
+@pytest.mark.parametrize(("lens", "new", "block_size", "window"), EXTEND_CASES)
+def test_windowed_prefill_matches_reference_and_reads_nothing_before_the_windows(
+    lens, new, block_size, window
+):
+    gen = torch.Generator().manual_seed(sum(lens) + window)
+    kv_heads, group, head_dim, dtype = 2, 2, 16, torch.float32
+    arena = Arena(lens, kv_heads, head_dim, dtype, CPU, block_size=block_size, gen=gen)
+    q = _rand((sum(new), kv_heads * group, head_dim), dtype, CPU, gen)
+    cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()])
+    kwargs = dict(scale=head_dim**-0.5, **arena.addressing())
+    expected = extend_window_attention(q, arena.k, arena.v, cu, arena.lens, window=window, **kwargs)
+    poison_before(arena, [max(n - m - window + 1, 0) for n, m in zip(lens, new, strict=True)])
+    out = torch.full_like(q, float("nan"))
+    extend_attention(q, arena.k, arena.v, cu, arena.lens, max_new=max(new), out=out, window=window, **kwargs)
+    assert not out.isnan().any()
+    assert (out - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("prefill", [True, False], ids=["prefill", "decode"])
+def test_attention_sends_window_layers_to_the_kernels_and_soft_caps_to_pytorch(prefill):
+    """backend "triton": a window layer runs the kernels (NaN before the window stays unread, and
+    the answer is the torch backend's); a soft-capped layer still runs the PyTorch path."""
+    gen = torch.Generator().manual_seed(5)
+    lens, new, window, head_dim = [70, 20], ([6, 20] if prefill else [1, 1]), 9, 16
+    arena = Arena(lens, 1, head_dim, torch.float32, CPU, block_size=8, gen=gen)
+    tokens = sum(new)
+    q = _rand((tokens, 2, head_dim), torch.float32, CPU, gen)
+    k, v = (
+        _rand((tokens, 1, head_dim), torch.float32, CPU, gen),
+        _rand((tokens, 1, head_dim), torch.float32, CPU, gen),
+    )
+    slots = torch.cat(
+        [arena.slots(b, torch.arange(n - m, n)) for b, (n, m) in enumerate(zip(lens, new, strict=True))]
+    )
+    cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()])
+
+    def run(backend: str, **layer) -> torch.Tensor:
+        meta = AttentionMetadata(
+            is_prefill=prefill, slot_mapping=slots, cu_seqlens=cu, context_lens=arena.lens,
+            block_tables=arena.tables, block_size=arena.block_size, max_new=max(new), num_splits=2,
+            backend=backend,
+        )  # fmt: skip
+        return attention(q, k, v, arena.k, arena.v, meta, 0.25, **layer)
+
+    expected = run("torch", window=window)
+    poison_before(arena, [max(n - m - window + 1, 0) for n, m in zip(lens, new, strict=True)])
+    assert (run("triton", window=window) - expected).abs().max() <= 1e-5
+    capped = run("torch", window=window, softcap=5.0)
+    assert (run("triton", window=window, softcap=5.0) - capped).abs().max() <= 1e-6
