@@ -122,9 +122,17 @@ def test_windowed_prefill_matches_reference_and_reads_nothing_before_the_windows
 
 
 @pytest.mark.parametrize("prefill", [True, False], ids=["prefill", "decode"])
-def test_attention_sends_window_layers_to_the_kernels_and_soft_caps_to_pytorch(prefill):
+def test_attention_sends_window_layers_to_the_kernels_and_soft_caps_to_pytorch(prefill, monkeypatch):
     """backend "triton": a window layer runs the kernels (NaN before the window stays unread, and
-    the answer is the torch backend's); a soft-capped layer still runs the PyTorch path."""
+    the answer is the torch backend's); a soft-capped layer still runs the PyTorch path.
+
+    Which path ran is counted by wrapping the PyTorch window attention (it still computes).
+    """
+    from kvbench.modeling import window_attention
+
+    name = "extend_window_attention" if prefill else "decode_window_attention"
+    calls, real = [], getattr(window_attention, name)
+    monkeypatch.setattr(window_attention, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
     gen = torch.Generator().manual_seed(5)
     lens, new, window, head_dim = [70, 20], ([6, 20] if prefill else [1, 1]), 9, 16
     arena = Arena(lens, 1, head_dim, torch.float32, CPU, block_size=8, gen=gen)
@@ -148,7 +156,10 @@ def test_attention_sends_window_layers_to_the_kernels_and_soft_caps_to_pytorch(p
         return attention(q, k, v, arena.k, arena.v, meta, 0.25, **layer)
 
     expected = run("torch", window=window)
+    assert len(calls) == 1  # the torch backend: the PyTorch window attention
     poison_before(arena, [max(n - m - window + 1, 0) for n, m in zip(lens, new, strict=True)])
     assert (run("triton", window=window) - expected).abs().max() <= 1e-5
+    assert len(calls) == 1  # the triton backend: the kernels
     capped = run("torch", window=window, softcap=5.0)
     assert (run("triton", window=window, softcap=5.0) - capped).abs().max() <= 1e-6
+    assert len(calls) == 3  # a soft cap: PyTorch on both backends

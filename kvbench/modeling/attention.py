@@ -86,12 +86,14 @@ def attention(
 ) -> torch.Tensor:  # fmt: skip
     """q `[T, H, D]`, new k/v `[T, Hkv, D]` -> output `[T, H, D]`; stores the new K/V first.
 
-    A sliding `window` (the last `window` positions) or a score `softcap` runs the PyTorch
-    window attention (`window_attention.py`) on every backend: the kernels compute neither yet.
+    A sliding `window` (the last `window` positions) runs the Triton kernels on the triton
+    backend (a constant per layer: a compiled variant each, so CUDA graphs replay it) and the
+    PyTorch window attention (`window_attention.py`) on the torch backend. A score `softcap`
+    runs the PyTorch path on every backend: the kernels do not cap scores.
     """
     store_kv, extend, decode = _ops(meta.backend)
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    if window or softcap:
+    if softcap or (window and meta.backend != "triton"):
         from kvbench.modeling.window_attention import decode_window_attention, extend_window_attention
 
         if meta.is_prefill:
@@ -103,11 +105,13 @@ def attention(
             q, k_cache, v_cache, meta.context_lens, scale=scale, window=window, softcap=softcap,
             **meta.addressing(),
         )  # fmt: skip
+    windowed = {"window": window} if window else {}  # the kernels' bound; the references take none
     if meta.is_prefill:
         return extend(
             q, k_cache, v_cache, meta.cu_seqlens, meta.context_lens, scale=scale, max_new=meta.max_new,
-            **meta.addressing(),
+            **windowed, **meta.addressing(),
         )  # fmt: skip
     return decode(
-        q, k_cache, v_cache, meta.context_lens, scale=scale, num_splits=meta.num_splits, **meta.addressing()
-    )
+        q, k_cache, v_cache, meta.context_lens, scale=scale, num_splits=meta.num_splits, **windowed,
+        **meta.addressing(),
+    )  # fmt: skip
