@@ -5,7 +5,10 @@ over a paged cache (a block table in random page order, the worst case for local
 over the same bytes laid out contiguously (one extent per sequence, no table), beside
 PyTorch SDPA, FlexAttention and FlashInfer. Every time is also a fraction of the read
 bandwidth measured in the same run, since decode attention is memory-bound: 1.0 would be
-reading each KV byte once at the speed of a streaming read.
+reading each KV byte once at the speed of a streaming read. A cell with a sliding window runs
+kvbench's kernels only (the others have no window); its useful bytes are the window's, and
+`vs_full` is its time over the same backend's full-attention time at the same context (when
+the run holds that cell: `--window 0,4096`).
 
 One cell's memory (S token slots, read by the paged and the contiguous backends alike):
 
@@ -37,6 +40,7 @@ from kernels.bench_types import (  # noqa: F401 (BACKENDS, CPU_BACKENDS: this mo
     DTYPES,
     L2_MULTIPLE,
     MAX_COPIES,
+    WINDOW_BACKENDS,
     BenchConfig,
     Cell,
     Context,
@@ -48,13 +52,15 @@ from kernels.bench_types import (  # noqa: F401 (BACKENDS, CPU_BACKENDS: this mo
 from kvbench.results.files import environment, write_csv, write_json
 
 
-def grid(pairs, block_sizes, gqas, *, kv_heads: int, head_dim: int, dtype: str, ragged: bool):
-    """Every (batch, context) pair × block size × GQA ratio, nested in that order."""
+def grid(pairs, block_sizes, gqas, *, kv_heads: int, head_dim: int, dtype: str, ragged: bool, windows=(0,)):
+    """Every (batch, context) pair × block size × GQA ratio × window, nested in that order (a
+    full-attention cell, window 0, comes before the windowed cells it is compared with)."""
     return tuple(
-        Cell(b, ctx, bs, kv_heads, g, head_dim, dtype, ragged)
+        Cell(b, ctx, bs, kv_heads, g, head_dim, dtype, ragged, w)
         for b, ctx in pairs
         for bs in block_sizes
         for g in gqas
+        for w in windows
     )
 
 
@@ -74,8 +80,14 @@ def run_benchmark(config: BenchConfig, out: Path, log: Callable[[str], None] = p
     _atomic(out / "env.json", partial(write_json, data=_environment(device)))
     context = Context.create(device, config.backends)
     rows: list[Row] = []
+    full: dict[tuple[str, str], float] = {}  # (full-attention cell, backend) -> its median time
     for i, cell in enumerate(config.cells):
         cell_rows = run_cell(cell, config, context, read_bw)
+        if cell.window:
+            key = replace(cell, window=0).label
+            cell_rows = [replace(r, vs_full=r.us / full.get((key, r.backend), math.nan)) for r in cell_rows]
+        else:
+            full |= {(cell.label, r.backend): r.us for r in cell_rows}
         rows += cell_rows
         _atomic(out / "kernels.csv", partial(write_csv, rows=list(rows), row_type=Row))
         timed = [f"{r.backend} {r.us:.1f} us" for r in cell_rows if r.status in ("ok", "wrong")]
@@ -96,7 +108,8 @@ def run_cell(cell: Cell, config: BenchConfig, context: Context, read_bw: float) 
     layout = make_layout(cell, rng, device)
     elt = DTYPES[cell.dtype].itemsize
     qo_bytes = 2 * cell.batch * cell.q_heads * cell.head_dim * elt
-    useful = 2 * int(layout.lens.sum()) * cell.kv_heads * cell.head_dim * elt + qo_bytes
+    attended = layout.lens.clamp(max=cell.window) if cell.window else layout.lens  # [B] positions read
+    useful = 2 * int(attended.sum()) * cell.kv_heads * cell.head_dim * elt + qo_bytes
     arena_bytes = 2 * layout.num_slots * cell.kv_heads * cell.head_dim * elt
     per_copy = arena_bytes + qo_bytes + _sdpa_extra_bytes(cell, context, config.backends)
     copies = _copies(arena_bytes, per_copy, config.max_gib, context.l2_bytes, device)
@@ -122,6 +135,8 @@ def run_cell(cell: Cell, config: BenchConfig, context: Context, read_bw: float) 
 
 
 def _run_backend(name, cell, layout, inputs, context, config, references, base) -> Row:
+    if cell.window and name not in WINDOW_BACKENDS:
+        return _row(cell, name, "skipped", note="no sliding window", **base)
     try:
         built = BUILDERS[name](cell, layout, inputs, context)
         output = built.calls[0]()  # [B, Hq, D]; also the compile / JIT warm-up
@@ -179,8 +194,12 @@ def _make_copy(cell: Cell, num_slots: int, device: torch.device, gen: torch.Gene
 
 
 def _reference(cell: Cell, layout: Layout, copy: Copy, addressing: str) -> torch.Tensor:
-    """decode_attention_ref on copy 0, a slice of sequences at a time to bound its memory."""
+    """decode_attention_ref on copy 0, a slice of sequences at a time to bound its memory; a
+    window cell: the PyTorch window attention (the path window layers take without the kernels)."""
     from kernels.reference import decode_attention_ref
+    from kvbench.modeling.window_attention import decode_window_attention
+
+    attend = partial(decode_window_attention, window=cell.window) if cell.window else decode_attention_ref
 
     per_token = 2 * cell.q_heads * cell.head_dim * 4  # its float32 K and V, expanded to the query heads
     chunk = max(1, (1 << 31) // (per_token * layout.max_len))  # sequences per call: about 2 GiB of it
@@ -192,7 +211,7 @@ def _reference(cell: Cell, layout: Layout, copy: Copy, addressing: str) -> torch
         else:
             where = dict(starts=layout.starts[rows])
         lens = layout.lens[rows]
-        parts.append(decode_attention_ref(copy.q[rows], copy.k, copy.v, lens, scale=scale_of(cell), **where))
+        parts.append(attend(copy.q[rows], copy.k, copy.v, lens, scale=scale_of(cell), **where))
     return torch.cat(parts)  # [B, Hq, D]
 
 
@@ -214,14 +233,15 @@ def _sdpa_extra_bytes(cell: Cell, context: Context, backends: tuple[str, ...]) -
 def _row(cell: Cell, backend: str, status: str, **values) -> Row:
     nan = math.nan
     filled = dict(
-        us=nan, us_p10=nan, us_p90=nan, gbps=nan, bw_fraction=nan, vs_contiguous=nan, max_abs_err=nan
-    )
+        us=nan, us_p10=nan, us_p90=nan, gbps=nan, bw_fraction=nan, vs_contiguous=nan, vs_full=nan,
+        max_abs_err=nan,
+    )  # fmt: skip
     filled["note"] = ""
     filled.update(values)
     return Row(
         cell=cell.label, batch=cell.batch, context=cell.context, block_size=cell.block_size,
         q_heads=cell.q_heads, kv_heads=cell.kv_heads, gqa=cell.gqa, head_dim=cell.head_dim,
-        dtype=cell.dtype, ragged=cell.ragged, backend=backend, status=status, **filled,
+        dtype=cell.dtype, ragged=cell.ragged, window=cell.window, backend=backend, status=status, **filled,
     )  # fmt: skip
 
 
@@ -272,6 +292,8 @@ def format_table(rows: list[Row]) -> str:
             continue
         lines.append(
             f"{r.cell:<22} {r.backend:<24} {r.us:>9.1f} {r.gbps:>7.0f} {r.bw_fraction:>7.2f} "
-            f"{r.vs_contiguous:>9.2f} {r.max_abs_err:>8.1e}" + ("" if r.status == "ok" else "  ABOVE ATOL")
+            f"{r.vs_contiguous:>9.2f} {r.max_abs_err:>8.1e}"
+            + ("" if r.status == "ok" else "  ABOVE ATOL")
+            + (f"  {r.vs_full:.2f} x full attention's time" if r.window else "")
         )
     return "\n".join(lines)

@@ -29,10 +29,12 @@ def _build_kvbench(addressing: str):
         else:
             where = dict(starts=layout.starts)
         # the kernel's own choice, made here: left to it, it reads the lengths on the host (a sync)
-        splits = choose_num_splits(cell.batch, cell.kv_heads, layout.max_len, context.device)
+        read = min(layout.max_len, cell.window) if cell.window else layout.max_len  # positions a row reads
+        splits = choose_num_splits(cell.batch, cell.kv_heads, read, context.device)
         run = partial(
-            decode_attention, context_lens=layout.lens, scale=scale_of(cell), num_splits=splits, **where
-        )
+            decode_attention, context_lens=layout.lens, scale=scale_of(cell), num_splits=splits,
+            window=cell.window, **where,
+        )  # fmt: skip
         calls = tuple(partial(run, c.q, c.k, c.v, out=c.out) for c in inputs)
         note = f"{splits} KV splits" + ("; random page order" if addressing == "paged" else "")
         return Built(calls, addressing, note=note)

@@ -13,6 +13,7 @@ BACKENDS = (  # every backend, in the order of the CSV; BUILDERS (at the end) bu
     "flashinfer-cuda-cores", "flashinfer-tensor-cores",
 )  # fmt: skip
 CPU_BACKENDS = ("kvbench-paged", "kvbench-contiguous", "torch-sdpa")  # the interpreter smoke test's
+WINDOW_BACKENDS = ("kvbench-paged", "kvbench-contiguous")  # those that take a sliding window
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 ATOL = {"bfloat16": 2e-2, "float16": 5e-3}  # max |out - reference| accepted (N(0, 1) inputs)
 L2_DEFAULT = 50 * 10**6  # bytes: an H100/H200's L2, when the device does not say
@@ -32,6 +33,7 @@ class Cell:
     head_dim: int
     dtype: str  # "bfloat16" | "float16"
     ragged: bool = False  # lengths uniform in [1, context] instead of all equal to it
+    window: int = 0  # sliding window: the query sees its last `window` positions (0: all of them)
 
     @property
     def q_heads(self) -> int:
@@ -39,7 +41,9 @@ class Cell:
 
     @property
     def label(self) -> str:
-        return f"B{self.batch} L{self.context} bs{self.block_size} g{self.gqa}"
+        return f"B{self.batch} L{self.context} bs{self.block_size} g{self.gqa}" + (
+            f" w{self.window}" if self.window else ""
+        )
 
 
 @dataclass(frozen=True)
@@ -68,17 +72,19 @@ class Row:
     head_dim: int
     dtype: str
     ragged: bool
+    window: int  # 0: full attention
     backend: str
     status: str  # ok | wrong (error above atol) | failed | skipped
     us: float  # median of the timed calls, microseconds
     us_p10: float
     us_p90: float
-    useful_bytes: int  # KV of the real context lengths + q + out
+    useful_bytes: int  # KV of the real context lengths (within the window) + q + out
     moved_bytes: int  # what the backend reads and writes, padding and expanded heads included
     gbps: float  # useful_bytes / median time, in 1e9 bytes/s
     bw_fraction: float  # gbps over this run's measured read bandwidth
     vs_contiguous: float  # time / kvbench-contiguous time on this cell (paging's cost when > 1)
-    max_abs_err: float  # against kernels.reference.decode_attention_ref
+    vs_full: float  # a window row: time / the same backend's full-attention time at this context
+    max_abs_err: float  # against kernels.reference.decode_attention_ref (window: the PyTorch window path)
     atol: float
     copies: int  # input copies cycled while timing
     note: str

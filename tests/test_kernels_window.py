@@ -163,3 +163,45 @@ def test_attention_sends_window_layers_to_the_kernels_and_soft_caps_to_pytorch(p
     capped = run("torch", window=window, softcap=5.0)
     assert (run("triton", window=window, softcap=5.0) - capped).abs().max() <= 1e-6
     assert len(calls) == 3  # a soft cap: PyTorch on both backends
+
+
+def test_kernels_benchmark_times_a_window_row_beside_full_attention(tmp_path):
+    """`kvbench kernels --window 0,8` in the interpreter: each cell at full attention, then with a
+    window of 8 on kvbench's kernels (checked against the PyTorch window attention), its useful
+    bytes the window's and its time set against full attention's; the plots keep full attention."""
+    import csv
+
+    from typer.testing import CliRunner
+
+    from kvbench.cli.app import app
+
+    out = tmp_path / "kernels"
+    args = ["kernels", "--batch", "2", "--context", "40", "--block-size", "4", "--kv-heads", "2", "--gqa",
+            "2", "--head-dim", "16", "--dtype", "float16", "--repeats", "1", "--warmup", "0",
+            "--window", "0,8", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    with open(out / "kernels.csv", newline="") as f:
+        rows = {(r["cell"], r["backend"]): r for r in csv.DictReader(f)}
+    qo = 2 * 2 * 4 * 16 * 2  # q and out: batch × query heads × head dim × 2 bytes
+    for backend in ("kvbench-paged", "kvbench-contiguous"):
+        full, windowed = rows["B2 L40 bs4 g2", backend], rows["B2 L40 bs4 g2 w8", backend]
+        assert full["status"] == windowed["status"] == "ok" and windowed["window"] == "8"
+        assert float(windowed["max_abs_err"]) <= float(windowed["atol"])
+        assert int(full["useful_bytes"]) == 2 * 2 * 40 * 2 * 16 * 2 + qo  # K and V of every position
+        assert int(windowed["useful_bytes"]) == 2 * 2 * 8 * 2 * 16 * 2 + qo  # of the window's 8
+        assert float(windowed["vs_full"]) > 0 and float(windowed["bw_fraction"]) > 0
+    assert rows["B2 L40 bs4 g2 w8", "torch-sdpa"]["status"] == "skipped"
+    assert "x full attention's time" in result.output
+    assert (out / "latency.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("value", ["-1", "8,x"])
+def test_kernels_benchmark_rejects_a_bad_window_in_one_line(value):
+    from typer.testing import CliRunner
+
+    from kvbench.cli.app import app
+
+    result = CliRunner().invoke(app, ["kernels", "--window", value])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --window: ") and result.stderr.count("\n") == 1, result.stderr

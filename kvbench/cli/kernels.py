@@ -37,6 +37,17 @@ def positive_ints(option: str, text: str) -> list[int]:
     return values
 
 
+def window_sizes(text: str) -> list[int]:
+    """`"0,4096"` -> `[0, 4096]`: sliding windows, 0 for full attention (the row windows compare with)."""
+    values = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item.isdigit():
+            raise KvbenchError(f"--window: {item!r} is not 0 (full attention) or a positive integer")
+        values.append(int(item))
+    return list(dict.fromkeys(values))
+
+
 def powers_of_two(option: str, text: str, low: int, high: int) -> list[int]:
     values = positive_ints(option, text)
     for value in values:
@@ -88,6 +99,13 @@ def kernels(
     head_dim: Annotated[int, typer.Option(help="Head dimension (a power of two in 16..256).")] = 128,
     dtype: Annotated[str, typer.Option(help="bfloat16 or float16.")] = "bfloat16",
     ragged: Annotated[bool, typer.Option(help="Context lengths uniform in [1, L] instead of all L.")] = False,
+    window: Annotated[
+        str,
+        typer.Option(
+            help="Sliding windows, comma separated (0: full attention); each cell runs at each, windows "
+            "on kvbench's kernels only (e.g. 0,4096 at --context 8192,16384,32768)."
+        ),
+    ] = "0",
     repeats: Annotated[int, typer.Option(help="Timed calls per cell and backend (median reported).")] = 50,
     warmup: Annotated[int, typer.Option(help="Untimed calls before timing.")] = 5,
     backends: Annotated[
@@ -107,6 +125,7 @@ def kernels(
     ]  # fmt: skip
     block_sizes = powers_of_two("--block-size", block_size, 1, 256)
     gqas = powers_of_two("--gqa", gqa, 1, 16)
+    windows = window_sizes(window)
     positive_ints("--kv-heads", str(kv_heads))
     powers_of_two("--head-dim", str(head_dim), 16, 256)
     if dtype not in _DTYPES:
@@ -139,8 +158,9 @@ def kernels(
         typer.echo("flashinfer not importable: its columns are absent")
         names = tuple(n for n in names if not n.startswith("flashinfer"))
     grid = bench.grid(
-        pairs, block_sizes, gqas, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, ragged=ragged
-    )
+        pairs, block_sizes, gqas, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, ragged=ragged,
+        windows=windows,
+    )  # fmt: skip
     config = bench.BenchConfig(
         cells=grid, backends=names, device=device, repeats=repeats, warmup=warmup, seed=seed, max_gib=max_gib
     )
