@@ -66,7 +66,7 @@ def reference(tmp_path, kind: str):
     return reloaded.eval(), tmp_path / kind
 
 
-def compare(ref, model, *, paged: bool, chunks=(11, 15), forget_before_window=False) -> None:
+def compare(ref, model, *, paged: bool, chunks=(11, 15), forget_before_window=False, backend="torch") -> None:
     """Two sequences: positions [0, 11) then [11, 15) prefilled, then decoded one by one up to
     LENGTH; each step's last logits against transformers' full forward pass.
     `forget_before_window`: before each step, NaN into the slots of every position no query of
@@ -95,7 +95,7 @@ def compare(ref, model, *, paged: bool, chunks=(11, 15), forget_before_window=Fa
             arena.k[:, old], arena.v[:, old] = float("nan"), float("nan")
         meta = AttentionMetadata(
             n > 1, slots(lo, hi), torch.tensor([0, n, 2 * n]), torch.tensor([hi, hi], dtype=torch.int32),
-            max_new=n, num_splits=2, backend="torch", **addressing,
+            max_new=n, num_splits=2, backend=backend, **addressing,
         )  # fmt: skip
         with torch.no_grad():
             return model(ids[:, lo:hi].reshape(-1), torch.arange(lo, hi).repeat(2), meta, arena)

@@ -205,3 +205,17 @@ def test_kernels_benchmark_rejects_a_bad_window_in_one_line(value):
     result = CliRunner().invoke(app, ["kernels", "--window", value])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: --window: ") and result.stderr.count("\n") == 1, result.stderr
+
+
+@pytest.mark.slow
+def test_mistral_on_the_window_kernels_equals_transformers(tmp_path):
+    """A tiny Mistral (window 8), paged, on the triton backend, slots older than each step's
+    windows poisoned with NaN: prefill chunks and decode steps give transformers' logits (the
+    kernel tests above cover contiguous addressing; this one takes ~15 s in the interpreter)."""
+    pytest.importorskip("transformers")
+    from kvbench.modeling.weights import load_checkpoint
+    from tests.test_families import compare, reference
+
+    ref, folder = reference(tmp_path, "mistral")
+    model = load_checkpoint(folder, torch.float32, CPU)
+    compare(ref, model, paged=True, forget_before_window=True, backend="triton")
