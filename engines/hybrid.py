@@ -450,6 +450,10 @@ class _GroupedAllocator:
         """The budget's tail past the last whole page: no block can use it."""
         return self.num_slots - self.pool.num_pages * self.pool.page_bytes / self.slot_bytes
 
+    def window_held_from(self, seq: Sequence, group: int) -> int:
+        """First position group `group` still holds of `seq` (blocks before it freed): `engines.windows`."""
+        return self._skipped[seq][group] * self.block_size
+
     def outside_window_slots(self) -> float:
         """Slots window groups hold in blocks lying wholly before the first token a step reads.
 

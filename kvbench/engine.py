@@ -22,9 +22,11 @@ from itertools import pairwise
 import numpy as np
 
 from engines.allocator import measure
+from engines.hybrid import GroupShape
 from engines.scheduler import Batch, Scheduler
+from engines.windows import window_terms
 from kvbench.errors import KvbenchError
-from kvbench.metrics.occupancy import Footprint, Growth, segment_integral, whole_slots
+from kvbench.metrics.occupancy import Footprint, Growth, segment_integral, whole_slots, window_integral
 from kvbench.requests import Trace
 from kvbench.runner import Runner, step_ends
 from kvbench.sequence import Sequence, group_width, sequence_for
@@ -51,6 +53,7 @@ class StepRecord:
     num_swapped: int  # preempted requests whose K/V waits in host memory
     # occupancy after the row's last step, in slots (sum to the arena's num_slots)
     token_states: int
+    outside_window: int  # of the token states, those window layers hold older than their window
     reservation: int
     internal_frag: int
     allocator_overhead: int
@@ -110,11 +113,17 @@ class EngineRun:
 class Engine:
     """Glues a scheduler (which owns the allocator) to a runner."""
 
-    def __init__(self, scheduler: Scheduler, runner: Runner, *, coalesce: bool = True) -> None:
+    def __init__(
+        self, scheduler: Scheduler, runner: Runner, *, coalesce: bool = True,
+        windows: tuple[GroupShape, ...] | None = None,
+    ) -> None:  # fmt: skip
         self.scheduler = scheduler
         self.allocator = scheduler.allocator
         self.runner = runner
         self.coalesce = coalesce
+        # the model's KV groups, for `outside_window` (None: the allocator's own, if it has any)
+        shapes = windows if windows is not None else getattr(self.allocator, "shapes", ())
+        self.windows = shapes if any(s.window for s in shapes) else ()
 
     def check_fits(self, trace: Trace) -> None:
         """Refuse a trace with a request that could never run, instead of waiting forever."""
@@ -184,12 +193,35 @@ class Engine:
                 # cannot make token states negative; exact without sharing)
                 dead = min(sum(seq.num_computed for seq in sched.held), fp.tokens)
                 fp = replace(fp, tokens=fp.tokens - dead, target=fp.target - dead)
-            integral = segment_integral(fp, durations, len(batch.seqs), growth)
+            fp, outside = self._outside_window(fp, batch, durations, sched)
+            integral = segment_integral(fp, durations, len(batch.seqs), growth, outside)
+            integral = replace(integral, outside=min(integral.outside, integral.tokens))
             # what is shared changes only between segments (forks, copy-on-write, admissions, frees)
             log.record(batch, durations, ends, fp, integral, alloc.sharing_saved(), sched)
             # 5. release the finished (per the scheduler's policy)
             sched.update(finished)
         return log.result()
+
+    def _outside_window(
+        self, fp: Footprint, batch: Batch, durations: np.ndarray, sched: Scheduler
+    ) -> tuple[Footprint, float | None]:
+        """`fp` with its outside-window slots, and their integral over the segment (None: constant).
+
+        The batch's sequences computed a token every step; other running ones stood still. A
+        static batch's finished sequences are left out: their tokens are no token states any
+        more. The caller bounds both by the token states (shared slots count per sequence here).
+        """
+        if not self.windows:
+            return fp, None
+        moving = window_terms(self.allocator, self.windows, batch.seqs)
+        in_batch = set(batch.seqs)
+        still = window_terms(self.allocator, self.windows, [s for s in sched.running if s not in in_batch])
+        outside = min(moving.slots + still.slots, fp.tokens)
+        fp = replace(fp, outside=outside)
+        if len(durations) == 1:
+            return fp, None
+        held = window_integral(moving.scale, moving.behind, durations)
+        return fp, held + still.slots * float(durations.sum())
 
 
 class _RunLog:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engines import get_engine
+from engines.hybrid import group_shapes
 from engines.scheduler import Scheduler
 from kvbench.config import Prepared, RunConfig, prepare
 from kvbench.cost_model import CostModelRunner
@@ -34,7 +35,8 @@ def execute(
     """Drive the config's trace through its engine with `make_runner(scheduler)`; summarize."""
     prepared = prepared or prepare(config)
     scheduler = get_engine(config.engine).build(prepared.options)
-    run = Engine(scheduler, make_runner(scheduler), coalesce=coalesce).run(prepared.trace)
+    windows = group_shapes(prepared.model.groups)  # outside_window for every engine
+    run = Engine(scheduler, make_runner(scheduler), coalesce=coalesce, windows=windows).run(prepared.trace)
     itls = ItlTable.of(run.sequences)
     records = [request_record(seq, m) for seq, m in zip(run.sequences, itls.maxima.tolist(), strict=True)]
     summary = {

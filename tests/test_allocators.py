@@ -115,6 +115,7 @@ def test_oracle_buddy_extents_and_categories():
     snap = snapshot(alloc)
     assert snap.as_dict() == {
         "token_states": 0,
+        "outside_window": 0,
         "reservation": 17,
         "internal_frag": 0,
         "allocator_overhead": 7,
@@ -151,6 +152,7 @@ def test_pow2_buddy_splits_internal_frag_and_overhead():
     assert alloc.addressing(a) == Extent(0, 12, 16)
     assert snapshot(alloc).as_dict() == {
         "token_states": 5,
+        "outside_window": 0,
         "reservation": 4,
         "internal_frag": 3,
         "allocator_overhead": 4,
@@ -276,6 +278,7 @@ def test_paged_block_ids_follow_the_fifo_queue():
     assert blocks(alloc, b) == [2]
     assert snapshot(alloc).as_dict() == {
         "token_states": 8,
+        "outside_window": 0,
         "reservation": 4,
         "internal_frag": 0,
         "allocator_overhead": 0,
@@ -296,6 +299,7 @@ def test_paged_block_ids_follow_the_fifo_queue():
     assert blocks(alloc, a) == [0, 1, 3]
     assert snapshot(alloc).as_dict() == {
         "token_states": 8,
+        "outside_window": 0,
         "reservation": 2,
         "internal_frag": 2,  # kv_len 10 leaves 2 slots of block 3 never filled
         "allocator_overhead": 0,

@@ -179,6 +179,7 @@ def test_static_occupancy_and_batching_busy_and_while_waiting():
     assert s["occupancy"] == pytest.approx(
         {
             "token_states": sum(tokens) / capacity,
+            "outside_window": 0,
             "reservation": (sum(target) - sum(tokens)) / capacity,
             "internal_frag": (sum(asked) - sum(target)) / capacity,
             "allocator_overhead": 0.0,
@@ -193,6 +194,7 @@ def test_static_occupancy_and_batching_busy_and_while_waiting():
     assert s["occupancy_saturated"] == pytest.approx(
         {
             "token_states": sum(tokens[waiting]) / capacity,
+            "outside_window": 0,
             "reservation": (sum(target[waiting]) - sum(tokens[waiting])) / capacity,
             "internal_frag": (sum(asked[waiting]) - sum(target[waiting])) / capacity,
             "allocator_overhead": 0.0,
@@ -217,6 +219,7 @@ def test_oracle_overhead_and_external_fragmentation():
     tokens, target, granted, external = 4 + 5 + 6 + 7, 4 * 7, 4 * 8, 4 * 8  # 0-4
     busy = {
         "token_states": tokens + 10 + 11 + 12 + 13,
+        "outside_window": 0,
         "reservation": target - tokens + 4 * 13 - (10 + 11 + 12 + 13),
         "internal_frag": 0,
         "allocator_overhead": granted - target + 4 * (16 - 13),
@@ -227,6 +230,7 @@ def test_oracle_overhead_and_external_fragmentation():
     assert s["occupancy"] == pytest.approx({k: v / (16 * 8) for k, v in busy.items()}, abs=1e-12)
     waiting = {
         "token_states": tokens,
+        "outside_window": 0,
         "reservation": target - tokens,
         "internal_frag": 0,
         "allocator_overhead": granted - target,

@@ -205,6 +205,7 @@ def test_an_instants_categories_in_whole_slots_sum_to_the_arena():
     snap = KVSnapshot.of(fp, 20)
     assert snap.as_dict() == {
         "token_states": 3,
+        "outside_window": 0,
         "reservation": 1,
         "internal_frag": 3,
         "allocator_overhead": 1,
@@ -313,6 +314,7 @@ def test_mapped_idle_slots_are_neither_free_nor_held_by_a_sequence():
     fp = Footprint(tokens=3, target=5, asked=8, granted=9, external=2, idle=4)
     assert categories(fp, 30) == {
         "token_states": 3,
+        "outside_window": 0,
         "reservation": 2,
         "internal_frag": 3,
         "allocator_overhead": 1,

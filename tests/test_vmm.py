@@ -67,7 +67,8 @@ def test_pages_are_mapped_as_a_sequence_grows_and_rounding_is_internal_fragmenta
     run_one_step(alloc, a)  # writes position 4: page 1 is mapped
     assert alloc.page_table(a) == (0, 1) and alloc.maps == 2
     assert categories(alloc) == {
-        "token_states": 5, "reservation": 0, "internal_frag": 3,  # page 1 holds 3 slots past the end
+        "token_states": 5, "outside_window": 0, "reservation": 0,
+        "internal_frag": 3,  # page 1 holds 3 slots past the end
         "allocator_overhead": 0, "mapped_idle": 0, "external_frag": 2, "free": 12,
     }  # fmt: skip
 
@@ -151,7 +152,7 @@ def test_pages_of_a_fractional_number_of_tokens_let_tokens_straddle_them():
     assert alloc.page_table(a) == (0, 1, 2) and alloc.addressing(a) == Extent(0, 7, 7)
     assert alloc.footprint() == Footprint(0, 7, 7, 7.5)
     assert categories(alloc) == {
-        "token_states": 0, "reservation": 7, "internal_frag": 0, "allocator_overhead": 0,
+        "token_states": 0, "outside_window": 0, "reservation": 7, "internal_frag": 0, "allocator_overhead": 0,
         "mapped_idle": 0, "external_frag": 1, "free": 13,  # 21 - 20 = 1; the half slot in free
     }  # fmt: skip
     run_one_step(alloc, a)  # prefill

@@ -15,6 +15,11 @@ How the categories split one sequence's slots (F = its final K/V length)::
              [ token_states  | reservation     | internal     | allocator |
                                                   frag          overhead
 
+Of the token states, those a sliding-window layer still holds for tokens older than its window
+(positions below num_computed - W + 1: no step reads them again) are `outside_window`: `paged`
+keeps them all, `hybrid` and `jenga` only the older tokens of a block still partly inside the
+window (`engines.windows`). They are carved out of `token_states`, so the categories still sum.
+
 Slots an allocator keeps for reuse under no sequence (a virtual-memory allocator's pages
 still mapped under the range of a finished request, `engines.vmm`) are `mapped_idle`. The
 arena's free slots split into `external_frag` (free, but in extents too small for the request
@@ -33,6 +38,7 @@ import numpy as np
 
 CATEGORIES = (
     "token_states",
+    "outside_window",
     "reservation",
     "internal_frag",
     "allocator_overhead",
@@ -41,7 +47,7 @@ CATEGORIES = (
     "free",
 )
 # the paper's "External frag. & Others" (Figure 2): every category past internal fragmentation
-PAPER_OTHER = ("allocator_overhead", "mapped_idle", "external_frag", "free")
+PAPER_OTHER = ("outside_window", "allocator_overhead", "mapped_idle", "external_frag", "free")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,7 @@ class Footprint:
     granted: float  # slots the allocator handed out (asked + rounding)
     external: float = 0.0  # free slots unusable by the request waiting at the head
     idle: float = 0.0  # slots kept for reuse under no sequence (mapped idle pages)
+    outside: float = 0.0  # of `tokens`: slots window layers hold for tokens older than the window
 
     def __add__(self, o: Footprint) -> Footprint:
         return Footprint(
@@ -63,6 +70,7 @@ class Footprint:
             self.granted + o.granted,
             self.external + o.external,
             self.idle + o.idle,
+            self.outside + o.outside,
         )
 
     def scaled(self, factor: float) -> Footprint:
@@ -73,13 +81,15 @@ class Footprint:
             self.granted * factor,
             self.external * factor,
             self.idle * factor,
+            self.outside * factor,
         )
 
 
 def categories(fp: Footprint, capacity: float) -> dict[str, float]:
     """Split `capacity` slots (or slot-seconds) into the categories; they sum to it."""
     return {
-        "token_states": fp.tokens,
+        "token_states": fp.tokens - fp.outside,
+        "outside_window": fp.outside,
         "reservation": fp.target - fp.tokens,
         "internal_frag": fp.asked - fp.target,
         "allocator_overhead": fp.granted - fp.asked,
@@ -103,6 +113,7 @@ class KVSnapshot:
 
     num_slots: int
     token_states: int
+    outside_window: int
     reservation: int
     internal_frag: int
     allocator_overhead: int
@@ -133,7 +144,8 @@ class Growth:
 
 
 def segment_integral(
-    end: Footprint, durations: np.ndarray, tokens_per_step: int, growth: Growth | None
+    end: Footprint, durations: np.ndarray, tokens_per_step: int, growth: Growth | None,
+    outside: float | None = None,
 ) -> Footprint:
     """Exact integral of the footprint over the k steps of one segment.
 
@@ -141,6 +153,8 @@ def segment_integral(
     computed and the slots grown after it. With d the (k,) step durations and D_j the time
     elapsed before step j, sum_j d_j * (end - later_j) = end * sum(d) - sum_j delta_j * D_j
     for the slot growth, and tokens_per_step * sum_j d_j * (k - 1 - j) for the tokens.
+    `outside` is the integral of the outside-window slots (`window_integral`), which do not
+    grow at a constant rate; None: constant at `end.outside`.
     """
     if len(durations) == 1:
         return end.scaled(float(durations[0]))
@@ -161,4 +175,23 @@ def segment_integral(
         granted=end.granted * total - granted_deficit,
         external=end.external * total,
         idle=end.idle * total,  # constant within a segment: see `KVAllocator.growth_horizon`
+        outside=end.outside * total if outside is None else outside,
     )
+
+
+def window_integral(scale: np.ndarray, behind: np.ndarray, durations: np.ndarray) -> float:
+    """Exact integral over a segment's k steps of sum_i scale_i * max(behind_i - later_j, 0).
+
+    Term i is one window group of one sequence that computes a token every step: after the last
+    step it holds `behind_i` tokens older than its window (negative: that many short of it), so
+    after step j, with later_j = k - 1 - j steps still to come, it held max(behind_i - later_j, 0).
+    Only the last min(behind_i, k) steps contribute; with suffix sums of d and d x later over the
+    steps, each term costs O(1): behind_i x sum(d) - sum(d x later) over those steps.
+    """
+    k = len(durations)
+    later = np.arange(k - 1, -1, -1)  # (k,)
+    # suffix sums over the last e steps, e = 0..k: (k + 1,)
+    tail_d = np.concatenate(([0.0], np.cumsum(durations[::-1])))
+    tail_dl = np.concatenate(([0.0], np.cumsum((durations * later)[::-1])))
+    steps = np.clip(behind, 0, k).astype(np.int64)  # (m,) steps during which term i held any
+    return float(scale @ (behind * tail_d[steps] - tail_dl[steps]))

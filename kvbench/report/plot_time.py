@@ -53,7 +53,7 @@ def _title(ax, name: str, color: str, extra: str = "") -> None:
     ax.set_title(f"{name}{extra}", loc="left", fontsize=10, color=color, fontweight="bold")
 
 
-_REQUIRED = tuple(c for c in CATEGORIES if c != "mapped_idle")  # runs written before it lack that one
+_REQUIRED = tuple(c for c in CATEGORIES if c not in ("mapped_idle", "outside_window"))  # older runs lack them
 
 
 def plot_occupancy_timeline(runs: Iterable[Run | Path | str], out: Path) -> list[Path]:

@@ -34,6 +34,7 @@ ENGINE_ORDER = tuple(ENGINE_COLORS)
 
 CATEGORY_COLORS = {
     "token_states": "#2A9D8F",
+    "outside_window": "#1D5C63",  # a darker token states: held, never read again
     "reservation": "#8AB17D",
     "internal_frag": "#E9C46A",
     "allocator_overhead": "#F4A261",
@@ -43,6 +44,7 @@ CATEGORY_COLORS = {
 }
 CATEGORY_LABELS = {
     "token_states": "token states",
+    "outside_window": "outside window",
     "reservation": "reservation",
     "internal_frag": "internal frag.",
     "allocator_overhead": "allocator overhead",

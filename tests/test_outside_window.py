@@ -1,0 +1,134 @@
+"""The `outside_window` occupancy category: slots window layers hold for tokens no step reads again.
+
+A tiny Gemma-3-shaped model (five window layers of W = 6 tokens per full layer, 8 bytes a token in
+each: a slot is 48 bytes, one token of the window group 40 of them) and a hand-made timeline, with
+every row's count worked out by hand for `paged` (keeps every token) and `hybrid` (frees each block
+once it lies wholly behind the window).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import invariant, run_state_machine_as_test
+
+from engines import ENGINES, EngineOptions
+from engines.hybrid import GroupShape, group_shapes
+from engines.windows import window_terms
+from kvbench.cost_model import CostModel, CostModelRunner
+from kvbench.engine import Engine
+from kvbench.kvspec.layers import FullAttention, SlidingWindow, kv_groups
+from kvbench.metrics.occupancy import CATEGORIES, Footprint, KVSnapshot, categories, window_integral
+from kvbench.metrics.summary import occupancy_fractions
+from kvbench.requests import Request, Trace
+from tests.support import steps
+from tests.test_hybrid import BS, WINDOW, HybridMachine, JengaMachine
+
+GEMMA3_TINY = kv_groups((SlidingWindow(1, 2, WINDOW),) * 5 + (FullAttention(1, 2),))
+WINDOW_SHARE = 40 / 48  # slots one token of the window group is
+ONE_SECOND_STEPS = CostModel(fixed_s=1.0, per_token_s=0.0, per_kv_token_s=0.0)
+# one request of 9 prompt and 10 output tokens: a prefill (9 computed), then 9 decode steps (10..18);
+# the next step reads from position computed - W + 1, so computed - 5 tokens lie behind the window
+TRACE = Trace("window-timeline", (Request(0, 0.0, 9, 10), Request(1, 0.0, 3, 2)))
+# tokens behind the window after each row: paged keeps them all (computed - 5; the short request
+# never reaches its window) ...
+PAGED_BEHIND = [4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+# ... hybrid frees blocks of 4 before each step once wholly behind (from the count before the step):
+# freed up to 4 before computed 10, 8 before 14, 12 before 18
+HYBRID_BEHIND = [4, 1, 2, 3, 4, 1, 2, 3, 4, 1]
+
+
+def run(engine: str, coalesce: bool):
+    options = EngineOptions(num_slots=100, max_len=64, block_size=BS, watermark=0.0, kv_groups=GEMMA3_TINY)
+    sched = ENGINES[engine].build(options)
+    runner = CostModelRunner(ONE_SECOND_STEPS)
+    return Engine(sched, runner, coalesce=coalesce, windows=group_shapes(GEMMA3_TINY)).run(TRACE)
+
+
+@pytest.mark.parametrize(("engine", "behind"), [("paged", PAGED_BEHIND), ("hybrid", HYBRID_BEHIND)])
+def test_a_window_timeline_by_hand(engine, behind):
+    slow = run(engine, coalesce=False)
+    assert [row.num_steps for row in slow.steps] == [1] * 10
+    assert [row.outside_window for row in slow.steps] == [int(n * WINDOW_SHARE) for n in behind]
+    for row in slow.steps:
+        assert (
+            sum(getattr(row, c) for c in CATEGORIES) == 100 and min(getattr(row, c) for c in CATEGORIES) >= 0
+        )
+    assert slow.busy.footprint.outside == pytest.approx(sum(behind) * WINDOW_SHARE)  # 1 s steps
+    # coalesced decode segments integrate the same slot-seconds exactly
+    fast = run(engine, coalesce=True)
+    assert len(fast.steps) < len(slow.steps)
+    assert fast.busy.footprint.outside == pytest.approx(slow.busy.footprint.outside, rel=1e-12)
+    assert fast.busy.footprint.tokens == pytest.approx(slow.busy.footprint.tokens, rel=1e-12)
+    fractions = occupancy_fractions(fast.busy, 100)
+    assert fractions["outside_window"] == pytest.approx(sum(behind) * WINDOW_SHARE / 1000)
+    assert sum(fractions.values()) == pytest.approx(1.0)
+
+
+def test_hybrid_holds_less_outside_the_window_than_paged_and_jenga_what_hybrid_does():
+    paged, hybrid, jenga = (run(e, coalesce=True) for e in ("paged", "hybrid", "jenga"))
+    assert hybrid.busy.footprint.outside < paged.busy.footprint.outside / 2
+    assert jenga.busy.footprint.outside == pytest.approx(hybrid.busy.footprint.outside)
+
+
+def test_no_window_layers_no_outside_window():
+    options = EngineOptions(
+        num_slots=100, max_len=64, block_size=BS, kv_groups=kv_groups((FullAttention(1, 2),))
+    )
+    for windows in (None, (GroupShape(8),)):
+        sched = ENGINES["paged"].build(options)
+        result = Engine(sched, CostModelRunner(ONE_SECOND_STEPS), windows=windows).run(TRACE)
+        assert {row.outside_window for row in result.steps} == {0}
+        assert result.busy.footprint.outside == 0
+
+
+def test_outside_window_is_carved_out_of_token_states():
+    fp = Footprint(tokens=10, target=12, asked=16, granted=17, external=1, idle=2, outside=4)
+    got = categories(fp, 30)
+    assert got["token_states"] == 6 and got["outside_window"] == 4 and sum(got.values()) == 30
+    assert list(KVSnapshot.of(fp, 30).as_dict().values()) == [6, 4, 2, 4, 1, 2, 1, 10]
+
+
+def test_window_integral_is_the_step_by_step_sum():
+    durations = np.array([1.0, 2.0, 4.0, 0.5])
+    scale, behind = np.array([0.5, 2.0, 1.0]), np.array([2, -1, 7])
+    # step j (later = 3 - j) holds max(behind - later, 0) of each term
+    by_step = [float(scale @ np.maximum(behind - later, 0)) for later in (3, 2, 1, 0)]
+    assert window_integral(scale, behind, durations) == pytest.approx(float(np.dot(by_step, durations)))
+
+
+class _OutsideWindow:
+    """Mixed into the hybrid state machines: the categories with outside_window sum to the arena,
+    and outside_window is what the held window blocks keep older than the window, counted here."""
+
+    @invariant()
+    def outside_window_partition(self):
+        terms = window_terms(self.alloc, self.alloc.shapes, self.resident)
+        held = 0
+        for seq in self.resident:
+            window, full = self.alloc.held_blocks(seq)
+            first_held = (full - window) * BS  # freed blocks come first
+            held += 24 * max(seq.num_computed - WINDOW + 1 - first_held, 0)  # 3 window layers, 24 B
+        assert terms.slots * 40 == pytest.approx(held)
+        fp = self.alloc.footprint()
+        assert terms.slots <= fp.tokens + 1e-9
+        values = list(
+            categories(
+                Footprint(fp.tokens, fp.target, fp.asked, fp.granted, outside=terms.slots), 60
+            ).values()
+        )
+        assert sum(values) == pytest.approx(60) and min(values) >= -1e-9
+
+
+class HybridWindowMachine(_OutsideWindow, HybridMachine):
+    pass
+
+
+class JengaWindowMachine(_OutsideWindow, JengaMachine):
+    pass
+
+
+@pytest.mark.parametrize("machine", [HybridWindowMachine, JengaWindowMachine])
+def test_hybrid_state_machines_partition_with_outside_window(machine):
+    run_state_machine_as_test(machine, settings=settings(stateful_step_count=steps(40), deadline=None))
