@@ -6,7 +6,9 @@ boundaries; paged (block sizes 1, 16 and one larger than a tile) and contiguous;
 count and merge. Each check computes the oracle, then fills every position before the windows'
 left bound, in the sequence's own slots, with NaN before it runs the kernel: a kernel that read
 one of them would return NaN (a masked NaN still poisons a weighted sum), so a matching output
-proves that nothing before the window is read. Tolerances as in tests/test_kernels.py.
+proves that nothing before the window is read. Tolerances as in tests/test_kernels.py. The
+kernel checks run in Triton's interpreter on CPU and compiled on a GPU (marked `gpu`); those of
+the dispatch, the benchmark row and a tiny Mistral against transformers run on CPU.
 """
 
 from __future__ import annotations
@@ -22,17 +24,16 @@ from kernels.splits import LARGE_GRID_LAUNCH, SMALL_GRID_LAUNCH  # noqa: E402
 from kvbench.modeling.attention import AttentionMetadata, attention  # noqa: E402
 from kvbench.modeling.window_attention import decode_window_attention, extend_window_attention  # noqa: E402
 from tests.support import INTERPRETED  # noqa: E402
-from tests.test_kernels import TOLERANCE, Arena, _rand  # noqa: E402
+from tests.test_kernels import DEVICES, TOLERANCE, Arena, _rand  # noqa: E402
 
 CPU = torch.device("cpu")
-pytestmark = INTERPRETED
 
 
 def poison_before(arena: Arena, bounds: list[int]) -> None:
     """NaN into sequence b's own slots at positions `[0, bounds[b])`: where a window never looks."""
     for b, bound in enumerate(bounds):
         if bound > 0:
-            where = arena.slots(b, torch.arange(bound))
+            where = arena.slots(b, torch.arange(bound, device=arena.k.device))
             arena.k[where] = float("nan")
             arena.v[where] = float("nan")
 
@@ -55,12 +56,15 @@ DECODE_RUNS = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("lens", "block_size", "window"), DECODE_CASES)
-def test_windowed_decode_matches_reference_and_reads_nothing_before_the_window(lens, block_size, window):
+def test_windowed_decode_matches_reference_and_reads_nothing_before_the_window(
+    device, lens, block_size, window
+):
     gen = torch.Generator().manual_seed(sum(lens) + block_size + window)
     kv_heads, group, head_dim, dtype = 2, 2, 16, torch.float16
-    arena = Arena(lens, kv_heads, head_dim, dtype, CPU, block_size=block_size, gen=gen)
-    q = _rand((len(lens), kv_heads * group, head_dim), dtype, CPU, gen)
+    arena = Arena(lens, kv_heads, head_dim, dtype, device, block_size=block_size, gen=gen)
+    q = _rand((len(lens), kv_heads * group, head_dim), dtype, device, gen)
     kwargs = dict(scale=head_dim**-0.5, **arena.addressing())
     expected = decode_window_attention(q, arena.k, arena.v, arena.lens, window=window, **kwargs)
     full = decode_window_attention(q, arena.k, arena.v, arena.lens, **kwargs)
@@ -77,12 +81,13 @@ def test_windowed_decode_matches_reference_and_reads_nothing_before_the_window(l
         assert (out.float() - expected.float()).abs().max() <= TOLERANCE[dtype], run
 
 
-def test_windowed_decode_in_fp32_with_the_default_splits():
+@pytest.mark.parametrize("device", DEVICES)
+def test_windowed_decode_in_fp32_with_the_default_splits(device):
     """The runner's CPU dtype, splits chosen for the window (not the context), window None = full."""
     gen = torch.Generator().manual_seed(11)
     lens, window = [513, 40, 300], 100
-    arena = Arena(lens, 1, 32, torch.float32, CPU, block_size=32, gen=gen)
-    q = _rand((3, 4, 32), torch.float32, CPU, gen)
+    arena = Arena(lens, 1, 32, torch.float32, device, block_size=32, gen=gen)
+    q = _rand((3, 4, 32), torch.float32, device, gen)
     kwargs = dict(scale=0.2, **arena.addressing())
     full = decode_attention(q, arena.k, arena.v, arena.lens, window=None, **kwargs)
     assert (full - decode_window_attention(q, arena.k, arena.v, arena.lens, **kwargs)).abs().max() <= 1e-5
@@ -103,15 +108,16 @@ EXTEND_CASES = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("lens", "new", "block_size", "window"), EXTEND_CASES)
 def test_windowed_prefill_matches_reference_and_reads_nothing_before_the_windows(
-    lens, new, block_size, window
+    device, lens, new, block_size, window
 ):
     gen = torch.Generator().manual_seed(sum(lens) + window)
     kv_heads, group, head_dim, dtype = 2, 2, 16, torch.float32
-    arena = Arena(lens, kv_heads, head_dim, dtype, CPU, block_size=block_size, gen=gen)
-    q = _rand((sum(new), kv_heads * group, head_dim), dtype, CPU, gen)
-    cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()])
+    arena = Arena(lens, kv_heads, head_dim, dtype, device, block_size=block_size, gen=gen)
+    q = _rand((sum(new), kv_heads * group, head_dim), dtype, device, gen)
+    cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], device=device)
     kwargs = dict(scale=head_dim**-0.5, **arena.addressing())
     expected = extend_window_attention(q, arena.k, arena.v, cu, arena.lens, window=window, **kwargs)
     poison_before(arena, [max(n - m - window + 1, 0) for n, m in zip(lens, new, strict=True)])
@@ -121,6 +127,7 @@ def test_windowed_prefill_matches_reference_and_reads_nothing_before_the_windows
     assert (out - expected).abs().max() <= 1e-5
 
 
+@INTERPRETED
 @pytest.mark.parametrize("prefill", [True, False], ids=["prefill", "decode"])
 def test_attention_sends_window_layers_to_the_kernels_and_soft_caps_to_pytorch(prefill, monkeypatch):
     """backend "triton": a window layer runs the kernels (NaN before the window stays unread, and
@@ -165,6 +172,7 @@ def test_attention_sends_window_layers_to_the_kernels_and_soft_caps_to_pytorch(p
     assert len(calls) == 3  # a soft cap: PyTorch on both backends
 
 
+@INTERPRETED
 def test_kernels_benchmark_times_a_window_row_beside_full_attention(tmp_path):
     """`kvbench kernels --window 0,8` in the interpreter: each cell at full attention, then with a
     window of 8 on kvbench's kernels (checked against the PyTorch window attention), its useful
@@ -207,6 +215,7 @@ def test_kernels_benchmark_rejects_a_bad_window_in_one_line(value):
     assert result.stderr.startswith("error: --window: ") and result.stderr.count("\n") == 1, result.stderr
 
 
+@INTERPRETED
 @pytest.mark.slow
 def test_mistral_on_the_window_kernels_equals_transformers(tmp_path):
     """A tiny Mistral (window 8), paged, on the triton backend, slots older than each step's
