@@ -51,7 +51,8 @@ def test_simulate_writes_every_result_file(tmp_path):
     steps = read_csv(out / "steps.csv")
     slots = summary["num_slots"]
     for row in steps:
-        cats = ("token_states", "reservation", "internal_frag", "allocator_overhead", "external_frag", "free")
+        cats = ("token_states", "outside_window", "reservation", "internal_frag", "allocator_overhead")
+        cats += ("external_frag", "free")
         assert sum(int(row[c]) for c in cats) == slots
     assert sum(int(r["num_steps"]) for r in steps) == summary["num_steps"]
     env = json.loads((out / "env.json").read_text())
