@@ -86,7 +86,7 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec(
             "deepseek-v2-lite", "deepseek", 27, 2048, 16, 16, 10944, 102400, 163840, norm_eps=1e-6,
             mla=MlaShape(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128),
-            moe=MoeShape(experts=64, shared_experts=2, expert_ffn=1408, dense_layers=1),
+            moe=MoeShape(experts=64, shared_experts=2, expert_ffn=1408, dense_layers=1, top_k=6),
         ),
     )
 }  # fmt: skip

@@ -81,14 +81,20 @@ def test_a_hybrid_preset_holds_less_than_its_arena_slots_beyond_the_window():
 
 @pytest.mark.parametrize("name", ["deepseek-v2-lite"])
 def test_a_real_run_refuses_a_shape_kvbench_does_not_decode(name):
-    """Sized and simulated, not decoded: building the model fails with one line, before any
-    memory is allocated, rather than decoding a Llama of the wrong shape."""
+    """Sized and simulated, not decoded (here: experts whose router top-k is unknown): building
+    the model fails with one line, before any memory is allocated, rather than decoding a model
+    of the wrong shape."""
+    from dataclasses import replace
+
     import torch
 
     from kvbench.modeling.weights import random_model
 
+    model = get_model(name)
+    unrouted = replace(model, moe=replace(model.moe, top_k=0))
+    assert model.decoded and not unrouted.decoded
     with pytest.raises(KvbenchError, match=rf"^--model {name}: kvbench decodes OPT and Llama .* not run$"):
-        random_model(get_model(name), torch.float32, torch.device("cpu"))
+        random_model(unrouted, torch.float32, torch.device("cpu"))
 
 
 def test_a_hybrid_preset_simulates_with_the_real_engines():

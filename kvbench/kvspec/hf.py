@@ -179,4 +179,6 @@ def _moe(key: ConfigKeys) -> MoeShape | None:
         shared_experts=key.count("n_shared_experts") if key.given("n_shared_experts") else 0,
         expert_ffn=key.count("moe_intermediate_size"),
         dense_layers=key.count("first_k_dense_replace") if key.given("first_k_dense_replace") else 0,
+        top_k=key.count("num_experts_per_tok") if key.given("num_experts_per_tok") else 0,
+        routed_scale=key.number("routed_scaling_factor", 1.0),
     )

@@ -44,6 +44,8 @@ class MoeShape:
     shared_experts: int  # always-active experts (n_shared_experts)
     expert_ffn: int  # moe_intermediate_size
     dense_layers: int  # the first layers keep a dense MLP of `ffn` (first_k_dense_replace)
+    top_k: int = 0  # routed experts per token (num_experts_per_tok); 0: unknown, not decoded
+    routed_scale: float = 1.0  # routed experts' weights x this (routed_scaling_factor)
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,9 @@ class ModelSpec:
         """Whether kvbench's own model code computes this architecture (else: sized and simulated)."""
         if self.family in WINDOWED_FAMILIES:
             return self.mla is None and self.moe is None
+        if self.family == "deepseek":  # MLA, and experts where the router's top-k is known
+            routed = self.moe is None or self.moe.top_k > 0
+            return self.mla is not None and not self.window_layers and routed
         return (
             self.family in DECODED_FAMILIES and not self.window_layers and self.mla is None
             and self.head_dim * self.num_heads == self.hidden

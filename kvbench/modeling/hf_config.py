@@ -41,7 +41,9 @@ def spec_from_hf_config(config: object, name: str) -> ModelSpec:
     model_type = config.get("model_type")
     if isinstance(model_type, str) and model_type in SIZED_FAMILIES and model_type not in HF_MODEL_TYPES:
         spec = spec_from_config(config, name)  # sized; decoded where kvbench has the family's code
-        return _decoding_keys(config, spec, where) if spec.decoded else spec
+        # DeepSeek's arithmetic keys are checked when its weights load (`deepseek_decoding_keys`):
+        # simulate sizes V3 and YaRN configs it cannot decode
+        return _decoding_keys(config, spec, where) if spec.decoded and spec.family != "deepseek" else spec
     if not isinstance(model_type, str) or model_type not in HF_MODEL_TYPES:
         supported = ", ".join(HF_MODEL_TYPES)
         raise KvbenchError(
@@ -96,7 +98,7 @@ def spec_from_hf_config(config: object, name: str) -> ModelSpec:
 
 
 ACTIVATIONS = {"qwen2": "silu", "qwen3": "silu", "mistral": "silu", "gemma2": "gelu_pytorch_tanh",
-               "gemma3": "gelu_pytorch_tanh"}  # fmt: skip
+               "gemma3": "gelu_pytorch_tanh", "deepseek": "silu"}  # fmt: skip
 
 
 def _decoding_keys(config: dict, spec: ModelSpec, where: str) -> ModelSpec:
@@ -105,7 +107,7 @@ def _decoding_keys(config: dict, spec: ModelSpec, where: str) -> ModelSpec:
     if spec.family == "gemma3" and isinstance(config.get("text_config"), dict):
         config, where = config["text_config"], f"{where}: text_config"
     key = _Keys(config, where)
-    if spec.head_dim % 2:
+    if spec.family != "deepseek" and spec.head_dim % 2:
         raise KvbenchError(f"{where}: rotary embeddings need an even head size, got head_dim {spec.head_dim}")
     if spec.family.startswith("gemma"):
         key.choice("hidden_activation", ACTIVATIONS[spec.family])
@@ -119,3 +121,23 @@ def _decoding_keys(config: dict, spec: ModelSpec, where: str) -> ModelSpec:
     if kind not in (None, "default"):
         key.unsupported("rope_scaling", "rope scaling")
     return spec  # Gemma's query scale and soft caps: read with its sizes (`kvbench.kvspec.hf`)
+
+
+def deepseek_decoding_keys(path: Path, spec: ModelSpec) -> None:
+    """A DeepSeek checkpoint's keys of arithmetic, refused where `kvbench/modeling/mla.py` would
+    compute something else (it computes V2's greedy softmax router and plain rotary embeddings):
+    checked when its weights load, not when it is sized."""
+    config = read_config_json(path)
+    where = f"--model {path}: config.json"
+    _decoding_keys(config, spec, where)
+    key = _Keys(config, where)
+    if config.get("model_type") != "deepseek_v2":
+        key.unsupported("model_type", "DeepSeek-V3's router (sigmoid scores, a bias, grouped top-k)")
+    if spec.mla is not None and spec.mla.qk_rope_head_dim % 2:
+        raise KvbenchError(f"{key.where}: qk_rope_head_dim must be even, got {spec.mla.qk_rope_head_dim}")
+    if spec.moe is not None:
+        key.choice("topk_method", "greedy")
+    nested = config.get("rope_parameters") or {}
+    kind = nested.get("rope_type", nested.get("type")) if isinstance(nested, dict) else nested
+    if kind not in (None, "default"):
+        key.unsupported("rope_parameters", "rope scaling (YaRN)")

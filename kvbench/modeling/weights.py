@@ -17,8 +17,9 @@ import torch
 from kvbench.errors import KvbenchError
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.gemma import GemmaForCausalLM
-from kvbench.modeling.hf_config import read_checkpoint_spec
+from kvbench.modeling.hf_config import deepseek_decoding_keys, read_checkpoint_spec
 from kvbench.modeling.llama import LlamaForCausalLM
+from kvbench.modeling.mla import DeepseekV2ForCausalLM
 from kvbench.modeling.opt import OPTForCausalLM
 from kvbench.modeling.qwen import MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from kvbench.models import ModelSpec
@@ -27,6 +28,7 @@ from kvbench.parallel.layers import SINGLE, TensorParallel
 FAMILIES: dict[str, type[CausalLM]] = {
     "opt": OPTForCausalLM, "llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM,
     "mistral": MistralForCausalLM, "gemma2": GemmaForCausalLM, "gemma3": GemmaForCausalLM,
+    "deepseek": DeepseekV2ForCausalLM,
 }  # fmt: skip
 
 
@@ -35,11 +37,12 @@ def empty_model(
 ) -> CausalLM:
     """The model's modules on `device` with uninitialised weights (a rank's shard under `tp`)."""
     if not spec.decoded:  # every real run builds its model here: refuse shapes kvbench does not compute
-        windowed = ", ".join(family for family in FAMILIES if family not in ("opt", "llama"))
+        windowed = ", ".join(family for family in FAMILIES if family not in ("opt", "llama", "deepseek"))
         raise KvbenchError(
             f"--model {spec.name}: kvbench decodes OPT and Llama (full attention) and {windowed} "
-            f"(sliding windows included); {spec.family} ({', '.join(sorted({g.kind for g in spec.groups}))} "
-            "layers) is sized and simulated (kvbench simulate), not run"
+            f"(sliding windows included) and DeepSeek-V2 (MLA, experts); {spec.family} "
+            f"({', '.join(sorted({g.kind for g in spec.groups}))} layers) is sized and simulated "
+            "(kvbench simulate), not run"
         )
     model = FAMILIES[spec.family](spec, tp=tp, device="meta", dtype=dtype).to_empty(device=device)
     model.tie_weights()
@@ -76,6 +79,8 @@ def load_checkpoint(path: Path, dtype: torch.dtype, device: torch.device) -> Cau
     the weights file it came from.
     """
     spec = read_checkpoint_spec(path)
+    if spec.family == "deepseek" and spec.decoded:
+        deepseek_decoding_keys(path, spec)
     tensors, files = _read_tensors(path)
     held = sum(tensor.numel() for tensor in tensors.values())
     if held < spec.num_params - spec.vocab * spec.hidden:  # the LM head may be tied (not stored)

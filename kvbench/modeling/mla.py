@@ -1,0 +1,163 @@
+"""DeepSeek-V2 (and V2-Lite): multi-head latent attention (MLA) and a mixture of experts.
+
+MLA's point is the cache: per token and layer it keeps one latent `c` (kv_lora_rank values,
+after `kv_a_layernorm`) and one rotated rope key (qk_rope_head_dim values) that every head
+shares, instead of K and V per head (`KVArena` stores them as one `[latent + rope]` vector).
+Head h's key and value are `W_uk[h] c` and `W_uv[h] c` (`kv_b_proj`'s two parts), so decode
+never expands them: it folds `W_uk[h]` into the query and `W_uv[h]` into the output
+("absorbed" form) and attends over the latent, as one multi-query attention of head size
+latent + rope whose values are the latent::
+
+    score(h, j) = q_nope[h] . W_uk[h] c_j + q_pe[h] . k_pe_j = [q_nope[h] W_uk[h], q_pe[h]] . [c_j, k_pe_j]
+    out[h]      = W_uv[h] sum_j p(h, j) c_j
+
+Prefill uses the same form (exact in any precision transformers' expanded form is). Attention
+runs the PyTorch references of `kernels/reference.py` on every device: the Triton kernels do not
+read a latent cache yet. Rotary embeddings rotate adjacent pairs (DeepSeek's layout, as
+transformers' `apply_rotary_emb` does), not halves. The feed-forward part is a dense SwiGLU MLP
+in the first `first_k_dense_replace` layers, then shared experts plus the top-k of the routed
+ones (softmax router, greedy top-k, weights x routed_scaling_factor), one expert at a time:
+correct, not fast. Parameter names are Hugging Face's (`DeepseekV2ForCausalLM`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from kvbench.errors import KvbenchError
+from kvbench.modeling import ops
+from kvbench.modeling.attention import AttentionMetadata
+from kvbench.modeling.decoder import DecoderForCausalLM
+from kvbench.modeling.llama import LlamaDecoderLayer, LlamaMLP, RMSNorm
+from kvbench.models import ModelSpec
+from kvbench.parallel.layers import SINGLE, Linear, TensorParallel
+
+
+def rotary_pairs(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """x `[T, heads, D]` rotated at `positions` `[T]`, pairs (x[2i], x[2i+1]) as complex numbers
+    (DeepSeek's interleaved layout; Llama's `ops.rotary` rotates halves)."""
+    angles = positions[:, None].float() * ops.inv_freq(x.shape[-1], theta, x.device)[None, :]  # [T, D/2]
+    turn = torch.polar(torch.ones_like(angles), angles)[:, None, :]  # [T, 1, D/2]
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # [T, heads, D/2]
+    return torch.view_as_real(pairs * turn).flatten(-2).to(x.dtype)
+
+
+def mla_attention(
+    q: torch.Tensor, new: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+    latent: int,
+) -> torch.Tensor:  # fmt: skip
+    """q `[T, H, latent + rope]` (absorbed), new `[T, 1, latent + rope]` -> `[T, H, latent]`.
+
+    Stores the new tokens' latent and rope key first; keys and values are both read from the
+    one cache (the values' rope part is dropped after the weighted sum).
+    """
+    from kernels.reference import decode_attention_ref, extend_attention_ref, store_kv_ref
+
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():  # the reference reads lengths on the host
+        raise KvbenchError(
+            "--attention: MLA (DeepSeek) runs the PyTorch attention, which CUDA graphs cannot capture; "
+            "run it with --attention torch or --no-cuda-graphs"
+        )
+    store_kv_ref(new, new, cache, cache, meta.slot_mapping)
+    if meta.is_prefill:
+        out = extend_attention_ref(
+            q, cache, cache, meta.cu_seqlens, meta.context_lens, scale=scale, **meta.addressing()
+        )  # fmt: skip
+    else:
+        out = decode_attention_ref(q, cache, cache, meta.context_lens, scale=scale, **meta.addressing())
+    return out[..., :latent]
+
+
+class MLAttention(nn.Module):
+    """DeepSeek-V2's attention of one layer (q_proj, or q_a/q_b with q_a_layernorm; the latent's
+    kv_a_proj_with_mqa, kv_a_layernorm and kv_b_proj; o_proj)."""
+
+    def __init__(self, spec: ModelSpec, **factory) -> None:
+        super().__init__()
+        m = self.mla = spec.mla
+        self.spec, self.heads = spec, spec.num_heads
+        query = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            self.q_a_proj = Linear(spec.hidden, m.q_lora_rank, bias=False, **factory)
+            self.q_a_layernorm = RMSNorm(m.q_lora_rank, 1e-6, **factory)  # transformers' default eps
+            self.q_b_proj = Linear(m.q_lora_rank, self.heads * query, bias=False, **factory)
+        else:
+            self.q_proj = Linear(spec.hidden, self.heads * query, bias=False, **factory)
+        compressed = m.kv_lora_rank + m.qk_rope_head_dim
+        self.kv_a_proj_with_mqa = Linear(spec.hidden, compressed, bias=False, **factory)
+        self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, 1e-6, **factory)
+        self.kv_b_proj = Linear(
+            m.kv_lora_rank, self.heads * (m.qk_nope_head_dim + m.v_head_dim), bias=False, **factory
+        )  # fmt: skip
+        self.o_proj = Linear(self.heads * m.v_head_dim, spec.hidden, bias=False, **factory)
+        self.scale = query**-0.5  # transformers: qk_head_dim ** -0.5 (YaRN's mscale is refused)
+
+    def forward(self, x, positions, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        m, t = self.mla, x.shape[0]
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if m.q_lora_rank else self.q_proj(x)
+        q = q.view(t, self.heads, -1)  # [T, H, nope + rope]
+        q_nope, q_pe = q.split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent)  # [T, latent]: what is cached, normalised
+        q_pe = rotary_pairs(q_pe, positions, self.spec.rope_theta)  # [T, H, rope]
+        k_pe = rotary_pairs(k_pe[:, None, :], positions, self.spec.rope_theta)  # [T, 1, rope]
+        w = self.kv_b_proj.weight.view(self.heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
+        w_uk, w_uv = w.split([m.qk_nope_head_dim, m.v_head_dim], dim=1)  # [H, nope, latent], [H, v, latent]
+        q_latent = torch.einsum("thn,hnl->thl", q_nope, w_uk)  # [T, H, latent]: W_uk folded in
+        new = torch.cat([latent[:, None, :], k_pe], dim=-1)  # [T, 1, latent + rope]
+        o = mla_attention(torch.cat([q_latent, q_pe], dim=-1), new, k_cache, meta, self.scale, m.kv_lora_rank)
+        o = torch.einsum("thl,hvl->thv", o, w_uv)  # [T, H, v]: W_uv folded in
+        return self.o_proj(o.reshape(t, -1))
+
+
+class MoE(nn.Module):
+    """Shared experts (always on) plus the top-k routed experts of each token."""
+
+    def __init__(self, spec: ModelSpec, **factory) -> None:
+        super().__init__()
+        e = self.moe = spec.moe
+        self.gate = Linear(spec.hidden, e.experts, bias=False, **factory)  # the router
+        expert = replace(spec, ffn=e.expert_ffn)
+        self.experts = nn.ModuleList(LlamaMLP(expert, **factory) for _ in range(e.experts))
+        if e.shared_experts:  # one MLP as wide as all shared experts together (as the checkpoints)
+            self.shared_experts = LlamaMLP(replace(spec, ffn=e.expert_ffn * e.shared_experts), **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = torch.nn.functional.linear(x.float(), self.gate.weight.float()).softmax(dim=-1)  # [T, E]
+        weights, chosen = scores.topk(self.moe.top_k, dim=-1)  # [T, k] each
+        weights = weights * self.moe.routed_scale
+        out = torch.zeros_like(x)  # [T, hidden]
+        for index in chosen.unique().tolist():  # one expert at a time, over the tokens that chose it
+            rows, rank = (chosen == index).nonzero(as_tuple=True)
+            y = self.experts[index](x[rows]) * weights[rows, rank, None]
+            out.index_add_(0, rows, y.to(x.dtype))
+        if self.moe.shared_experts:
+            out = out + self.shared_experts(x)
+        return out
+
+
+class _Layer(LlamaDecoderLayer):
+    """Llama's pre-norm layer (its forward) around MLA and a dense MLP or the experts."""
+
+    def __init__(self, spec: ModelSpec, index: int, **factory) -> None:
+        nn.Module.__init__(self)  # Llama's own attention is not built
+        self.self_attn = MLAttention(spec, **factory)
+        dense = spec.moe is None or index < spec.moe.dense_layers
+        self.mlp = LlamaMLP(spec, **factory) if dense else MoE(spec, **factory)
+        self.input_layernorm = RMSNorm(spec.hidden, spec.norm_eps, **factory)
+        self.post_attention_layernorm = RMSNorm(spec.hidden, spec.norm_eps, **factory)
+
+
+class DeepseekV2ForCausalLM(DecoderForCausalLM):
+    @classmethod
+    def decoder_layer(cls, spec: ModelSpec, index: int, tp: TensorParallel = SINGLE, **factory) -> nn.Module:
+        if tp.size > 1:
+            raise KvbenchError(f"--model {spec.name}: MLA (DeepSeek) runs on one GPU (no tensor parallelism)")
+        return _Layer(spec, index, **factory)
+
+    @classmethod
+    def make_norm(cls, spec: ModelSpec, **factory) -> nn.Module:
+        return RMSNorm(spec.hidden, spec.norm_eps, **factory)

@@ -1,0 +1,112 @@
+"""DeepSeek-V2 (MLA and experts) decoded by kvbench against transformers, on the CPU in fp32.
+
+A tiny DeepseekV2ForCausalLM (3 layers: one dense, two of 8 routed experts choosing 2 plus 2
+shared ones; latent 16, rope 8, nope 16, v 16) with every weight random, saved as safetensors
+and loaded through `load_checkpoint`; then the prefill in two chunks and the decode steps of
+`tests/test_families.py`, paged and contiguous, logits within 1e-4. The arena holds only the
+latent and rope key of each token (poisoned with NaN elsewhere), so matching logits show that
+the absorbed attention needs nothing else.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from kvbench.errors import KvbenchError  # noqa: E402
+from kvbench.modeling.arena import KVArena  # noqa: E402
+from kvbench.modeling.hf_config import spec_from_hf_config  # noqa: E402
+from kvbench.modeling.weights import load_checkpoint  # noqa: E402
+from tests.test_families import compare  # noqa: E402
+
+CPU = torch.device("cpu")
+TINY = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+    num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128, rms_norm_eps=1e-6,
+    kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+    n_shared_experts=2, num_experts_per_tok=2, first_k_dense_replace=1, routed_scaling_factor=1.5,
+    tie_word_embeddings=False, rope_theta=5000.0,
+)  # fmt: skip
+
+
+def reference(tmp_path, q_lora_rank: int | None):
+    """The transformers model as its files say (saved, reloaded), and the folder."""
+    torch.manual_seed(0)
+    config = transformers.DeepseekV2Config(**TINY, q_lora_rank=q_lora_rank)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:  # transformers starts them at 1
+                param.add_(torch.randn_like(param) * 0.1)
+            if name.endswith("mlp.gate.weight"):  # a decisive router: no near-ties between experts
+                param.copy_(torch.randn_like(param))
+    folder = tmp_path / f"deepseek-v2-q{q_lora_rank}"
+    model.save_pretrained(folder, safe_serialization=True)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, local_files_only=True, attn_implementation="eager"
+    )
+    return reloaded.eval(), folder
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
+@pytest.mark.parametrize("q_lora_rank", [None, 32], ids=["q_proj", "q_lora"])
+def test_logits_equal_transformers_for_prefill_and_decode(tmp_path, q_lora_rank, paged):
+    ref, folder = reference(tmp_path, q_lora_rank)
+    model = load_checkpoint(folder, torch.float32, CPU)
+    assert model.spec.family == "deepseek" and model.spec.moe.top_k == 2
+    layers = model.model.layers
+    assert len(layers[1].mlp.experts) == 8 and not hasattr(layers[0].mlp, "experts")  # one dense layer
+    assert hasattr(layers[0].self_attn, "q_a_proj") == (q_lora_rank is not None)
+    compare(ref, model, paged=paged)
+
+
+def test_the_arena_holds_the_latent_and_rope_key_only(tmp_path):
+    """(kv_lora_rank + qk_rope_head_dim) x layers x dtype bytes per slot, as the spec sizes it:
+    16 + 8 values, not 2 x 4 heads x (16 + 8) keys and 4 x 16 values."""
+    spec = spec_from_hf_config(transformers.DeepseekV2Config(**TINY).to_dict(), "tiny-deepseek")
+    assert spec.decoded and spec.dtype_bytes == 2  # no dtype in the config: 16-bit
+    assert spec.kv_bytes_per_token == 3 * (16 + 8) * 2
+    assert KVArena(spec, 100, torch.bfloat16, CPU).nbytes == 100 * spec.kv_bytes_per_token
+    arena = KVArena(spec, 100, torch.float32, CPU)
+    assert arena.nbytes == 100 * 3 * (16 + 8) * 4
+    assert tuple(arena.k.shape) == (3, 100, 1, 24) and arena.v.numel() == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"model_type": "deepseek_v3"}, "model_type"),
+        ({"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1}, "topk_method"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 40.0, "rope_theta": 1e4}}, "rope_parameters"),
+        ({"rope_scaling": {"type": "yarn", "factor": 40.0}}, "rope_scaling"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+    ],
+    ids=["v3", "grouped-top-k", "yarn", "yarn-old-key", "gelu"],
+)
+def test_a_config_kvbench_would_decode_wrongly_is_refused_in_one_line(tmp_path, change, named):
+    """Refused when the weights load (before they are read), named in one line; the same folder
+    is still sized, as `kvbench simulate --model folder` reads it."""
+    import json
+
+    from kvbench.config import resolve_model
+
+    config = transformers.DeepseekV2Config(**TINY).to_dict() | change
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(KvbenchError, match=rf"^--model {tmp_path}: config.json.*{named}") as caught:
+        load_checkpoint(tmp_path, torch.float32, CPU)
+    assert "\n" not in str(caught.value)
+    assert resolve_model(str(tmp_path)).kv_bytes_per_token == 3 * (16 + 8) * 2
+
+
+def test_experts_without_a_top_k_are_sized_but_not_built():
+    """No num_experts_per_tok: the router is unknown, so the spec sizes the model and a real
+    run refuses it in one line rather than guessing how many experts a token takes."""
+    from kvbench.modeling.weights import empty_model
+
+    config = transformers.DeepseekV2Config(**TINY).to_dict() | {"num_experts_per_tok": None}
+    spec = spec_from_hf_config(config, "tiny")
+    assert not spec.decoded and spec.kv_bytes_per_token == 3 * (16 + 8) * 2
+    with pytest.raises(KvbenchError, match=r"^--model tiny: kvbench decodes .* not run$"):
+        empty_model(spec, torch.float32, CPU)
