@@ -204,6 +204,32 @@ def test_sharing_saves_memory_and_serves_more_as_in_the_paper(sharing):
     assert _value(fig17, "paged/orca-oracle", "sharegpt-paper chat", "capacity_ratio") > 1
 
 
+def test_sharing_rates_are_brackets_at_most_10_percent_wide_as_figure_12s(sharing):
+    """Figures 14, 16 and 17 bisect as Figure 12 does: every sustained rate with a failing rate
+    above it is a bracket [last pass, first fail) at most 10 % wide, each sustained-rate ratio
+    lies inside its interval, and the capacity ratio stands beside it."""
+    from kvbench.reproduce.sweeps import FIG12_BRACKET, ratio_note
+
+    bisected = 0
+    for figure, numerator in (("fig14", "paged"), ("fig16", "paged-prefix"), ("fig17", "paged")):
+        rows = _rows(sharing, figure)
+        for row in rows:
+            if row["metric"] == "sustained_rate_req_s" and row["kvbench"]:
+                low, high = float(row["low"]), float(row["high"])
+                assert low == float(row["kvbench"]) and low < high, row
+                if high != float("inf"):
+                    assert (high - low) / low <= FIG12_BRACKET, row
+                    bisected += 1
+            if row["metric"] == "sustained_ratio" and row["kvbench"]:
+                assert float(row["low"]) <= float(row["kvbench"]) <= float(row["high"]), row
+                capacity = [r for r in rows if (r["engine"], r["workload"], r["metric"]) == (
+                    row["engine"], row["workload"], "capacity_ratio")]  # fmt: skip
+                assert len(capacity) == 1, row
+        notes = json.loads((sharing / figure / "figure.json").read_text())["notes"]
+        assert ratio_note(numerator) in notes
+    assert bisected  # a short simulated trace: Orca (Max) crosses the bound inside Figure 14's grid
+
+
 def test_sharing_figures_decode_for_real(tmp_path, monkeypatch):
     """The real path of Figures 15 and 16 on a grid of one point each: a tiny random model
     decoding on the CPU (attention by the torch reference: the Triton kernels' own tests run

@@ -25,8 +25,10 @@ from kvbench.report.figures import plot_latency_vs_rate
 from kvbench.report.style import pyplot, save
 from kvbench.reproduce.rows import FigureResult, Options, Row, find
 from kvbench.reproduce.sweeps import (
+    FIG12_BRACKET,
     plot_into,
     rate_rows,
+    ratio_note,
     ratio_or_none,
     sustained_ratio_verdict,
     sweep,
@@ -43,9 +45,10 @@ WIDTHS = (2, 4, 6)  # the paper's samples and beam widths
 FIG15_SEQUENCE_RATE = {"alpaca-paper": 10.0, "sharegpt-paper": 1.0}
 
 # Figure 14: sequence rates (requests/s x width) on Alpaca, geometric so that one grid brackets
-# every width's capacity; bisection refines the sustained rate between the points
+# every width's capacity; bisection refines each sustained rate to a bracket at most
+# FIG12_BRACKET wide, as Figure 12's
 FIG14_SEQUENCE_RATES = {
-    "quick": (4.0, 16.0, 32.0, 64.0, 256.0),
+    "quick": (4.0, 16.0, 64.0, 256.0),  # x4 apart: bisection, not the grid, sets the brackets
     "real": (2.0, 8.0, 32.0),
     "full": (2.0, 4.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0),
 }
@@ -177,14 +180,14 @@ def fig14(options: Options, folder: Path) -> FigureResult:
             paper = FIG14_BEAM6_RATIO if (letter, width) == ("k", 6) else None
             result = sweep(options, folder / name, engines=engines, trace=trace,
                            rates=tuple(r / width for r in grid), block_sizes=(16,), kv=s.kv_cache_gib,
-                           threshold=threshold_of(options), bisect=options.pick(2, 5, real=0),
+                           threshold=threshold_of(options), bracket=FIG12_BRACKET,
                            requests=REQUESTS, workload=_width_spec(letter, width))  # fmt: skip
             found, by = rate_rows("fig14", label, result, engines, {"orca-oracle": paper})
             rows += found
             notes += by.note(label)
             plots += plot_into(plot_latency_vs_rate, folder / name, folder / name / "latency_vs_rate", notes,
                                f"{name}/")  # fmt: skip
-    notes.append(threshold_note(options))
+    notes += [threshold_note(options), ratio_note()]
     notes.append("paper: paged over Orca (Oracle) grows from 1.3x (one sample, Figure 12) to 2.3x at k=6")
     return FigureResult("fig14", "Parallel sampling and beam search: normalized latency vs rate (Alpaca)",
                         tuple(rows), fig14_verdict(rows, options), tuple(plots), tuple(notes))  # fmt: skip
@@ -211,7 +214,7 @@ def fig16(options: Options, folder: Path) -> FigureResult:
         label = f"translation {prefix}"
         result = sweep(options, folder / prefix, engines=engines, trace=TRANSLATION, rates=rates,
                        block_sizes=(16,), kv=s.kv_cache_gib, threshold=threshold_of(options),
-                       bisect=options.pick(2, 5, real=0), requests=REQUESTS, model=model,
+                       bracket=FIG12_BRACKET, requests=REQUESTS, model=model,
                        workload={"prefix": prefix})  # fmt: skip
         baseline = {"orca-oracle": paper}
         found, by = rate_rows("fig16", label, result, engines, baseline, numerator="paged-prefix")
@@ -221,6 +224,7 @@ def fig16(options: Options, folder: Path) -> FigureResult:
                            f"{prefix}/")  # fmt: skip
     notes += [
         threshold_note(options),
+        ratio_note("paged-prefix"),
         f"{model}; requests: {TRANSLATION} (WMT16 lengths are not among the traces: sized from the paper's "
         "prefixes, one example of 68-80 tokens) after a shared prefix of 80 (1-shot) or 341 (5-shot) tokens",
         "paged-prefix caches the prefix's blocks (chained block hashes, LRU); paged without the cache is "
@@ -247,14 +251,14 @@ def fig17(options: Options, folder: Path) -> FigureResult:
     rates = options.pick(*(FIG17_RATES[k] for k in ("quick", "full", "real")))
     label = f"{trace} chat"
     result = sweep(options, folder / "chat", engines=engines, trace=trace, rates=rates, block_sizes=(16,),
-                   kv=s.kv_cache_gib, threshold=threshold_of(options), bisect=options.pick(2, 5, real=0),
+                   kv=s.kv_cache_gib, threshold=threshold_of(options), bracket=FIG12_BRACKET,
                    requests=REQUESTS, workload=CHAT)  # fmt: skip
     baselines = {e: FIG17_RATIO for e in engines if e.startswith("orca")}
     rows, by = rate_rows("fig17", label, result, engines, baselines)
     unsaturated = by.note(label)
     reuse = ratio_or_none(by.capacity.get("paged-prefix"), by.capacity.get("paged"))
     rows.append(Row("fig17", "paged-prefix/paged", label, "capacity_ratio", reuse))
-    notes = [threshold_note(options), *unsaturated]
+    notes = [threshold_note(options), ratio_note(), *unsaturated]
     chat = folder / "chat"
     plots = plot_into(plot_latency_vs_rate, chat, chat / "latency_vs_rate", notes, "chat/")
     notes += [

@@ -236,6 +236,16 @@ def threshold_note(options: Options) -> str:
     )
 
 
+def ratio_note(numerator: str = "paged") -> str:
+    """How every rate figure's ratios read (Figures 12, 14, 16, 17): sustained rates bisected to
+    brackets at most `FIG12_BRACKET` wide, their ratio an interval, capacity beside it, labelled."""
+    return (
+        f"sustained rates bisected to brackets at most {100 * FIG12_BRACKET:g} % wide; sustained_ratio: "
+        f"{numerator}'s sustained rate over the other's, inside [pass / fail, fail / pass] of their "
+        "brackets; capacity_ratio: the most completed req/s, beside it, not the paper's measure"
+    )
+
+
 def plot_into(plot, data, out: Path, notes: list[str], prefix: str = "") -> list[str]:
     try:
         return [prefix + p.name for p in plot(data, out)]
@@ -266,9 +276,7 @@ def fig12(options: Options, folder: Path) -> FigureResult:
         )
     notes.append(threshold_note(options))
     notes.append(
-        "sustained_ratio: paged's sustained rate over the other's, inside [pass / fail, fail / pass] of "
-        "their brackets; capacity_ratio: the most completed req/s, beside it, not the paper's measure; "
-        "sustained_ratio@bound x m: the same ratios read at m x the bound "
+        ratio_note() + "; sustained_ratio@bound x m: the same ratios read at m x the bound "
         f"({', '.join(map(str, SENSITIVITY))}) from the cells already run (a bound away from the bisected "
         "one has grid-wide brackets)"
     )
