@@ -145,3 +145,22 @@ def test_every_engine_decodes_the_same_greedy_tokens_on_an_mla_model():
         assert [len(seq.output_ids) for seq in run.sequences] == lengths
         tokens[engine] = [tuple(seq.output_ids) for seq in run.sequences]
     assert len(set(map(tuple, tokens.values()))) == 1, f"engines disagree on greedy tokens: {tokens}"
+
+
+def test_an_arena_of_k_and_v_per_head_is_refused_in_one_line():
+    """An arena laid out for K and V per head (as the vmm engine's virtual one still is) would
+    be read as latents: the layer refuses it, naming the model."""
+    from dataclasses import replace
+
+    from kvbench.modeling.attention import AttentionMetadata
+    from kvbench.modeling.weights import random_model
+
+    model = random_model(MLA_TINY, torch.float32, CPU)
+    arena = KVArena(replace(MLA_TINY, mla=None), 16, torch.float32, CPU)  # [L, S, 4 heads, 16]
+    meta = AttentionMetadata(
+        True, torch.arange(3), torch.tensor([0, 3]), torch.tensor([3], dtype=torch.int32),
+        starts=torch.tensor([0]), max_new=3,
+    )  # fmt: skip
+    with pytest.raises(KvbenchError, match=r"^--model tiny-mla: MLA needs an arena of latent") as caught:
+        model(torch.tensor([1, 2, 3]), torch.arange(3), meta, arena)
+    assert "\n" not in str(caught.value)
