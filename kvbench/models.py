@@ -2,9 +2,9 @@
 
 Each preset is the public config.json of its model written in (the source named beside it);
 what is derived from it (KV bytes per token and per layer group, parameter counts) is computed
-by `ModelSpec` (kvbench/kvspec/model.py) and pinned by tests against the model cards. OPT and
-Llama presets are decoded by kvbench's own model code; the 2024-2025 families (sliding windows,
-MLA, mixtures of experts) are sized and simulated only (`ModelSpec.decoded`). `--model` also takes
+by `ModelSpec` (kvbench/kvspec/model.py) and pinned by tests against the model cards. Every
+preset is decoded by kvbench's own model code (`ModelSpec.decoded`: OPT, Llama, Qwen, Mistral,
+Gemma 2/3 with their sliding windows, DeepSeek-V2 with MLA and experts). `--model` also takes
 a folder holding a Hugging Face config.json (`kvbench.kvspec.hf`).
 """
 
