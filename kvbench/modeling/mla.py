@@ -54,7 +54,7 @@ def mla_attention(
     Stores the new tokens' latent and rope key first; keys and values are both read from the
     one cache (the values' rope part is dropped after the weighted sum).
     """
-    from kernels.reference import decode_attention_ref, extend_attention_ref, store_kv_ref
+    from kernels.reference import extend_attention_ref, store_kv_ref
 
     if q.is_cuda and torch.cuda.is_current_stream_capturing():  # the reference reads lengths on the host
         raise KvbenchError(
@@ -66,9 +66,25 @@ def mla_attention(
         out = extend_attention_ref(
             q, cache, cache, meta.cu_seqlens, meta.context_lens, scale=scale, **meta.addressing()
         )  # fmt: skip
-    else:
-        out = decode_attention_ref(q, cache, cache, meta.context_lens, scale=scale, **meta.addressing())
-    return out[..., :latent]
+        return out[..., :latent]
+    return _decode(q, cache, meta.context_lens, scale, latent, **meta.addressing())
+
+
+def _decode(q, cache, context_lens, scale: float, latent: int, **addressing) -> torch.Tensor:
+    """q `[B, H, latent + rope]` attends its sequence's first `context_lens[b]` cached tokens ->
+    `[B, H, latent]`. `decode_attention_ref` with the one shared entry, gathered once rather than
+    repeated for every head (its grouped-query expansion would hold H copies of every latent of
+    the batch: 16 x 576 values a token on DeepSeek-V2-Lite)."""
+    from kernels.reference import context_slots
+
+    width = max(int(context_lens.max()), 1) if q.shape[0] else 1
+    slots = context_slots(context_lens, width, **addressing)  # [B, C]
+    entries = cache[slots, 0].float()  # [B, C, latent + rope]
+    scores = torch.einsum("bhd,bcd->bhc", q.float(), entries) * scale  # [B, H, C]
+    valid = torch.arange(width, device=q.device)[None, :] < context_lens[:, None]  # [B, C]
+    weights = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1).nan_to_num(0.0)
+    values = entries[..., :latent].masked_fill(~valid[:, :, None], 0.0)  # padding may read NaN
+    return torch.einsum("bhc,bcl->bhl", weights, values).to(q.dtype)
 
 
 class MLAttention(nn.Module):
