@@ -48,7 +48,8 @@ FIGURES = (
         "Figure 12: sustained request rate and capacity",
         "Sustained rate: the highest rate whose normalized latency (mean over requests of end-to-end "
         "latency / output tokens) stays under the bound: 0.5 s/token simulated, 4x the lowest unloaded "
-        "latency of the engines compared in real mode (one bound for all). Capacity: the most requests/s any cell of the sweep completed.",
+        "latency of the engines compared in real mode (one bound for all). Capacity: the most "
+        "requests/s any cell of the sweep completed.",
     ),
     (
         "fig14",
