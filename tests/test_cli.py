@@ -139,6 +139,7 @@ def test_run_decodes_for_real_on_the_cpu(tmp_path):
     proc = kvbench(
         "run", "--engine", "paged", "--model", "tiny-opt", "--device", "cpu", "--kv-cache-gib", "0.002",
         "--trace", "uniform:prompt=4..30,output=2..12", "--num-requests", "8", "--rate", "20",
+        "--attention", "torch",  # a CPU's default outside this suite (which interprets Triton)
         "--out", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
