@@ -38,6 +38,37 @@ def steps(ci: int) -> int:
 VIRTUAL_CLOCK = CostModel(fixed_s=5e-3, per_token_s=1e-4, per_kv_token_s=1e-5)
 
 
+
+def greedy_tokens_by_engine(spec, engines) -> dict[str, list[tuple[int, ...]]]:
+    """Each engine decodes `tests.test_modeling.small_trace` through the real engine loop on the CPU
+    (PyTorch attention, an arena poisoned with NaN so a slot read before it is written shows):
+    every request's greedy tokens, checked to have its full output length."""
+    import torch
+
+    from engines import ENGINES
+    from kvbench.engine import Engine
+    from kvbench.modeling.arena import KVArena
+    from kvbench.modeling.weights import random_model
+    from kvbench.real.model_runner import ModelRunner
+    from tests.test_modeling import engine_options, small_trace
+
+    cpu = torch.device("cpu")
+    model = random_model(spec, torch.float32, cpu, seed=3)
+    tokens = {}
+    for engine in engines:
+        arena = KVArena(spec, 300, torch.float32, cpu)
+        arena.fill(float("nan"))
+        sched = ENGINES[engine].build(engine_options(300))
+        runner = ModelRunner(
+            model, arena, sched.allocator, max_batch=10, max_len=64, temperature=0.0, seed=5,
+            attention="torch", clock=VIRTUAL_CLOCK,
+        )  # fmt: skip
+        trace = small_trace()
+        run = Engine(sched, runner).run(trace)
+        assert [len(seq.output_ids) for seq in run.sequences] == [r.output_len for r in trace.requests]
+        tokens[engine] = [tuple(seq.output_ids) for seq in run.sequences]
+    return tokens
+
 def error_of(path: Path) -> str:
     """The one-line error reading `path` raises; it must start with the path."""
     with pytest.raises(KvbenchError) as error:

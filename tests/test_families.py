@@ -150,26 +150,10 @@ GEMMA3_TINY = ModelSpec(
 def test_every_engine_decodes_the_same_greedy_tokens_on_a_gemma3_shaped_model():
     """The real engine loop on the CPU (PyTorch attention), arena poisoned with NaN: contexts up
     to 38 tokens run past the local layers' window of 8, through each engine's addressing."""
-    from engines import ENGINES
-    from kvbench.engine import Engine
-    from kvbench.modeling.weights import random_model
-    from kvbench.real.model_runner import ModelRunner
-    from tests.support import VIRTUAL_CLOCK
-    from tests.test_modeling import engine_options, small_trace
+    from tests.support import greedy_tokens_by_engine
+    from tests.test_modeling import small_trace
 
-    model = random_model(GEMMA3_TINY, torch.float32, CPU, seed=3)
-    tokens = {}
-    for engine in ("static", "orca-max", "orca-pow2", "orca-oracle", "paged", "paged-static", "paged-prefix"):
-        arena = KVArena(GEMMA3_TINY, 300, torch.float32, CPU)
-        arena.fill(float("nan"))
-        sched = ENGINES[engine].build(engine_options(300))
-        runner = ModelRunner(
-            model, arena, sched.allocator, max_batch=10, max_len=64, temperature=0.0, seed=5,
-            attention="torch", clock=VIRTUAL_CLOCK,
-        )  # fmt: skip
-        run = Engine(sched, runner).run(small_trace())
-        lengths = [r.output_len for r in small_trace().requests]
-        assert [len(seq.output_ids) for seq in run.sequences] == lengths
-        tokens[engine] = [tuple(seq.output_ids) for seq in run.sequences]
+    engines = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged", "paged-static", "paged-prefix")
+    tokens = greedy_tokens_by_engine(GEMMA3_TINY, engines)
     assert max(r.prompt_len + r.output_len for r in small_trace().requests) > 3 * GEMMA3_TINY.window
     assert len(set(map(tuple, tokens.values()))) == 1, f"engines disagree on greedy tokens: {tokens}"

@@ -123,27 +123,9 @@ MLA_TINY = ModelSpec(
 def test_every_engine_decodes_the_same_greedy_tokens_on_an_mla_model():
     """The real engine loop on the CPU over the latent arena (poisoned with NaN), through each
     engine's addressing (extents, blocks, a prefix cache): the same greedy tokens everywhere."""
-    from engines import ENGINES
-    from kvbench.engine import Engine
-    from kvbench.modeling.weights import random_model
-    from kvbench.real.model_runner import ModelRunner
-    from tests.support import VIRTUAL_CLOCK
-    from tests.test_modeling import engine_options, small_trace
+    from tests.support import greedy_tokens_by_engine
 
-    model = random_model(MLA_TINY, torch.float32, CPU, seed=3)
-    tokens = {}
-    for engine in ("static", "orca-max", "paged", "paged-prefix"):
-        arena = KVArena(MLA_TINY, 300, torch.float32, CPU)
-        arena.fill(float("nan"))
-        sched = ENGINES[engine].build(engine_options(300))
-        runner = ModelRunner(
-            model, arena, sched.allocator, max_batch=10, max_len=64, temperature=0.0, seed=5,
-            attention="torch", clock=VIRTUAL_CLOCK,
-        )  # fmt: skip
-        run = Engine(sched, runner).run(small_trace())
-        lengths = [r.output_len for r in small_trace().requests]
-        assert [len(seq.output_ids) for seq in run.sequences] == lengths
-        tokens[engine] = [tuple(seq.output_ids) for seq in run.sequences]
+    tokens = greedy_tokens_by_engine(MLA_TINY, ("static", "orca-max", "paged", "paged-prefix"))
     assert len(set(map(tuple, tokens.values()))) == 1, f"engines disagree on greedy tokens: {tokens}"
 
 
