@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -83,6 +84,21 @@ def test_a_sweep_whose_bisection_ends_early_keeps_its_total_on_the_bar(tmp_path)
     states = [counts(f) for f in frames(console)]
     assert {total for _, total in states} == {4} and forward_only(states), states
     assert states[-1] == (4, 4) and "4/4 cells, 2 skipped" in frames(console)[-1]
+
+
+def test_a_bisection_to_a_target_bracket_never_runs_past_the_total(tmp_path):
+    """A target bracket takes as many rounds as it needs, none counted up front (bisect 0), and
+    steps past a placed pair likewise: each round grows the total before its cells run, so the
+    bar reads done <= total throughout (it once read 7/6, ETA negative)."""
+    sustained = SustainedOptions(threshold_s=0.1, bracket=0.1, extend=4)
+    plan = sweep_plan(("orca-max",), (0.5, 16.0), 12.0, sustained=sustained)
+    plan = replace(plan, base=replace(plan.base, workload=replace(plan.base.workload, num_requests=150)))
+    console = terminal()
+    result = run_sweep(plan, tmp_path / "s", progress=Progress(2, console=console))
+    states = [counts(f) for f in frames(console)]
+    ran = len(result.rows)
+    assert ran >= 7 and all(done <= total for done, total in states) and forward_only(states), states
+    assert states[-1] == (ran, ran), states
 
 
 def test_failed_cells_are_counted_on_the_bar(tmp_path):

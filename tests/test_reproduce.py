@@ -351,3 +351,82 @@ def test_a_real_reproduction_calibrates_the_simulator_on_its_own_runs(tmp_path, 
     report = (out / "reproduce.md").read_text()
     assert "## The calibrated simulator against the real runs" in report
     assert any(line.startswith("calibration: fitted on fig2") for line in lines)
+
+
+def test_real_rates_placed_by_the_calibrated_simulator(tmp_path, monkeypatch):
+    """With a cost file of the real runs' model (`--place-with`), a rate figure's real runs go
+    to two rates either side of each engine's sustained rate in the calibrated simulation of the
+    same cells (bisected to 2 %, kept in `<sweep>.placement/`), then step past them or bisect
+    until a pass and a fail at most 10 % apart bracket the real rate. Where the real knee lies
+    on the CPU is the machine's; what is asserted is where every run was placed and why."""
+    from kvbench.reproduce.rows import Options, Setting
+    from kvbench.reproduce.sweeps import PLACED_SPREAD, PLACED_STEPS, sweep
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    cost = tmp_path / "cost.json"
+    cost.write_text(
+        json.dumps({"model": "tiny-opt", "fixed_s": 0.01, "per_token_s": 1e-4, "per_kv_token_s": 1e-6})
+    )
+    setting = Setting(
+        "tiny-opt", 0.01, 1.0, real=True, paper_threshold=False, device="cpu", placement=str(cost)
+    )
+    options = Options(True, setting, num_requests=3, seed=REAL_SEED)
+    folder = tmp_path / "fig" / "sharegpt-paper"
+    sweep(options, folder, engines=REAL_ENGINES, trace="sharegpt-paper", rates=(1.0, 8.0, 64.0),
+          block_sizes=(16,), kv=0.01, threshold=None, bracket=0.1)  # fmt: skip
+    simulated = json.loads((folder.with_name("sharegpt-paper.placement") / "sweep.json").read_text())
+    assert simulated["mode"] == "simulated" and simulated["base_config"]["cost_model"] == str(cost)
+    assert simulated["sustained"]["bracket"] == 0.02
+    real = json.loads((folder / "sweep.json").read_text())
+    assert real["mode"] == "real" and real["sustained"]["extend"] == PLACED_STEPS
+    placed = {engine: tuple(pair) for engine, pair in real["axes"]["engine_rates"]}
+    rows = rows_of_csv(folder / "sweep.csv")
+    for row in rows_of_csv(folder.with_name("sharegpt-paper.placement") / "sustained.csv"):
+        low = float(row["last_pass_rate"])
+        if row["first_fail_rate"]:  # the simulation's knee, bisected: placed around its middle
+            high = float(row["first_fail_rate"])
+            assert (high - low) / low <= 0.02
+            centre = (low + high) / 2
+        else:  # three requests never queue long enough to fail: placed at the highest rate passed
+            assert low == 64.0 and "every swept rate" in row["how"]
+            centre = low
+        assert placed[row["engine"]] == pytest.approx(
+            (centre / PLACED_SPREAD, centre * PLACED_SPREAD), rel=1e-3
+        )
+    for row in rows_of_csv(folder / "sustained.csv"):
+        engine = row["engine"]
+        cells = [r for r in rows if r["engine"] == engine and r["role"] != "baseline"]
+        assert [float(r["rate"]) for r in cells if r["role"] == "grid"] == list(placed[engine])
+        tried = [float(r["rate"]) for r in cells]
+        assert int(row["bisect_cells"]) == len(tried) - 2 and all(float(r["completed"]) == 3 for r in cells)
+        if row["first_fail_rate"]:  # bracketed: as narrow as Figure 12 asks
+            low, high = float(row["last_pass_rate"] or 0), float(row["first_fail_rate"])
+            assert low > 0 and (high - low) / low <= 0.1
+        else:  # passed every rate up to the last step: a lower bound, said so
+            assert (
+                f"stepped outside the grid {PLACED_STEPS}x" in row["how"] and len(tried) == 2 + PLACED_STEPS
+            )
+
+
+def rows_of_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--mode", "simulate"), "--mode real"),
+        (("--mode", "real", "--model", "opt-125m"), "no such file"),
+        (("--mode", "real", "--model", "opt-125m", "COST13"), "fitted on opt-13b"),
+    ],
+)
+def test_place_with_takes_a_cost_file_of_the_real_runs_model(tmp_path, args, message):
+    cost = tmp_path / "cost13.json"
+    cost.write_text(json.dumps({"model": "opt-13b", "fixed_s": 0.01}))
+    place = str(cost) if "COST13" in args else str(tmp_path / "missing.json")
+    proc = kvbench("reproduce", "fig12", *[a for a in args if a != "COST13"], "--place-with", place,
+                   "--out", str(tmp_path / "o"))  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "--place-with" in lines[0] and message in lines[0]
+    assert not (tmp_path / "o").exists()

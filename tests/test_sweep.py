@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -172,6 +173,42 @@ def test_bisection_stops_once_the_bracket_is_as_narrow_as_asked(tmp_path):
     assert 0 < (high - low) / low <= 0.1
     rounds = int(row["bisect_cells"])
     assert rounds == [r["role"] for r in result.rows].count("bisect") and rounds >= 5  # 0.5..16: 32x apart
+    latency = {float(r["rate"]): float(r["normalized_latency_s"]) for r in result.rows}
+    assert latency[low] < 0.1 <= latency[high]
+
+
+def test_a_step_outside_the_grid_is_just_under_a_bracket_wide():
+    from kvbench.sweep.stats import Verdict
+    from kvbench.sweep.sustained import step_outside
+
+    every_pass, lowest_failed = Verdict(2.0, None, ""), Verdict(None, 1.8, "")
+    assert step_outside(every_pass, [1.8, 2.0], 0.1) == 2.19  # 2.0 x 1.095
+    assert step_outside(lowest_failed, [1.8, 2.0], 0.1) == 1.644  # 1.8 / 1.095, 4 digits
+    assert step_outside(Verdict(1.8, 2.0, ""), [1.8, 2.0], 0.1) is None  # bracketed: bisection's turn
+    assert step_outside(every_pass, [1.8, 2.0], None) is None  # no target bracket, no steps
+    assert bracket_width((2.0, 2.19)) < 0.1 and bracket_width((1.644, 1.8)) < 0.1
+
+
+@pytest.mark.parametrize(
+    ("pair", "steps"),
+    [((0.9, 0.95), (1.04, 1.139)), ((1.3, 1.4), (1.187, 1.084))],
+    ids=["both-pass-steps-up", "both-fail-steps-down"],
+)
+def test_a_placed_pair_on_one_side_of_the_knee_steps_across_it(tmp_path, pair, steps):
+    """Orca (Max)'s knee here is near 1.11 req/s (bisected to 2 %: 1.105 passes, 1.121 fails). An
+    engine's own pair of rates that both pass steps up, both fail steps down, a bracket's width at
+    a time, until a pass and a fail at most 10 % apart enclose the knee; no bisection from 0."""
+    sustained = SustainedOptions(threshold_s=0.1, bracket=0.1, extend=4)
+    p = plan(engines=("orca-max",), rates=pair, num_requests=150, kv=(12.0,), sustained=sustained)
+    p = SweepPlan(
+        replace(p.axes, rates=(0.5,), engine_rates=(("orca-max", pair),)), p.base, sustained=sustained
+    )
+    result = run_sweep(p, tmp_path / "s", progress=quiet())
+    assert [float(r["rate"]) for r in result.rows] == [*pair, *steps]  # never the axes' own 0.5
+    (row,) = rows_of(tmp_path / "s" / "sustained.csv")
+    low, high = float(row["last_pass_rate"]), float(row["first_fail_rate"])
+    assert (low, high) == (min(steps), max(steps)) and 0 < (high - low) / low <= 0.1
+    assert row["bisect_cells"] == "2" and "stepped outside the grid 2x" in row["how"]
     latency = {float(r["rate"]): float(r["normalized_latency_s"]) for r in result.rows}
     assert latency[low] < 0.1 <= latency[high]
 

@@ -250,4 +250,3 @@ def main() -> None:
         typer.echo("Aborted!", err=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
-

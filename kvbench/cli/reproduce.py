@@ -42,6 +42,13 @@ def reproduce(
             "opt-13b (the paper's model and its 15,728-slot KV budget)."
         ),
     ] = None,
+    place_with: Annotated[
+        str | None,
+        typer.Option(
+            help="Real runs: a `kvbench calibrate` file of the same model; each engine's rates are "
+            "placed around the sustained rate the simulator calibrated by it finds."
+        ),
+    ] = None,
     num_requests: Annotated[int | None, typer.Option(hidden=True, help="Requests per run (tests).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the traces (the first, with --repeats).")] = 0,
     repeats: Annotated[
@@ -54,7 +61,7 @@ def reproduce(
 ) -> None:
     """Run, collect and report the paper's figures; kvbench's numbers beside the paper's."""
     from kvbench.reproduce.rows import Options
-    from kvbench.reproduce.run import parse_figures, run_reproduce, setting_for
+    from kvbench.reproduce.run import parse_figures, placement_for, run_reproduce, setting_for
 
     names = parse_figures(figures or [])
     if mode not in ("auto", "simulate", "real"):
@@ -64,7 +71,7 @@ def reproduce(
     if repeats < 1:
         raise KvbenchError(f"--repeats must be at least 1, got {repeats}")
     real = mode == "real" or (mode == "auto" and cost_model is None and opt.has_cuda())
-    setting = setting_for(real, cost_model, quick=quick, model=model)
+    setting = placement_for(setting_for(real, cost_model, quick=quick, model=model), place_with)
     options = Options(quick, setting, num_requests, seed, repeats)
     start = time.perf_counter()
     # print, not typer.echo: under the progress bar (stderr), a terminal's stdout lines go above it

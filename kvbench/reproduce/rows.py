@@ -34,6 +34,10 @@ class Setting:
     cost_model: str | None = None
     paper_threshold: bool = True  # Fig. 12: 0.5 s/token as the paper; else 4 x unloaded latency
     device: str = "cuda"  # real runs (a CPU run of a tiny model checks the real path in tests)
+    # real runs: a `kvbench calibrate` file of this model on this GPU; each rate figure's real
+    # runs are then placed around every engine's sustained rate as the simulator calibrated by it
+    # finds it (`kvbench.reproduce.sweeps.placed_rates`), not on a fixed grid
+    placement: str | None = None
 
 
 @dataclass(frozen=True)

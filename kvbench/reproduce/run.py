@@ -138,14 +138,34 @@ def setting_for(real: bool, cost_model: str | None, *, quick: bool, model: str |
     from kvbench.results.files import read_json
 
     fitted = read_json(Path(cost_model)).get("model")
-    if fitted in (None, "opt-13b"):
+    if fitted is None:
         return Setting(cost_model=cost_model)
-    if fitted in GPU_SETTINGS:
+    if fitted in GPU_SETTINGS:  # fitted on that model's real runs: its GPU setting, rates and bound
         return replace(GPU_SETTINGS[fitted], cost_model=cost_model)
     raise KvbenchError(
         f"--cost-model {cost_model}: fitted on {fitted}; reproduce simulates opt-13b or "
         f"{', '.join(GPU_SETTINGS)}"
     )
+
+
+def placement_for(setting: Setting, place_with: str | None) -> Setting:
+    """`setting` with its real rate figures placed by `place_with`, a cost file fitted on the
+    same model's real runs (checked: a file of another model would place every rate wrongly)."""
+    if place_with is None:
+        return setting
+    if not setting.real:
+        raise KvbenchError("--place-with places real runs: use it with --mode real (or auto on a GPU)")
+    from kvbench.results.files import read_json
+
+    if not Path(place_with).is_file():
+        raise KvbenchError(f"--place-with {place_with}: no such file")
+    fitted = read_json(Path(place_with)).get("model")
+    if fitted != setting.model:
+        raise KvbenchError(
+            f"--place-with {place_with}: fitted on {fitted or 'no named model'}, the real runs decode "
+            f"{setting.model}"
+        )
+    return replace(setting, placement=place_with)
 
 
 def run_reproduce(

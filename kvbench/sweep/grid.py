@@ -41,10 +41,18 @@ class Axes:
     kv_cache_gib: tuple[float | None, ...]
     seeds: tuple[int, ...]
     repeats: int = 1
+    # an engine's own rates in place of `rates` (engine, rates): a grid placed around each
+    # engine's expected sustained rate, so no engine runs far from its knee (`kvbench reproduce
+    # --place-with`); `rates` then lists every engine's, for the record
+    engine_rates: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
     @property
     def swept_rates(self) -> tuple[float, ...]:
         return tuple(rate for rate in self.rates if rate is not None)
+
+    def rates_of(self, engine: str) -> tuple[float | None, ...]:
+        """The rates `engine`'s grid cells run at."""
+        return dict(self.engine_rates).get(engine, self.rates)
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,7 @@ def grid_cells(axes: Axes) -> list[Cell]:
         for bs in axes.block_sizes
         for seed in axes.seeds
         for engine in axes.engines
-        for rate in axes.rates
+        for rate in axes.rates_of(engine)
         for repeat in range(axes.repeats)
     ]
 

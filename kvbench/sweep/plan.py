@@ -25,6 +25,12 @@ class SustainedOptions:
     baseline: Baseline = field(default_factory=Baseline)
     # bisect until (first fail - last pass) / last pass is at most this (None: exactly `bisect` rounds)
     bracket: float | None = None
+    # with `bracket`: steps at most beyond the grid's ends where an engine passed every rate (a
+    # step up) or failed the lowest (a step down), each a bracket's width away, so that the first
+    # result on the other side closes a bracket already narrow enough; for a grid placed near each
+    # engine's knee (`Axes.engine_rates`), where bisecting from 0 or stopping at a lower bound
+    # would waste or lose the runs (0: the grid's ends bound the search, as a plain sweep's do)
+    extend: int = 0
 
     @property
     def max_rounds(self) -> int:

@@ -18,7 +18,6 @@ ends as a cell-by-cell search would write it: each group's bisection rows togeth
 
 from __future__ import annotations
 
-import io
 from typing import TYPE_CHECKING, Protocol
 
 from kvbench.sweep.grid import BISECT, Cell
@@ -50,7 +49,6 @@ class _Lookahead:
 
     def __init__(self, state: Batches) -> None:
         self.rows, self.finished = state.rows, state.finished
-        self.progress = Progress(0, stream=io.StringIO())  # the search's plan() calls go nowhere
         self.wanted: dict[tuple, list[Cell]] = {}  # group -> the cells of its next midpoint
 
     def plan_cells(self, cells: list[Cell]) -> None:
@@ -66,18 +64,35 @@ class _Lookahead:
 
 
 def sustained_in_rounds(plan: SweepPlan, state: Batches, grid: list[Cell]) -> list[dict]:
-    """Run the bisection round by round, each round one batch; then the rows of sustained.csv."""
+    """Run the bisection round by round, each round one batch; then the rows of sustained.csv.
+
+    The progress bar's total counted `bisect` rounds per group up front (`upfront_cells`): a
+    batch beyond them grows the total, and what is left of them at the end counts as skipped,
+    so the bar never passes its total, however many rounds a target bracket or steps take.
+    """
+    counted = upfront_cells(plan, grid)
     while True:
         lookahead = _Lookahead(state)
         sustained_table(plan, lookahead, grid)
         batch = [cell for cells in lookahead.wanted.values() for cell in cells]
         if not batch:
             break
+        state.progress.plan(max(0, len(batch) - counted))
+        counted = max(0, counted - len(batch))
         state.plan_cells(batch)
         state.run_batch(batch)
+    state.progress.plan(-counted)
     table = sustained_table(plan, state, grid)
     _group_bisection_rows(state, grid)
     return table
+
+
+def upfront_cells(plan: SweepPlan, grid: list[Cell]) -> int:
+    """The bisection cells a sweep's progress total counts before any ran: `bisect` rounds of
+    every group's repeats (a target bracket or steps past the grid may take more, or fewer)."""
+    if not plan.axes.swept_rates:
+        return 0
+    return len({cell.group for cell in grid}) * plan.sustained.bisect * plan.axes.repeats
 
 
 def _group_bisection_rows(state: Batches, grid: list[Cell]) -> None:

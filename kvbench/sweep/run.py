@@ -49,7 +49,7 @@ from kvbench.sweep.grid import (
 )
 from kvbench.sweep.plan import SweepPlan
 from kvbench.sweep.progress import Progress
-from kvbench.sweep.rounds import sustained_in_rounds
+from kvbench.sweep.rounds import sustained_in_rounds, upfront_cells
 
 OUR_FILES = ("cells", "sweep.csv", "sweep.json", "sustained.csv")
 
@@ -166,9 +166,7 @@ def run_sweep(
     _prepare_folder(out, resume, overwrite)
     grid = grid_cells(plan.axes)
     baselines = _baseline_cells(plan, grid) if plan.needs_baseline else []
-    groups = {cell.group for cell in grid}
-    bisect_cells = len(groups) * plan.sustained.bisect * plan.axes.repeats if plan.axes.swept_rates else 0
-    progress = progress or Progress(len(baselines) + len(grid) + bisect_cells)
+    progress = progress or Progress(len(baselines) + len(grid) + upfront_cells(plan, grid))
     write_json_atomically(out / "sweep.json", _description(plan, len(baselines) + len(grid), executor))
     state = _Sweep(plan, out, resume, progress, executor)
     try:

@@ -11,7 +11,6 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Protocol
 
 from kvbench.sweep.grid import BASELINE, BISECT, Cell
-from kvbench.sweep.progress import Progress
 from kvbench.sweep.stats import Verdict, bisect_rate, bracket_width, sustained_rate
 
 if TYPE_CHECKING:
@@ -22,7 +21,6 @@ class Cells(Protocol):
     """What the search needs from a running sweep: its rows, and more cells run on demand."""
 
     rows: dict[str, dict]  # sweep.csv rows by cell id
-    progress: Progress
 
     def plan_cells(self, cells: list[Cell]) -> None: ...
 
@@ -97,10 +95,10 @@ def _baseline(cell: Cell, engine: str) -> Cell:
 
 def _bisect(plan: SweepPlan, state: Cells, first: Cell, rates: dict, threshold: float | None):
     """Refine the verdict by bisection: `bisect` rounds, or until the bracket is `bracket` wide
-    (each midpoint run for every repeat)."""
+    (each midpoint run for every repeat); with `extend`, first step past the grid's end until
+    one rate passes and one fails."""
     options, repeats = plan.sustained, plan.axes.repeats
     if threshold is None:
-        state.progress.plan(-options.bisect * repeats)
         return None, 0
 
     def verdict() -> Verdict:
@@ -111,19 +109,46 @@ def _bisect(plan: SweepPlan, state: Cells, first: Cell, rates: dict, threshold: 
             return False
         return options.bracket is None or bracket_width(current.bracket) > options.bracket
 
-    current, done = verdict(), 0
-    while wanted(current):
-        rate = bisect_rate(current.bracket)
+    current, done, steps = verdict(), 0, 0
+    while True:
+        rate = step_outside(current, sorted(rates), options.bracket) if steps < options.extend else None
+        if rate is not None:
+            steps += 1
+        elif wanted(current):
+            rate = bisect_rate(current.bracket)
+            done += 1
+        else:
+            break
         cells = [
             Cell(BISECT, first.engine, first.trace, rate, first.block_size, first.kv_cache_gib, first.seed, r)
             for r in range(repeats)
         ]
-        if done >= options.bisect:  # beyond the rounds counted up front: the total grows
-            state.progress.plan(repeats)
         state.plan_cells(cells)
         rates[rate] = [state.run(cell) for cell in cells]
-        current, done = verdict(), done + 1
-    state.progress.plan(-max(0, options.bisect - done) * repeats)
-    if done:
-        current = Verdict(current.last_pass, current.first_fail, f"{current.how} (bisected {done}x)")
-    return current, done * repeats
+        current = verdict()
+    if done or steps:
+        how = f"{current.how} ({', '.join(_rounds(steps, done))})"
+        current = Verdict(current.last_pass, current.first_fail, how)
+    return current, (done + steps) * repeats
+
+
+def _rounds(steps: int, done: int) -> list[str]:
+    said = ((steps, f"stepped outside the grid {steps}x"), (done, f"bisected {done}x"))
+    return [text for n, text in said if n]
+
+
+def step_outside(current: Verdict, swept: list[float], bracket: float | None) -> float | None:
+    """The next rate past the grid's end, or None where a pass and a fail already bracket it.
+
+    Every rate passed: one step up from the highest; the lowest failed: one step down from it.
+    A step is just under `bracket` wide (rounded to 4 significant digits, which moves a rate by
+    at most 0.05 %), so the first result on the far side closes a narrow enough bracket.
+    """
+    if bracket is None or not swept:
+        return None
+    factor = 1 + 0.95 * bracket
+    if current.first_fail is None and current.last_pass is not None:
+        return float(f"{swept[-1] * factor:.4g}")
+    if current.last_pass is None and current.first_fail == swept[0]:
+        return float(f"{swept[0] / factor:.4g}")
+    return None
