@@ -38,15 +38,27 @@ by hand charges none unless given them.
 
 `assumed` names the constants of a calibrated model that no run measured (no run swapped, so
 the swap cost is the roofline's): verdicts that rest on them say so.
+
+K/V is read per layer group (`KvReads`). `per_kv_token_s` prices one token of *every* layer's
+K/V (a slot: `ModelSpec.kv_bytes_per_token`, an MLA layer's latent included), so a model whose
+layers all keep every token pays it per context token, as it always did. A sliding-window group
+is that price times its share of a slot's bytes, per token it reads: a row whose step feeds t
+tokens over a context of c reads min(c, W + t - 1) of them (min(c, W) at decode), not c. Gemma 3
+12B (five window layers of 1,024 tokens per full one, 5/6 of a slot's bytes) at 32K tokens of
+context reads 1,024 x 5/6 + 32,768 x 1/6 = 6,315 slots' worth per row, a fifth of what pricing
+every layer as full says. A fit (`kvbench calibrate`) counts the same tokens: steps.csv's
+`kv_tokens_read`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import numpy as np
 
+from engines.hybrid import GroupShape
 from engines.scheduler import Batch
 from kvbench.budget import GpuSpec
 from kvbench.models import ModelSpec
@@ -120,20 +132,60 @@ class CostModel:
         )
 
 
+@dataclass(frozen=True)
+class KvReads:
+    """What a step's attention does not read of its rows' contexts: the tokens sliding-window
+    layers skip, in slots (tokens of every layer's K/V, so that `per_kv_token_s` keeps its one
+    meaning, calibrated or not). The query at position p of a window-W layer reads p - W + 1 .. p,
+    so a row with context c whose step feeds t tokens skips max(c - (W + t - 1), 0) of them in
+    each window group, each worth the group's share of a slot's bytes. No window groups (OPT,
+    Llama, MLA): nothing skipped, and every cost is what it was before groups were priced."""
+
+    windows: tuple[tuple[int, float], ...] = ()  # per window group: (W, its bytes / a slot's)
+
+    @classmethod
+    def of(cls, shapes: Seq[GroupShape]) -> KvReads:
+        """The window groups of a model's KV group shapes (`engines.hybrid.group_shapes`)."""
+        slot = sum(shape.bytes_per_token for shape in shapes)
+        return cls(tuple((s.window, s.bytes_per_token / slot) for s in shapes if s.window))
+
+    def skipped(self, batch: Batch, steps: int) -> np.ndarray:
+        """Slots of K/V the window layers skip in each of `steps` steps of `batch` (`[steps]`):
+        step 0 as scheduled, later steps decodes (one token fed, the context one longer)."""
+        skipped = np.zeros(steps)
+        if not self.windows:
+            return skipped
+        context = np.array([seq.num_tokens for seq in batch.seqs], dtype=np.int64)  # [n] after step 0
+        fed = context - np.array([seq.num_computed for seq in batch.seqs], dtype=np.int64)  # [n]
+        later = np.arange(1, steps)  # [k - 1]
+        for window, share in self.windows:
+            skipped[0] += share * float(np.maximum(context - (window + fed - 1), 0).sum())
+            if steps > 1:  # row r skips max(c_r + j - W, 0) at step j: sum over rows by sorted thresholds
+                start = np.sort(window - context)  # [n] the step from which each row skips
+                past = np.searchsorted(start, later, side="left")  # [k - 1] rows with start < j
+                before = np.concatenate(([0], np.cumsum(start)))  # [n + 1]
+                skipped[1:] += share * (past * later - before[past])
+        return skipped
+
+
 class CostModelRunner:
-    """Simulates steps by the cost model: no tensors, many steps per call."""
+    """Simulates steps by the cost model: no tensors, many steps per call. `reads` says what
+    the model's window layers skip (default: none, every layer reads its whole context)."""
 
     allocates_ahead = False
 
-    def __init__(self, cost: CostModel) -> None:
+    def __init__(self, cost: CostModel, reads: KvReads | None = None) -> None:
         self.cost = cost
+        self.reads = reads or KvReads()
 
     def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
         c = self.cost
         tokens = batch.num_tokens
-        context = batch.num_context  # K/V attended in step 0
+        context = batch.num_context  # K/V positions attended in step 0, every layer as full
+        skipped = self.reads.skipped(batch, max_steps)  # [k] slots the window layers do not read
         swaps = len(batch.swaps)
         first = c.fixed_s + c.per_token(batch.is_prefill) * tokens + c.per_kv_token_s * context
+        first -= c.per_kv_token_s * skipped[0]
         first += c.per_swap_block_s * swaps
         first += c.per_copy_slot_s * batch.copied_slots
         first += c.per_prefill_s * batch.is_prefill
@@ -145,6 +197,7 @@ class CostModelRunner:
         # later steps are decodes: one token per sequence, context one longer each step
         growth = c.per_kv_token_s * n * np.arange(max_steps)  # (k,)
         durations = c.fixed_s + c.per_token_s * n + c.above_knee(n) + c.per_kv_token_s * context + growth
+        durations -= c.per_kv_token_s * skipped
         durations[0] = first  # step 0 also pays the swaps, copies and page maps scheduled with it
         if batch.map_plan is not None and c.per_map_page_s:
             durations += c.per_map_page_s * batch.map_plan(max_steps)  # pages later steps map as they grow

@@ -25,6 +25,7 @@ from engines.allocator import measure
 from engines.hybrid import GroupShape
 from engines.scheduler import Batch, Scheduler
 from engines.windows import window_terms
+from kvbench.cost_model import KvReads
 from kvbench.errors import KvbenchError
 from kvbench.metrics.occupancy import Footprint, Growth, segment_integral, whole_slots, window_integral
 from kvbench.requests import Trace
@@ -46,6 +47,9 @@ class StepRecord:
     batch_size: int
     num_tokens: int  # tokens fed through the model over the row's steps
     context_tokens: int  # K/V positions attended over the row's steps (what attention reads)
+    # slots of K/V read over the row's steps: context_tokens less what window layers skip, weighted
+    # by their share of a slot's bytes (`kvbench.cost_model.KvReads`); = context_tokens without them
+    kv_tokens_read: float
     swapped_blocks: int  # blocks copied between device and host before the row's first step
     num_waiting: int  # after scheduling: requests that arrived and wait
     num_running: int  # resident, unfinished requests
@@ -124,6 +128,7 @@ class Engine:
         # the model's KV groups, for `outside_window` (None: the allocator's own, if it has any)
         shapes = windows if windows is not None else getattr(self.allocator, "shapes", ())
         self.windows = shapes if any(s.window for s in shapes) else ()
+        self.reads = KvReads.of(self.windows)  # what steps.csv's kv_tokens_read leaves out
 
     def check_fits(self, trace: Trace) -> None:
         """Refuse a trace with a request that could never run, instead of waiting forever."""
@@ -171,6 +176,7 @@ class Engine:
             result = self.runner.run(batch, max_steps, log.clock, until)
             durations = result.durations  # (k,) seconds
             k = len(durations)
+            skipped = float(self.reads.skipped(batch, k).sum())  # before the sequences advance
             if not ahead and k > 1:
                 growth = alloc.grow(batch.seqs, k)
             alloc.trim(k)  # give back what steps past k would have used; the rest is final
@@ -197,7 +203,7 @@ class Engine:
             integral = segment_integral(fp, durations, len(batch.seqs), growth, outside)
             integral = replace(integral, outside=min(integral.outside, integral.tokens))
             # what is shared changes only between segments (forks, copy-on-write, admissions, frees)
-            log.record(batch, durations, ends, fp, integral, alloc.sharing_saved(), sched)
+            log.record(batch, durations, ends, fp, integral, alloc.sharing_saved(), sched, skipped)
             # 5. release the finished (per the scheduler's policy)
             sched.update(finished)
         return log.result()
@@ -251,7 +257,7 @@ class _RunLog:
 
     def record(
         self, batch: Batch, durations: np.ndarray, ends: np.ndarray, end: Footprint, integral: Footprint,
-        saved: int, sched: Scheduler,
+        saved: int, sched: Scheduler, skipped: float,
     ) -> None:  # fmt: skip
         k, seconds = len(durations), float(ends[-1]) - self.clock
         running = len(sched.running)
@@ -266,11 +272,12 @@ class _RunLog:
         driver = getattr(sched.allocator, "driver_totals", (0, 0))  # vmm only
         mapped, unmapped = driver[0] - self.driver[0], driver[1] - self.driver[1]
         self.driver = driver
+        context = k * batch.num_context + len(batch.seqs) * k * (k - 1) // 2
         self.rows.append(
             StepRecord(
                 self.step, k, self.clock, seconds, "prefill" if batch.is_prefill else "decode",
                 len(batch.seqs), batch.num_tokens + (k - 1) * len(batch.seqs),
-                k * batch.num_context + len(batch.seqs) * k * (k - 1) // 2, len(batch.swaps),
+                context, context - skipped if skipped else context, len(batch.swaps),
                 len(sched.waiting) + late,
                 running, sched.num_preempted, len(sched.swapped),
                 *whole_slots(end, self.num_slots), saved, mapped, unmapped,

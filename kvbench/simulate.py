@@ -10,7 +10,7 @@ from engines import get_engine
 from engines.hybrid import group_shapes
 from engines.scheduler import Scheduler
 from kvbench.config import Prepared, RunConfig, prepare
-from kvbench.cost_model import CostModelRunner
+from kvbench.cost_model import CostModelRunner, KvReads
 from kvbench.engine import Engine, EngineRun, StepRecord
 from kvbench.metrics.latency import ItlTable
 from kvbench.metrics.summary import RequestRecord, request_record, summarize
@@ -58,7 +58,8 @@ def execute(
 def simulate(config: RunConfig, *, coalesce: bool = True, prepared: Prepared | None = None) -> RunResult:
     """Replay the config's trace through the real allocator and scheduler in simulated time."""
     prepared = prepared or prepare(config)
-    cost = CostModelRunner(prepared.cost)
+    # window layers read their window, not the whole context: priced per KV group
+    cost = CostModelRunner(prepared.cost, KvReads.of(group_shapes(prepared.model.groups)))
     return execute(config, lambda _: cost, mode="simulated", coalesce=coalesce, prepared=prepared)
 
 
