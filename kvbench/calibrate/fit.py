@@ -4,17 +4,20 @@ A real run's steps.csv says, for every row (a prefill step or a decode segment o
 how long it took and what it did: steps, tokens fed, K/V positions attended, blocks swapped,
 vmm driver pages mapped and unmapped. The cost model is linear in exactly those counts,
 
-    duration = fixed_s * steps + per_token_s * decode tokens + per_kv_token_s * context
+    duration = fixed_s * steps + per_token_s * decode tokens + per_kv_token_s * K/V read
                + per_swap_block_s * swaps + per_prefill_s * [row is a prefill]
                + per_prefill_token_s * prefill tokens
                + per_map_page_s * mapped pages + per_unmap_page_s * unmapped pages
 
-so its constants are a least-squares fit over the rows: non-negative (a negative cost would be
-an artefact of collinear rows), and weighted by 1 / duration so that a 2 ms decode step counts
-as much as a 200 ms prefill (the fit minimises relative error, which is what a simulated
-latency's error is judged by). With at most 9 unknowns (the 8 above and a knee, below) the
-non-negative fit is exact by enumeration: the best unconstrained fit over every
-subset of the terms whose counts are not all zero, keeping the feasible one.
+(K/V read: `kv_tokens_read`, the slots of K/V that attention reads: `context_tokens` where every
+layer reads its whole context, less where sliding-window layers read only their window; the
+count the simulator prices, `kvbench.cost_model.KvReads`), so its constants are a least-squares
+fit over the rows: non-negative (a negative cost would be an artefact of collinear rows), and
+weighted by 1 / duration so that a 2 ms decode step counts as much as a 200 ms prefill (the fit
+minimises relative error, which is what a simulated latency's error is judged by). With at most
+9 unknowns (the 8 above and a knee, below) the non-negative fit is exact by enumeration: the
+best unconstrained fit over every subset of the terms whose counts are not all zero, keeping
+the feasible one.
 
 The prefill term is there because a real runner replays decode steps as CUDA graphs but runs
 prefills eagerly: on the H200 an OPT-1.3B prefill pays milliseconds of kernel launches that a
@@ -61,6 +64,9 @@ TERMS = ("num_steps", "num_tokens", "context_tokens", "swapped_blocks")  # steps
 PREFILL = "prefill"  # steps.csv `kind` of a prefill row: the fifth term counts them, the sixth
 # its tokens (taken out of the second term, which then counts decode rows alone)
 MAPS = ("mapped_pages", "unmapped_pages")  # optional steps.csv columns: vmm driver pages per row
+# optional steps.csv column: slots of K/V read (context_tokens less what window layers skip);
+# the K/V term's count where present, else context_tokens (the same count without window layers)
+READS = "kv_tokens_read"
 # the CostModel field each count column prices, in column order (the knee's column last)
 FITTED = ("fixed_s", "per_token_s", "per_kv_token_s", "per_swap_block_s", "per_prefill_s",
           "per_prefill_token_s", "per_map_page_s", "per_unmap_page_s")  # fmt: skip
@@ -132,14 +138,19 @@ def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
             f"{run}: a {facts.get('mode') or 'simulated'} run: its step times are a cost model's, and a fit "
             "to them would return that model; fit real runs (kvbench run)"
         )
-    model = facts.get("model", "?")
     from kvbench.results.load import read_csv  # pandas, only where steps are read: not on a simulation's path
 
     table = read_csv(steps, text=STEP_TEXT)
     missing = [name for name in (*TERMS, "kind", "duration_s") if name not in table]
     if missing:
         raise KvbenchError(f"{steps}: no column {missing[0]!r} (written by an older kvbench?)")
-    optional = [name for name in (*MAPS, "batch_size") if name in table]
+    optional = [name for name in (*MAPS, READS, "batch_size") if name in table]
+    model = facts.get("model", "?")
+    if READS not in table and _has_windows(model):
+        raise KvbenchError(
+            f"{steps}: no column {READS!r} (written by an older kvbench?), and {model}'s sliding-window "
+            "layers read less K/V than its context_tokens counts; rerun it with this kvbench"
+        )
     names = (*TERMS, *optional, "duration_s")
     data = table[list(names)].to_numpy(dtype=np.float64).reshape(-1, len(names))  # [R, N]
     bad = ~(np.isfinite(data) & (data >= 0))  # [R, N]
@@ -153,12 +164,24 @@ def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
     prefill = (table["kind"].astype(str).to_numpy() == PREFILL).astype(np.float64)  # [R] 1 for a prefill row
     tokens = column["num_tokens"]
     counts = np.column_stack([
-        column["num_steps"], tokens * (1 - prefill), column["context_tokens"], column["swapped_blocks"],
+        column["num_steps"], tokens * (1 - prefill), column.get(READS, column["context_tokens"]),
+        column["swapped_blocks"],
         prefill, tokens * prefill, *(column.get(m, zeros) for m in MAPS),
     ])  # fmt: skip
     batch = column.get("batch_size", zeros) * (1 - prefill)
     config = read_json(run / "config.json") if (run / "config.json").is_file() else {}
     return Rows(model, counts, data[:, -1], batch, config)
+
+
+def _has_windows(model: str) -> bool:
+    """Whether `model` (a preset or a config.json folder) has sliding-window layers; False for a
+    name kvbench cannot size (its steps are then taken as written)."""
+    from kvbench.models import get_model
+
+    try:
+        return bool(get_model(model).window_layers)
+    except (KvbenchError, TypeError, ValueError):
+        return False
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
