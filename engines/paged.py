@@ -230,6 +230,17 @@ class PagedAllocator:
     def addressing(self, seq: Sequence) -> BlockTable:
         return BlockTable(tuple(self._tables[seq]), self.block_size)
 
+    def block_lists(self, seqs: Seq[Sequence]) -> list[list[int]]:
+        """`addressing`'s blocks of each of `seqs`, as the allocator's own lists: read them at
+        once, never change or keep them (the next allocator call may change them).
+
+        Why: a real decode segment reads every row's table (`kvbench.real.block_tables`); a tuple
+        and a `BlockTable` per row took about 2 us each, 0.5 ms a segment at 256 rows
+        (benchmarks/host_path.py), more than the update of the device table they feed.
+        """
+        tables = self._tables
+        return [tables[seq] for seq in seqs]
+
     def check_integrity(self) -> None:
         refs = [0] * self.num_blocks
         ahead = Counter(id(grown[1]) for grown in self._grown)  # a segment in flight grew these

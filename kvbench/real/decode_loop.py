@@ -21,7 +21,7 @@ every bucket's) a step that needs its logits runs eagerly.
 from __future__ import annotations
 
 import time
-from itertools import chain
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.sampling import sample
+from kvbench.real.block_tables import DeviceBlockTables
 
 MAX_GRAPH_BATCH = 512  # larger batches (a static engine's whole trace) run eagerly
 
@@ -44,17 +45,6 @@ def graph_buckets(max_batch: int) -> list[int]:
     top = min(max_batch, MAX_GRAPH_BATCH)
     small = [n for n in (1, 2, 4) if n < top]
     return small + list(range(8, top + 8, 8))
-
-
-def block_table_array(tables: list[BlockTable], rows: int, width: int) -> np.ndarray:
-    """Block tables as `[rows, width]` int32, padded with block 0: never read, since every read is
-    bounded by the row's context length (rows past the tables are padding, context 0)."""
-    out = np.zeros((rows, width), dtype=np.int32)
-    lengths = np.fromiter((len(table.blocks) for table in tables), dtype=np.int64, count=len(tables))  # [B]
-    blocks = np.fromiter(chain.from_iterable(table.blocks for table in tables), np.int32, int(lengths.sum()))
-    # a row-major mask takes the concatenated tables in order: one numpy call, not one per row
-    out[: len(tables)][np.arange(width) < lengths[:, None]] = blocks
-    return out
 
 
 class DecodeLoop:
@@ -83,7 +73,9 @@ class DecodeLoop:
         self.valid = torch.zeros(rows, dtype=torch.int64, device=dev)  # [N] 1: a real row, 0: padding
         self.cu_seqlens = torch.arange(rows + 1, device=dev)  # [N + 1] one new token per row
         width = -(-self.max_len // self.block_size) if paged else 0
-        self.tables = torch.zeros((rows, width), dtype=torch.int32, device=dev) if paged else None  # [N, W]
+        # [N, W] kept between segments, updated where the tables changed (`kvbench.real.block_tables`)
+        self.block_tables = DeviceBlockTables(rows, width, dev) if paged else None
+        self.tables = self.block_tables.table if paged else None  # [N, W]
         self.starts = None if paged else torch.zeros(rows, dtype=torch.int64, device=dev)  # [N]
         kv_heads = self.arena.k.shape[2]
         self._splits = {n: choose_num_splits(n, kv_heads, self.max_len, dev) for n in range(1, rows + 1)}
@@ -97,8 +89,11 @@ class DecodeLoop:
             self._buffers(batch)
 
     # ------------------------------------------------------------------ loading a batch
-    def load(self, rows: int, tokens, positions, seq_ids, addressing: list[Extent | BlockTable]) -> None:
-        """Fill the first `rows` buffer rows: the batch, then padding (`rows` >= batch)."""
+    def load(self, rows: int, tokens, positions, seq_ids, addressing: Sequence[Extent | BlockTable]) -> None:
+        """Fill the first `rows` buffer rows: the batch, then padding (`rows` >= batch).
+
+        Paged, `addressing` may also be each row's block ids alone (`PagedAllocator.block_lists`).
+        """
         batch = len(tokens)
         pad = rows - batch
 
@@ -112,9 +107,10 @@ class DecodeLoop:
         put(self.positions, positions)
         put(self.seq_ids, seq_ids)
         put(self.valid, np.ones(batch, dtype=np.int64))
-        if self.tables is not None:
-            host = block_table_array(addressing, rows, self.tables.shape[1])  # [rows, W]
-            self.tables[:rows].copy_(torch.from_numpy(host), non_blocking=True)
+        if self.block_tables is not None:
+            if addressing and isinstance(addressing[0], BlockTable):
+                addressing = [table.blocks for table in addressing]
+            self.block_tables.update(addressing, rows, seq_ids)
         else:
             put(self.starts, [where.start for where in addressing])
 

@@ -47,7 +47,8 @@ from kvbench.modeling.attention import AttentionMetadata, resolve_backend
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.sampling import sample
 from kvbench.modeling.virtual_arena import VirtualKVArena
-from kvbench.real.decode_loop import DecodeLoop, block_table_array
+from kvbench.real.block_tables import block_table_array
+from kvbench.real.decode_loop import DecodeLoop
 from kvbench.real.kv_copies import ArenaCopies
 from kvbench.real.sampling import branches_of, wants_logits
 from kvbench.requests import Request, group_number
@@ -77,6 +78,7 @@ class ModelRunner(ArenaCopies):
         self.device = arena.k.device
         self.backend = resolve_backend(attention, self.device)
         paged = hasattr(allocator, "block_size")
+        self._block_lists = getattr(allocator, "block_lists", None)  # a paged allocator's own tables
         self.decoder = DecodeLoop(
             model, arena, max_batch=max_batch, max_len=max_len,
             block_size=allocator.block_size if paged else 0, paged=paged,
@@ -229,9 +231,13 @@ class ModelRunner(ArenaCopies):
         loop = self.decoder
         loop.reserve(len(seqs))
         rows = loop.rows_for(len(seqs))
+        if loop.paged and self._block_lists is not None:
+            where = self._block_lists(seqs)  # the allocator's lists: no tuple per row
+        else:
+            where = [self.allocator.addressing(seq) for seq in seqs]
         loop.load(
             rows, [self._last_token(seq) for seq in seqs], [seq.num_tokens - 1 for seq in seqs],
-            [seq.sample_key for seq in seqs], [self.allocator.addressing(seq) for seq in seqs],
+            [seq.sample_key for seq in seqs], where,
         )  # fmt: skip
         return rows
 

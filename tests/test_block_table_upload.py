@@ -1,0 +1,231 @@
+"""The decode buffers' block tables, updated in place between segments, equal tables built anew.
+
+`kvbench.real.block_tables.DeviceBlockTables` writes only what changed since the last segment
+(appended blocks, a shrunk tail, rows that moved when the batch shifted). Every check here
+compares the device table with `block_table_array` of the allocator's `addressing`, the path
+it replaced, after whatever the real paged allocator did in between: appends grown ahead and
+trimmed, frees, recompute and swap preemption, copy-on-write of forked blocks, rows reused by
+other sequences and padding rows left behind by a shrinking batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engines import ENGINES, EngineOptions
+from engines.paged import PagedAllocator
+from engines.scheduler import SchedulerConfig
+from kvbench.engine import Engine
+from kvbench.modeling.arena import KVArena
+from kvbench.modeling.weights import random_model
+from kvbench.models import get_model
+from kvbench.real.block_tables import DeviceBlockTables, block_table_array
+from kvbench.real.model_runner import ModelRunner
+from kvbench.requests import Request, Trace
+from kvbench.sequence import sequence_for
+from tests.support import VIRTUAL_CLOCK
+
+CPU = torch.device("cpu")
+BLOCK = 4
+WIDTH = 24  # blocks: 96 positions
+
+
+def scratch(alloc, seqs, rows: int) -> torch.Tensor:
+    """The table as the runner built it before: from every sequence's `addressing`."""
+    return torch.from_numpy(block_table_array([alloc.addressing(seq) for seq in seqs], rows, WIDTH))
+
+
+class Driver:
+    """The real paged allocator driven as the engine loop drives it, with random events between
+    segments; the device table is checked after every segment's update."""
+
+    def __init__(self, seed: int, num_blocks: int = 160, host_blocks: int = 64) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.alloc = PagedAllocator(num_blocks * BLOCK, BLOCK, watermark=0.0, host_blocks=host_blocks)
+        self.tables = DeviceBlockTables(16, WIDTH, CPU)
+        self.batch: list = []  # resident, in the scheduler's order
+        self.parked: list = []  # preempted (recompute) or swapped out, waiting to come back
+        self.next_id = 0
+        self.seen = dict.fromkeys(("shifted", "trimmed", "copied", "recomputed", "swapped", "shrunk"), 0)
+        self.checks = 0
+
+    def admit(self) -> None:
+        prompt = int(self.rng.integers(1, 30))
+        seq = sequence_for(Request(self.next_id, 0.0, prompt, int(self.rng.integers(4, 50))))
+        self.next_id += 1
+        self.alloc.allocate(seq)
+        seq.advance(1, 0.0, 0.0)
+        self.batch.append(seq)
+
+    def segment(self) -> None:
+        alloc, batch = self.alloc, self.batch
+        for seq in batch:
+            self.seen["copied"] += len(alloc.append(seq))
+        k = alloc.growth_horizon(batch, int(self.rng.integers(1, 9)))
+        grown = k > 1 and alloc.grow(batch, k) is not None
+        rows = len(batch) + int(self.rng.integers(0, 3))  # padding rows, as a graph bucket adds
+        self.tables.update(alloc.block_lists(batch), rows, [seq.sample_key for seq in batch])
+        assert torch.equal(self.tables.table[:rows], scratch(alloc, batch, rows))
+        self.checks += 1
+        ran = int(self.rng.integers(1, k + 1))  # a segment cut early gives its late blocks back
+        self.seen["trimmed"] += grown and ran < k
+        alloc.trim(ran)
+        for seq in list(batch):
+            if seq.advance(ran, 0.0):
+                alloc.free(seq)
+                self.seen["shifted"] += seq is not batch[-1]
+                batch.remove(seq)
+
+    def events(self) -> None:
+        """What happens between segments: preemption (either kind), a fork, admissions, returns."""
+        alloc, batch, rng = self.alloc, self.batch, self.rng
+        if len(batch) > 2 and rng.random() < 0.3:
+            victim = batch[int(rng.integers(0, len(batch)))]
+            batch.remove(victim)
+            if alloc.can_swap_out(victim) and rng.random() < 0.5:
+                alloc.swap_out(victim)
+                victim.swap_out()
+            else:
+                alloc.free(victim)
+                victim.preempt()
+            self.parked.append(victim)
+        if self.parked and rng.random() < 0.4:
+            seq = self.parked.pop(0)
+            if seq.num_computed == 0:  # recomputed: fresh blocks for every token so far
+                alloc.allocate(seq)
+                seq.num_computed = seq.num_tokens - 1
+                self.seen["recomputed"] += 1
+            else:
+                alloc.swap_in(seq)
+                self.seen["swapped"] += 1
+            batch.insert(int(rng.integers(0, len(batch) + 1)), seq)
+        if batch and len(batch) < 12 and rng.random() < 0.2:  # a forked sample shares every block
+            parent = batch[int(rng.integers(0, len(batch)))]
+            child = sequence_for(
+                Request(self.next_id, 0.0, parent.request.prompt_len, parent.request.output_len)
+            )
+            self.next_id += 1
+            child.copy_progress(parent)
+            alloc.fork(parent, child)
+            batch.append(child)
+        while len(batch) < 6 or (len(batch) < 12 and rng.random() < 0.3):
+            if alloc.num_free_blocks < 12:
+                break
+            self.admit()
+        if len(batch) > 3 and rng.random() < 0.1:  # the batch shrinks: its old rows become padding
+            self.seen["shrunk"] += 1
+            for seq in batch[len(batch) // 2 :]:
+                alloc.free(seq)
+            del batch[len(batch) // 2 :]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_updated_table_equals_one_built_from_scratch_after_every_allocator_event(seed):
+    driver = Driver(seed)
+    for _ in range(6):
+        driver.admit()
+    for _ in range(150):
+        if driver.batch:
+            driver.segment()
+        driver.events()
+        driver.alloc.check_integrity()
+    assert driver.checks > 100
+    assert all(count > 0 for count in driver.seen.values()), driver.seen  # every case was exercised
+
+
+def test_unchanged_rows_are_not_written_again():
+    """Only the rows between the first and the last that changed are uploaded: a value put into
+    an unchanged row's device entry outside that range survives the next update."""
+    alloc = PagedAllocator(64 * BLOCK, BLOCK, watermark=0.0)
+    tables = DeviceBlockTables(8, WIDTH, CPU)
+    seqs = [sequence_for(Request(i, 0.0, 10, 20)) for i in range(4)]
+    for seq in seqs:
+        alloc.allocate(seq)
+        seq.advance(1, 0.0, 0.0)
+        alloc.append(seq)
+    keys = [seq.sample_key for seq in seqs]
+    tables.update(alloc.block_lists(seqs), 4, keys)
+    tables.table[0, WIDTH - 1] = -7  # where row 0 holds no block
+    seqs[3].advance(2, 0.0)  # position 12: a fourth block, the last row's only change
+    alloc.append(seqs[3])
+    tables.update(alloc.block_lists(seqs), 4, keys)
+    assert tables.table[0, WIDTH - 1] == -7
+    expected = scratch(alloc, seqs, 4)
+    assert torch.equal(tables.table[1:4], expected[1:4])
+    assert tables.table[3, 3] == alloc.addressing(seqs[3]).blocks[3]  # the appended block arrived
+    # a row that moved (the batch lost its first sequence) carries its blocks with it
+    alloc.free(seqs[0])
+    tables.update(alloc.block_lists(seqs[1:]), 4, keys[1:])
+    assert torch.equal(tables.table[:4], scratch(alloc, seqs[1:], 4))
+
+
+class CheckingRunner(ModelRunner):
+    """The real runner; after every decode load, its device table is checked against the table
+    built from scratch, and the batches whose rows moved are counted."""
+
+    loads = shifted = 0
+    previous: tuple = ()
+
+    def _load(self, seqs):
+        rows = super()._load(seqs)
+        expected = block_table_array(
+            [self.allocator.addressing(s) for s in seqs], rows, self.decoder.tables.shape[1]
+        )
+        assert torch.equal(self.decoder.tables[:rows], torch.from_numpy(expected))
+        self.loads += 1
+        self.shifted += any(a is not b for a, b in zip(seqs, self.previous, strict=False)) and bool(
+            set(seqs) & set(self.previous)
+        )
+        self.previous = tuple(seqs)
+        return rows
+
+
+def run_real(engine: str, num_slots: int, trace: Trace, **options):
+    spec = get_model("tiny-llama")
+    arena = KVArena(spec, num_slots, torch.float32, CPU)
+    arena.fill(float("nan"))  # a slot read through a wrong table entry poisons the tokens
+    preemption = "swap" if options.get("host_blocks") else "recompute"
+    sched = ENGINES[engine].build(
+        EngineOptions(
+            num_slots=num_slots,
+            max_len=64,
+            block_size=BLOCK,
+            scheduler=SchedulerConfig(preemption=preemption),
+            **options,
+        )
+    )
+    runner = CheckingRunner(
+        random_model(spec, torch.float32, CPU, seed=3), arena, sched.allocator, max_batch=4, max_len=64,
+        seed=5, attention="torch", clock=VIRTUAL_CLOCK,
+    )  # fmt: skip
+    return Engine(sched, runner).run(trace), runner
+
+
+def trace(count: int = 12, n: int = 1) -> Trace:
+    rng = np.random.default_rng(1)
+    prompts, outputs = rng.integers(3, 24, count), rng.integers(2, 20, count)
+    return Trace(
+        "upload",
+        tuple(
+            Request(i, 0.01 * i, int(p), int(o), n=n)
+            for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("engine", "host_blocks", "n"),
+    [("paged", 0, 1), ("paged", 32, 1), ("paged", 0, 2), ("paged-prefix", 0, 1)],
+)
+def test_a_real_run_uploads_exact_tables_and_decodes_the_roomy_runs_tokens(engine, host_blocks, n):
+    """A tight arena (preemption, swaps with host blocks), parallel samples (forks, copy-on-write):
+    every decode load's device table is the scratch one, and the tokens are a roomy run's."""
+    tight, runner = run_real(engine, 56, trace(n=n), host_blocks=host_blocks)
+    roomy, _ = run_real(engine, 1024, trace(n=n))
+    assert runner.loads > 10 and runner.shifted > 0  # rows moved between segments
+    assert sum(seq.num_preemptions for seq in tight.sequences) > 0
+    if host_blocks:
+        assert any(row.num_swapped for row in tight.steps)
+    assert [s.output_ids for s in tight.sequences] == [s.output_ids for s in roomy.sequences]
