@@ -109,12 +109,16 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return weight * h.to(x.dtype)
 
 
-def rotary_ref(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x `[T, heads, D]` at `positions` `[T]`: the halves are rotated (not pairs)."""
+def rotary_ref(
+    x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0
+) -> torch.Tensor:
+    """Rotary embedding of x `[T, heads, D]` at `positions` `[T]`: the halves are rotated (not pairs).
+    cos and sin are multiplied by `scale` (YaRN's attention factor) before rounding to x's dtype,
+    as transformers does."""
     dim = x.shape[-1]
     angles = positions[:, None].float() * inv_freq[None, :]  # [T, D/2]
     emb = torch.cat((angles, angles), dim=-1)[:, None, :]  # [T, 1, D]
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    cos, sin = (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
     x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 

@@ -49,6 +49,25 @@ class MoeShape:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """A long-context checkpoint's rotary scaling (config.json's rope_scaling or rope_parameters):
+    which rotary frequencies are stretched, and by how much. It changes every attention layer's
+    arithmetic, never what a token stores; `kvbench/modeling/rope.py` computes with it."""
+
+    kind: Literal["yarn", "llama3"]
+    factor: float  # new context / pretraining context
+    original_max_len: int  # the pretraining context (original_max_position_embeddings)
+    beta_fast: float = 32.0  # yarn: dimensions turning more often than this over it keep their frequency
+    beta_slow: float = 1.0  # yarn: fewer turns than this: frequency / factor; a linear ramp between
+    mscale: float = 0.0  # yarn (DeepSeek): cos/sin x mscale(factor, mscale) / mscale(factor, mscale_all_dim)
+    mscale_all_dim: float = 0.0  # DeepSeek: softmax scale x mscale(factor, this)^2; 0: neither given
+    attention_factor: float = 0.0  # yarn: cos/sin x this as given; 0: derived (0.1 ln factor + 1)
+    truncate: bool = True  # yarn: the ramp's ends rounded out to whole dimensions
+    low_freq_factor: float = 1.0  # llama3: wavelengths above original_max_len / this: frequency / factor
+    high_freq_factor: float = 4.0  # llama3: below original_max_len / this: kept; smoothed between
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """The config.json values that size a model's weights and KV cache. Fields after `rope_theta`
     default to what OPT and Llama have (no window, K and V per head), so those presets stay one
@@ -76,6 +95,7 @@ class ModelSpec:
     final_softcap: float = 0.0  # Gemma 2: the same on the final logits; 0: none
     mla: MlaShape | None = None  # latent KV instead of K and V per head
     moe: MoeShape | None = None
+    rope_scaling: RopeScaling | None = None  # None: plain rotary frequencies (every preset)
 
     def __post_init__(self) -> None:
         if self.window_layers and (

@@ -75,7 +75,8 @@ class Attention(nn.Module):
         v = v.reshape(t, self.kv_heads, s.head_dim)  # [T, Hkv, D]
         if self.qk_norm:  # normalised per head, before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = ops.rotary(q, positions, self.theta), ops.rotary(k, positions, self.theta)
+        q = ops.rotary(q, positions, self.theta, s.rope_scaling)  # [T, H, D] (scaled: `rope.py`)
+        k = ops.rotary(k, positions, self.theta, s.rope_scaling)  # [T, Hkv, D]
         o = attention(
             q, k, v, k_cache, v_cache, meta, self.scale, window=self.window, softcap=s.attn_softcap
         )  # [T, H, D]

@@ -54,7 +54,8 @@ class LlamaAttention(nn.Module):
         q = q.view(t, self.heads, s.head_dim)  # [T, H, D] (H, Hkv: this rank's heads)
         k = k.view(t, self.kv_heads, s.head_dim)  # [T, Hkv, D]
         v = v.view(t, self.kv_heads, s.head_dim)  # [T, Hkv, D]
-        q, k = ops.rotary(q, positions, s.rope_theta), ops.rotary(k, positions, s.rope_theta)
+        q = ops.rotary(q, positions, s.rope_theta, s.rope_scaling)  # [T, H, D] (scaled: `rope.py`)
+        k = ops.rotary(k, positions, s.rope_theta, s.rope_scaling)  # [T, Hkv, D]
         o = attention(q, k, v, k_cache, v_cache, meta, s.head_dim**-0.5)  # [T, H, D]
         return self.o_proj(o.reshape(t, -1))
 

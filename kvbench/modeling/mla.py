@@ -14,10 +14,11 @@ latent + rope whose values are the latent::
 Prefill uses the same form (exact in any precision transformers' expanded form is). Attention
 runs the PyTorch references of `kernels/reference.py` on every device: the Triton kernels do not
 read a latent cache yet. Rotary embeddings rotate adjacent pairs (DeepSeek's layout, as
-transformers' `apply_rotary_emb` does), not halves. The feed-forward part is a dense SwiGLU MLP
-in the first `first_k_dense_replace` layers, then shared experts plus the top-k of the routed
-ones (softmax router, greedy top-k, weights x routed_scaling_factor), one expert at a time:
-correct, not fast. Parameter names are Hugging Face's (`DeepseekV2ForCausalLM`).
+transformers' `apply_rotary_emb` does), not halves, with the YaRN scaling the published
+checkpoints set (frequencies, cos/sin factor, softmax mscale: `rope.py`). The feed-forward part
+is a dense SwiGLU MLP in the first `first_k_dense_replace` layers, then shared experts plus the
+top-k of the routed ones (softmax router, greedy top-k, weights x routed_scaling_factor), one
+expert at a time: correct, not fast. Parameter names are Hugging Face's (`DeepseekV2ForCausalLM`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import torch
 from torch import nn
 
 from kvbench.errors import KvbenchError
-from kvbench.modeling import ops
+from kvbench.kvspec.model import RopeScaling
+from kvbench.modeling import ops, rope
 from kvbench.modeling.attention import AttentionMetadata
 from kvbench.modeling.decoder import DecoderForCausalLM
 from kvbench.modeling.llama import LlamaDecoderLayer, LlamaMLP, RMSNorm
@@ -36,11 +38,16 @@ from kvbench.models import ModelSpec
 from kvbench.parallel.layers import SINGLE, Linear, TensorParallel
 
 
-def rotary_pairs(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+def rotary_pairs(
+    x: torch.Tensor, positions: torch.Tensor, theta: float, scaling: RopeScaling | None = None
+) -> torch.Tensor:
     """x `[T, heads, D]` rotated at `positions` `[T]`, pairs (x[2i], x[2i+1]) as complex numbers
-    (DeepSeek's interleaved layout; Llama's `ops.rotary` rotates halves)."""
-    angles = positions[:, None].float() * ops.inv_freq(x.shape[-1], theta, x.device)[None, :]  # [T, D/2]
-    turn = torch.polar(torch.ones_like(angles), angles)[:, None, :]  # [T, 1, D/2]
+    (DeepSeek's interleaved layout; Llama's `ops.rotary` rotates halves); YaRN's frequencies and
+    attention factor where `scaling` is set."""
+    freqs = ops.inv_freq(x.shape[-1], theta, x.device, scaling)  # [D/2]
+    angles = positions[:, None].float() * freqs[None, :]  # [T, D/2]
+    turn = torch.polar(torch.ones_like(angles), angles) * rope.attention_factor(scaling)  # [T, D/2]
+    turn = turn[:, None, :]  # [T, 1, D/2]
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # [T, heads, D/2]
     return torch.view_as_real(pairs * turn).flatten(-2).to(x.dtype)
 
@@ -109,7 +116,8 @@ class MLAttention(nn.Module):
             m.kv_lora_rank, self.heads * (m.qk_nope_head_dim + m.v_head_dim), bias=False, **factory
         )  # fmt: skip
         self.o_proj = Linear(self.heads * m.v_head_dim, spec.hidden, bias=False, **factory)
-        self.scale = query**-0.5  # transformers: qk_head_dim ** -0.5 (YaRN's mscale is refused)
+        # transformers: qk_head_dim ** -0.5, x YaRN's mscale(factor, mscale_all_dim)^2 where set
+        self.scale = query**-0.5 * rope.softmax_scale_factor(spec.rope_scaling)
 
     def forward(self, x, positions, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         m, t = self.mla, x.shape[0]
@@ -123,8 +131,9 @@ class MLAttention(nn.Module):
         q_nope, q_pe = q.split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
         latent, k_pe = self.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
         latent = self.kv_a_layernorm(latent)  # [T, latent]: what is cached, normalised
-        q_pe = rotary_pairs(q_pe, positions, self.spec.rope_theta)  # [T, H, rope]
-        k_pe = rotary_pairs(k_pe[:, None, :], positions, self.spec.rope_theta)  # [T, 1, rope]
+        s = self.spec
+        q_pe = rotary_pairs(q_pe, positions, s.rope_theta, s.rope_scaling)  # [T, H, rope]
+        k_pe = rotary_pairs(k_pe[:, None, :], positions, s.rope_theta, s.rope_scaling)  # [T, 1, rope]
         w = self.kv_b_proj.weight.view(self.heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
         w_uk, w_uv = w.split([m.qk_nope_head_dim, m.v_head_dim], dim=1)  # [H, nope, latent], [H, v, latent]
         q_latent = torch.einsum("thn,hnl->thl", q_nope, w_uk)  # [T, H, latent]: W_uk folded in
