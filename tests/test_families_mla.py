@@ -80,11 +80,11 @@ def test_the_arena_holds_the_latent_and_rope_key_only(tmp_path):
     [
         ({"model_type": "deepseek_v3"}, "model_type"),
         ({"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1}, "topk_method"),
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 40.0, "rope_theta": 1e4}}, "rope_parameters"),
-        ({"rope_scaling": {"type": "yarn", "factor": 40.0}}, "rope_scaling"),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "rope_parameters"),
+        ({"rope_scaling": {"type": "longrope", "factor": 2.0}}, "rope_scaling"),
         ({"hidden_act": "gelu"}, "hidden_act"),
     ],
-    ids=["v3", "grouped-top-k", "yarn", "yarn-old-key", "gelu"],
+    ids=["v3", "grouped-top-k", "dynamic-rope", "longrope-old-key", "gelu"],
 )
 def test_a_config_kvbench_would_decode_wrongly_is_refused_in_one_line(tmp_path, change, named):
     """Refused when the weights load (before they are read), named in one line; the same folder

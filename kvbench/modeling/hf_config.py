@@ -12,6 +12,7 @@ check needs no model code.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
@@ -20,6 +21,7 @@ from kvbench.kvspec.config_json import json_kind as _json_kind
 from kvbench.kvspec.config_json import read_config_json
 from kvbench.kvspec.hf import FAMILIES as SIZED_FAMILIES
 from kvbench.kvspec.hf import spec_from_config
+from kvbench.modeling.rope_config import ROPE_TYPES, read_rope_scaling
 from kvbench.models import ModelSpec
 
 HF_MODEL_TYPES = {"opt": "opt", "llama": "llama"}  # the rest: `kvbench.kvspec.hf`, then `_decoding_keys`
@@ -41,9 +43,9 @@ def spec_from_hf_config(config: object, name: str) -> ModelSpec:
     model_type = config.get("model_type")
     if isinstance(model_type, str) and model_type in SIZED_FAMILIES and model_type not in HF_MODEL_TYPES:
         spec = spec_from_config(config, name)  # sized; decoded where kvbench has the family's code
-        # DeepSeek's arithmetic keys are checked when its weights load (`deepseek_decoding_keys`):
-        # simulate sizes V3 and YaRN configs it cannot decode
-        return _decoding_keys(config, spec, where) if spec.decoded and spec.family != "deepseek" else spec
+        if spec.family == "deepseek":  # arithmetic keys checked as weights load (deepseek_decoding_keys)
+            return _deepseek_rope(config, spec, where)
+        return _decoding_keys(config, spec, where) if spec.decoded else spec
     if not isinstance(model_type, str) or model_type not in HF_MODEL_TYPES:
         supported = ", ".join(HF_MODEL_TYPES)
         raise KvbenchError(
@@ -80,10 +82,6 @@ def spec_from_hf_config(config: object, name: str) -> ModelSpec:
     for bias in ("attention_bias", "mlp_bias"):
         if key.flag(bias, False):
             key.unsupported(bias, "Llama with biases")
-    scaling = config.get("rope_scaling") or {}
-    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
-    if kind not in (None, "default"):
-        key.unsupported("rope_scaling", "rope scaling")
     nested = config.get("rope_parameters") or {}  # where newer configs keep rope_theta
     if not isinstance(nested, dict):
         raise KvbenchError(f"{where}: rope_parameters must be an object, got {nested!r}")
@@ -94,6 +92,7 @@ def spec_from_hf_config(config: object, name: str) -> ModelSpec:
     return ModelSpec(
         name, "llama", layers, hidden, heads, kv_heads, key.count("intermediate_size"), vocab,
         max_len, norm_eps=key.number("rms_norm_eps", 1e-6), rope_theta=theta,
+        rope_scaling=read_rope_scaling(config, where),
     )  # fmt: skip
 
 
@@ -116,17 +115,16 @@ def _decoding_keys(config: dict, spec: ModelSpec, where: str) -> ModelSpec:
     for bias in ("attention_bias", "mlp_bias"):
         if key.flag(bias, False):
             key.unsupported(bias, f"{spec.family} with these biases")
-    scaling = config.get("rope_scaling") or {}
-    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
-    if kind not in (None, "default"):
-        key.unsupported("rope_scaling", "rope scaling")
-    return spec  # Gemma's query scale and soft caps: read with its sizes (`kvbench.kvspec.hf`)
+    # Gemma 3 scales its global layers only, which kvbench's layers cannot yet tell apart
+    types = ("default",) if spec.family.startswith("gemma") else ROPE_TYPES
+    scaling = read_rope_scaling(config, where, types)
+    return replace(spec, rope_scaling=scaling)  # Gemma's query scale, soft caps: read with its sizes
 
 
 def deepseek_decoding_keys(path: Path, spec: ModelSpec) -> None:
     """A DeepSeek checkpoint's keys of arithmetic, refused where `kvbench/modeling/mla.py` would
-    compute something else (it computes V2's greedy softmax router and plain rotary embeddings):
-    checked when its weights load, not when it is sized."""
+    compute something else (it computes V2's greedy softmax router, and plain, YaRN or llama3
+    rotary embeddings): checked when its weights load, not when it is sized."""
     config = read_config_json(path)
     where = f"--model {path}: config.json"
     _decoding_keys(config, spec, where)
@@ -137,7 +135,13 @@ def deepseek_decoding_keys(path: Path, spec: ModelSpec) -> None:
         raise KvbenchError(f"{key.where}: qk_rope_head_dim must be even, got {spec.mla.qk_rope_head_dim}")
     if spec.moe is not None:
         key.choice("topk_method", "greedy")
-    nested = config.get("rope_parameters") or {}
-    kind = nested.get("rope_type", nested.get("type")) if isinstance(nested, dict) else nested
-    if kind not in (None, "default"):
-        key.unsupported("rope_parameters", "rope scaling (YaRN)")
+
+
+def _deepseek_rope(config: dict, spec: ModelSpec, where: str) -> ModelSpec:
+    """A DeepSeek spec with the rope scaling its config sets, where kvbench computes it. A type it
+    does not compute is left out here, since sizing does not need it (`kvbench simulate` runs a
+    V3 config): `deepseek_decoding_keys` refuses it, in one line, before any weight loads."""
+    try:
+        return replace(spec, rope_scaling=read_rope_scaling(config, where))
+    except KvbenchError:
+        return spec
