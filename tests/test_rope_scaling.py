@@ -173,17 +173,18 @@ def test_rotated_pairs_and_softmax_scale_equal_transformers(scaling):
 
 @INTERPRETED
 @pytest.mark.parametrize(
-    ("dtype", "bound"), [(torch.float32, 1e-5), (torch.float16, 4e-3), (torch.bfloat16, 3.2e-2)],
-    ids=["fp32", "fp16", "bf16"],
-)  # fmt: skip
-def test_the_triton_rotation_with_the_factor_after_it_equals_the_reference(dtype, bound):
+    "dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"]
+)
+def test_the_triton_rotation_with_the_factor_after_it_equals_the_reference(dtype):
     """The GPU path (`ops.rotary_fused`: the kernel, then x attention factor), interpreted on the
-    CPU, against the reference that scales cos and sin: within two roundings of the dtype."""
+    CPU, against the reference that scales cos and sin: within two roundings of the dtype at the
+    largest value (measured: one, 0.03 on values up to 4.3 in bf16)."""
     scaling = read(llama_config(SCALINGS["yarn"]))
     factor = rope.attention_factor(scaling)
     freqs = ops.inv_freq(32, THETA, CPU, scaling)
     x = torch.randn(len(POSITIONS), 5, 32, generator=torch.Generator().manual_seed(1)).to(dtype)
     expected = rotary_ref(x, POSITIONS, freqs, factor).float()
+    bound = 2 * torch.finfo(dtype).eps * expected.abs().max()
     assert (ops.rotary_fused(x.clone(), POSITIONS, freqs, factor).float() - expected).abs().max() <= bound
     assert (ops.rotary_fused(x.clone(), POSITIONS, freqs, 1.0).float() - expected).abs().max() > 0.1
 
@@ -242,7 +243,7 @@ MODELS = {
     "llama-llama3": lambda: llama_config({**SCALINGS["llama3"], "original_max_position_embeddings": 64}),
     "qwen2-yarn": lambda: transformers.Qwen2Config(
         **LLAMA, rope_theta=THETA, rope_scaling={"type": "yarn", "factor": 4.0, **ORIGINAL}
-    ),  # Qwen2.5's long-context setting, in the old spelling
+    ),  # Qwen2.5's long-context setting (saved as rope_parameters, as transformers 5 writes it)
     "deepseek-yarn": deepseek_config,
     "deepseek-q-lora-yarn": lambda: deepseek_config(q_lora_rank=32),
 }
