@@ -9,19 +9,22 @@ paged's end-to-end gap to orca-oracle (results/reference/paged-gap).
 
 `DeviceBlockTables` keeps the device table between segments with a host mirror of it (pinned
 on CUDA, so the upload is an asynchronous DMA that needs no staging copy) and, per row, the
-block tuple it holds. A segment's update compares each row's new table with what the row
-holds, or with what the same sequence's row held last time when the batch shifted (a request
-left before it), writes only the entries that differ (appended blocks, a shrunk tail zeroed)
-in one numpy assignment, and uploads the rows between the first and the last one that changed
-in one copy. Comparisons are of values, so any change the allocator makes (copy-on-write, a
-trimmed segment, a window freeing its first blocks, a row reused by another sequence) is
-caught: the device table always equals `block_table_array` of the same tables.
+blocks it holds. A segment's update compares each row's new table with what the row holds, or,
+when the batch shifted (a request left before it), with what the same sequence's row held last
+time, whose mirror row it copies; it writes only the entries that differ (appended blocks, a
+whole row where one changed inside or shrank, zeros over a shrunk tail or a row now padding) and
+uploads the rows between the first and the last one it touched in one copy. The comparisons run
+in C (`map`, `compress`) and are of values, so any change the allocator makes (copy-on-write, a
+trimmed segment, a window freeing its first blocks, a row reused by another sequence) is caught:
+the device table always equals `block_table_array` of the same tables
+(tests/test_block_table_upload.py); benchmarks/host_path.py times both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from itertools import chain
+from itertools import chain, compress
+from operator import ne
 
 import numpy as np
 import torch
@@ -54,12 +57,10 @@ class DeviceBlockTables:
         self._mirror = torch.zeros((rows, width), dtype=torch.int32, pin_memory=pin)  # [N, W] host copy
         self.host = self._mirror.numpy()  # the same memory, written with numpy
         self.held: list[Sequence[int]] = [()] * rows  # each row's blocks, as last written
-        self._owners: dict[Hashable, int] = {}  # key -> row, as of the last update
-        self._uploaded = None  # CUDA event after the last upload: the mirror is free to change
-
-    @property
-    def width(self) -> int:
-        return self.table.shape[1]
+        self._keys: list[Hashable] = []  # each row's owner, as of the last update
+        # recorded after each upload: once it has passed, the mirror may change (the segment's
+        # results coming back waited for it already, so waiting on it costs nothing)
+        self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
 
     def update(self, tables: Sequence[Sequence[int]], rows: int, keys: Sequence[Hashable]) -> None:
         """Rows `[0, rows)` become `tables` (each row's block ids: a `BlockTable`'s blocks, or an
@@ -67,51 +68,49 @@ class DeviceBlockTables:
         them. `keys` name each table's owner (a sequence's sampling key): a row whose owner sat
         in another row last time starts from that row's blocks."""
         if self._uploaded is not None:
-            self._uploaded.synchronize()  # done already when a segment's results came back
-        held, owners = self.held, self._owners
-        before = list(held)  # rows as they are now: moved rows read these
-        moves: list[tuple[int, int]] = []  # (row, row it starts from)
+            self._uploaded.synchronize()
+        count, before = len(tables), self.held
+        # map/compress run their loops in C: a segment's 256 rows cost a few us, not one Python
+        # iteration each (only the rows that changed get one)
+        keys = list(keys)
+        if keys == self._keys:  # the same batch in the same rows (a segment cut by an arrival)
+            src, refs = range(count), before[:count]
+        else:
+            owners = dict(zip(self._keys, range(len(self._keys)), strict=True))
+            src = list(map(owners.get, keys, range(count)))  # [B] each owner's last row (new: its own)
+            refs = list(map(before.__getitem__, src))  # what each row holds once moved rows are copied
+        held = refs + before[count:]
         writes: list[tuple[int, int, Sequence[int]]] = []  # (row, first column, values)
-        for i, (key, blocks) in enumerate(zip(keys, tables, strict=True)):
-            base = before[i]
-            if blocks == base:  # the same int objects: one identity check per entry
-                continue
-            j = owners.get(key, i)
-            if j != i:  # the batch shifted: start from the owner's row
-                moves.append((i, j))
-                base = before[j]
-                if blocks == base:  # moved, unchanged: `base` is already a copy
-                    held[i] = base
-                    continue
+        for i in compress(range(count), map(ne, tables, refs)):  # equal lists compare by identity
+            blocks, base = tables[i], refs[i]
             n = len(base)
-            if len(blocks) >= n and blocks[:n] == base:  # appended blocks only (or none)
-                if len(blocks) > n:
-                    writes.append((i, n, blocks[n:]))
+            if len(blocks) >= n and blocks[:n] == base:  # appended blocks only
+                writes.append((i, n, blocks[n:]))
             else:  # shrunk (a trimmed segment) or changed inside (copy-on-write, a window's freed
                 writes.append((i, 0, blocks))  # entries, another owner): the whole row again
                 if n > len(blocks):
                     writes.append((i, len(blocks), (0,) * (n - len(blocks))))
-            held[i] = blocks[:]  # a copy of a list (the allocator's changes); a tuple is itself
-        for i in range(len(tables), rows):  # padding rows hold nothing
-            if before[i]:
-                writes.append((i, 0, (0,) * len(before[i])))
+            held[i] = blocks[:]  # a copy of a list (the allocator changes it); a tuple is itself
+        for i in range(count, rows):  # padding rows hold nothing
+            if held[i]:
+                writes.append((i, 0, (0,) * len(held[i])))
                 held[i] = ()
-        self._owners = {key: i for i, key in enumerate(keys)}
-        if moves or writes:
-            self._write(moves, writes)
+        self.held = held
+        self._keys = keys
+        origin = np.fromiter(src, np.int64, count)  # [B]
+        moved = np.flatnonzero(origin != np.arange(count))  # rows whose owner sat in another row
+        if len(moved) or writes:
+            self._write(moved, origin[moved], writes)
 
-    def _write(self, moves: list[tuple[int, int]], writes: list[tuple[int, int, Sequence[int]]]) -> None:
-        """Apply row moves then entry writes to the mirror; upload the rows they touched."""
+    def _write(self, dst: np.ndarray, src: np.ndarray, writes: list[tuple[int, int, Sequence[int]]]) -> None:
+        """Copy rows `src` `[m]` to rows `dst` `[m]`, then apply the entry writes, in the mirror;
+        upload the rows they touched."""
         host = self.host
-        touched = [i for i, _ in moves] + [i for i, _, _ in writes]
-        if moves:
-            dst = np.fromiter((i for i, _ in moves), np.int64, len(moves))  # [m]
-            src = np.fromiter((j for _, j in moves), np.int64, len(moves))  # [m]
-            host[dst] = host[src]  # fancy indexing reads every source before any row is written
+        host[dst] = host[src]  # fancy indexing reads every source before any row is written
         for i, first, values in writes:  # a few dozen a segment: a slice each beats one scatter
             host[i, first : first + len(values)] = values
-        lo, hi = min(touched), max(touched) + 1
+        rows = [i for i, _, _ in writes] + ([int(dst[0]), int(dst[-1])] if len(dst) else [])
+        lo, hi = min(rows), max(rows) + 1
         self.table[lo:hi].copy_(self._mirror[lo:hi], non_blocking=True)
-        if self.device.type == "cuda":
-            self._uploaded = torch.cuda.Event()
+        if self._uploaded is not None:
             self._uploaded.record()
