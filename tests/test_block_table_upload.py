@@ -28,6 +28,14 @@ from kvbench.sequence import sequence_for
 from tests.support import VIRTUAL_CLOCK
 
 CPU = torch.device("cpu")
+DEVICES = [  # on CUDA: the pinned mirror, its asynchronous upload and the event guarding it
+    pytest.param(CPU, id="cpu"),
+    pytest.param(
+        torch.device("cuda"),
+        id="cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")],
+    ),
+]
 BLOCK = 4
 WIDTH = 24  # blocks: 96 positions
 
@@ -41,10 +49,12 @@ class Driver:
     """The real paged allocator driven as the engine loop drives it, with random events between
     segments; the device table is checked after every segment's update."""
 
-    def __init__(self, seed: int, num_blocks: int = 160, host_blocks: int = 64) -> None:
+    def __init__(
+        self, seed: int, device: torch.device = CPU, num_blocks: int = 160, host_blocks: int = 64
+    ) -> None:
         self.rng = np.random.default_rng(seed)
         self.alloc = PagedAllocator(num_blocks * BLOCK, BLOCK, watermark=0.0, host_blocks=host_blocks)
-        self.tables = DeviceBlockTables(16, WIDTH, CPU)
+        self.tables = DeviceBlockTables(16, WIDTH, device)
         self.batch: list = []  # resident, in the scheduler's order
         self.parked: list = []  # preempted (recompute) or swapped out, waiting to come back
         self.next_id = 0
@@ -67,7 +77,7 @@ class Driver:
         grown = k > 1 and alloc.grow(batch, k) is not None
         rows = len(batch) + int(self.rng.integers(0, 3))  # padding rows, as a graph bucket adds
         self.tables.update(alloc.block_lists(batch), rows, [seq.sample_key for seq in batch])
-        assert torch.equal(self.tables.table[:rows], scratch(alloc, batch, rows))
+        assert torch.equal(self.tables.table[:rows].cpu(), scratch(alloc, batch, rows))
         self.checks += 1
         ran = int(self.rng.integers(1, k + 1))  # a segment cut early gives its late blocks back
         self.seen["trimmed"] += grown and ran < k
@@ -121,9 +131,10 @@ class Driver:
             del batch[len(batch) // 2 :]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("seed", range(4))
-def test_the_updated_table_equals_one_built_from_scratch_after_every_allocator_event(seed):
-    driver = Driver(seed)
+def test_the_updated_table_equals_one_built_from_scratch_after_every_allocator_event(seed, device):
+    driver = Driver(seed, device)
     for _ in range(6):
         driver.admit()
     for _ in range(150):
