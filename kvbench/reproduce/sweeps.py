@@ -62,6 +62,7 @@ FIG12_RATES = {
     },
 }
 FIG12_REQUESTS = {"quick": 600, "full": 3000, "real": 120}  # a short trace never queues long enough
+FIG12_COUNTS = tuple(FIG12_REQUESTS[k] for k in ("quick", "full", "real"))
 # The real grids (here, in reproduce_engines and reproduce_sharing) are as small as the figures
 # stay true at: a run with about half their requests and rates (11 minutes on an H200, not 22)
 # lost paged's >90 % token-state share and shrank most capacity ratios, Figure 16's by a third
@@ -71,6 +72,11 @@ FIG18B_RATE = {"sharegpt-paper": 1.5, "alpaca-paper": 20.0}  # near vLLM's susta
 FIG19_RATE = 2.0  # ShareGPT, on a quarter of the budget: paged preempts
 FIG19_BUDGET_SHARE = 0.25
 THRESHOLD_MULTIPLE = 4.0  # off the paper's setting: the bound is this x the lowest unloaded latency
+# placed real runs: every loaded cell's trace lasts 60 s at its rate (the paper's: 1 hour). Simulated
+# at OPT-13B on the H200's fitted costs, paged's ShareGPT ratios at 60 s are within 12 % of those at
+# 300 s, at 120 s within 4 % (results/reference/fig12-duration-sim); 60 s makes one seed's real
+# ShareGPT panel about 15 H200-minutes
+FIG12_PLACED_DURATION_S = 60.0
 FIG12_BRACKET = 0.10  # Figure 12's sustained rates bisected to brackets at most 10 % wide
 SENSITIVITY = (0.5, 1.0, 2.0, 4.0)  # Figure 12's ratios again at these multiples of the bound
 
@@ -78,11 +84,12 @@ SENSITIVITY = (0.5, 1.0, 2.0, 4.0)  # Figure 12's ratios again at these multiple
 def sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes, kv, preemption="recompute",
           threshold: float | None = FIG12_THRESHOLD_S, bisect: int = 0, bracket: float | None = None,
           requests: tuple[int, int, int] = (200, 2000, 100), model: str | None = None,
-          workload: dict | None = None) -> SweepResult:  # fmt: skip
+          workload: dict | None = None, duration: float | None = None) -> SweepResult:  # fmt: skip
     """One sweep folder of a figure: `engines` x `rates` (the paper's, times the setting's scale)
     x `block_sizes` on `trace`; `workload` sets WorkloadSpec fields every cell keeps (n, beams,
     a shared prefix, chat turns), `model` replaces the setting's. `bracket`: bisect each sustained
     rate until its bracket is at most that wide (`bisect` then caps the rounds; 0: no cap).
+    `duration`: each loaded cell's trace lasts that many seconds at its rate, not `requests`.
 
     Real runs with `Setting.placement` and a `bracket` run each engine at two rates either side of
     the sustained rate the calibrated simulator finds for the same cells (`placed_rates`; its sweep
@@ -100,13 +107,14 @@ def sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes,
     if s.real and s.placement and bracket is not None and len(rates) > 1 and len(block_sizes) == 1:
         placed = placed_rates(options, folder.with_name(f"{folder.name}.placement"), engines=engines,
                               trace=trace, rates=rates, block_sizes=block_sizes, kv=kv, preemption=preemption,
-                              threshold=threshold, count=count, model=model, workload=workload)  # fmt: skip
+                              threshold=threshold, count=count, model=model, workload=workload,
+                              duration=duration)  # fmt: skip
         every = tuple(sorted({r for pair in placed.values() for r in pair}))
         axes = replace(axes, rates=every, engine_rates=tuple(placed.items()))
         extend = PLACED_STEPS
     baseline = REAL_BASELINE if s.real or s.placement else Baseline()
     sustained = SustainedOptions(threshold, THRESHOLD_MULTIPLE, bisect, baseline, bracket, extend)
-    plan = SweepPlan(axes, base, CellRun(real=s.real), sustained)
+    plan = SweepPlan(axes, base, CellRun(real=s.real), sustained, duration_s=duration)
     if (folder / "sweep.json").is_file():
         try:  # an interrupted figure resumes: finished cells of these settings are kept
             return run_sweep(plan, folder, resume=True)
@@ -310,8 +318,8 @@ def fig12(options: Options, folder: Path) -> FigureResult:
         rates = options.pick(grids["quick"], grids["full"], grids["real"])
         result = sweep(options, folder / trace, engines=PAPER_ENGINES, trace=trace, rates=rates,
                        block_sizes=(16,), kv=s.kv_cache_gib, threshold=threshold_of(options),
-                       bracket=FIG12_BRACKET,
-                       requests=tuple(FIG12_REQUESTS[k] for k in ("quick", "full", "real")))  # fmt: skip
+                       bracket=FIG12_BRACKET, requests=FIG12_COUNTS,
+                       duration=FIG12_PLACED_DURATION_S if s.real and s.placement else None)  # fmt: skip
         paper = FIG12_SUSTAINED[trace]
         comparable = s.rate_scale == 1.0 and not s.real  # the paper's absolute rates: its setting only
         ratios = {other: paper["paged"] / paper[other] for other in RATIO_BASELINES}

@@ -123,9 +123,23 @@ class Baseline:
     num_requests: int = 50
 
 
-def cell_config(base: RunConfig, cell: Cell, baseline: Baseline = Baseline()) -> RunConfig:
-    """`base` with the cell's axis values; a baseline cell gets constant, sparse arrivals."""
+DURATION_MIN_REQUESTS = 20  # a duration's trace at a low rate: still a few requests to average
+
+
+def cell_config(
+    base: RunConfig, cell: Cell, baseline: Baseline = Baseline(), duration_s: float | None = None
+) -> RunConfig:
+    """`base` with the cell's axis values; a baseline cell gets constant, sparse arrivals.
+
+    `duration_s`: a loaded cell's trace lasts that long at its rate (rate x duration requests,
+    at least `DURATION_MIN_REQUESTS`), as the paper's 1-hour traces did at every rate, rather
+    than a fixed count: past an engine's capacity the queue, and so the normalized latency,
+    grows with the time the overload lasts, so a fixed count judges a fast engine on a few
+    seconds of overload and a slow one on minutes."""
     workload = replace(base.workload, source=cell.trace, seed=cell.workload_seed, rate=cell.rate)
+    if duration_s is not None and cell.rate is not None and cell.role != BASELINE:
+        count = max(DURATION_MIN_REQUESTS, math.ceil(cell.rate * duration_s))
+        workload = replace(workload, num_requests=count)
     if cell.role == BASELINE:
         count = min(baseline.num_requests, base.workload.num_requests or baseline.num_requests)
         workload = replace(workload, rate=baseline.rate, arrivals="constant", num_requests=count)

@@ -45,10 +45,11 @@ class SweepPlan:
     run: CellRun = field(default_factory=CellRun)
     sustained: SustainedOptions = field(default_factory=SustainedOptions)
     continue_on_error: bool = False
+    duration_s: float | None = None  # loaded cells' traces last this long (`cell_config`); None: a count
 
     @property
     def needs_baseline(self) -> bool:
         return bool(self.axes.swept_rates) and self.sustained.threshold_s is None
 
     def config(self, cell: Cell) -> RunConfig:
-        return cell_config(self.base, cell, self.sustained.baseline)
+        return cell_config(self.base, cell, self.sustained.baseline, self.duration_s)

@@ -225,6 +225,7 @@ def _description(plan: SweepPlan, planned: int, executor: Executor) -> dict:
         "cell_run": asdict(plan.run),
         "sustained": asdict(plan.sustained),
         "continue_on_error": plan.continue_on_error,
+        "duration_s": plan.duration_s,
         "executor": executor.describe(),
         "cells_planned": planned,
     }
