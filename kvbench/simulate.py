@@ -63,7 +63,8 @@ def simulate(config: RunConfig, *, coalesce: bool = True, prepared: Prepared | N
     return execute(config, lambda _: cost, mode="simulated", coalesce=coalesce, prepared=prepared)
 
 
-def write_result(result: RunResult, out: Path) -> None:
+def write_result(result: RunResult, out: Path, tables: bool = True) -> None:
+    """The run folder; without `tables`, only its config, environment and summary."""
     # the constants the run used (the roofline's, a calibrated file's, or the flags'), beside the
     # `cost_model` path that asked for them
     config = {**result.prepared.config.to_dict(), "cost_model_constants": asdict(result.prepared.cost)}
@@ -75,8 +76,9 @@ def write_result(result: RunResult, out: Path) -> None:
     def write(tmp: Path) -> None:
         write_json(tmp / "config.json", config)
         write_json(tmp / "env.json", environment())
-        write_csv(tmp / "steps.csv", result.run.steps, StepRecord, extra=result.step_columns)
-        write_csv(tmp / "requests.csv", result.requests, RequestRecord)
+        if tables:
+            write_csv(tmp / "steps.csv", result.run.steps, StepRecord, extra=result.step_columns)
+            write_csv(tmp / "requests.csv", result.requests, RequestRecord)
         write_json(tmp / "summary.json", result.summary)
 
     write_run_atomically(out, write)

@@ -376,7 +376,10 @@ def test_real_rates_placed_by_the_calibrated_simulator(tmp_path, monkeypatch):
           block_sizes=(16,), kv=0.01, threshold=None, bracket=0.1)  # fmt: skip
     simulated = json.loads((folder.with_name("sharegpt-paper.placement") / "sweep.json").read_text())
     assert simulated["mode"] == "simulated" and simulated["base_config"]["cost_model"] == str(cost)
-    assert simulated["sustained"]["bracket"] == 0.02
+    assert simulated["sustained"]["bracket"] == 0.02 and simulated["cell_run"]["tables"] is False
+    placement = folder.with_name("sharegpt-paper.placement") / "cells"
+    assert list(placement.glob("*/summary.json")) and not list(placement.glob("*/steps.csv"))  # summaries only
+    assert list(folder.glob("cells/*/steps.csv"))  # the real cells keep their rows
     real = json.loads((folder / "sweep.json").read_text())
     assert real["mode"] == "real" and real["sustained"]["extend"] == PLACED_STEPS
     placed = {engine: tuple(pair) for engine, pair in real["axes"]["engine_rates"]}

@@ -84,12 +84,14 @@ SENSITIVITY = (0.5, 1.0, 2.0, 4.0)  # Figure 12's ratios again at these multiple
 def sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes, kv, preemption="recompute",
           threshold: float | None = FIG12_THRESHOLD_S, bisect: int = 0, bracket: float | None = None,
           requests: tuple[int, int, int] = (200, 2000, 100), model: str | None = None,
-          workload: dict | None = None, duration: float | None = None) -> SweepResult:  # fmt: skip
+          workload: dict | None = None, duration: float | None = None,
+          tables: bool = True) -> SweepResult:  # fmt: skip
     """One sweep folder of a figure: `engines` x `rates` (the paper's, times the setting's scale)
     x `block_sizes` on `trace`; `workload` sets WorkloadSpec fields every cell keeps (n, beams,
     a shared prefix, chat turns), `model` replaces the setting's. `bracket`: bisect each sustained
     rate until its bracket is at most that wide (`bisect` then caps the rounds; 0: no cap).
     `duration`: each loaded cell's trace lasts that many seconds at its rate, not `requests`.
+    `tables`: False keeps only each cell's summary (a placement simulation's cells).
 
     Real runs with `Setting.placement` and a `bracket` run each engine at two rates either side of
     the sustained rate the calibrated simulator finds for the same cells (`placed_rates`; its sweep
@@ -114,7 +116,7 @@ def sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes,
         extend = PLACED_STEPS
     baseline = REAL_BASELINE if s.real or s.placement else Baseline()
     sustained = SustainedOptions(threshold, THRESHOLD_MULTIPLE, bisect, baseline, bracket, extend)
-    plan = SweepPlan(axes, base, CellRun(real=s.real), sustained, duration_s=duration)
+    plan = SweepPlan(axes, base, CellRun(real=s.real, tables=tables), sustained, duration_s=duration)
     if (folder / "sweep.json").is_file():
         try:  # an interrupted figure resumes: finished cells of these settings are kept
             return run_sweep(plan, folder, resume=True)
@@ -142,7 +144,7 @@ def placed_rates(options: Options, folder: Path, *, count: int, **cells) -> dict
     s = options.setting
     simulated = replace(s, real=False, cost_model=s.placement, placement=None)
     result = sweep(replace(options, setting=simulated), folder, bracket=PLACEMENT_BRACKET,
-                   requests=(count, count, count), **cells)  # fmt: skip
+                   requests=(count, count, count), tables=False, **cells)  # fmt: skip
     placed = {}
     for row in result.sustained:
         low, high = row["last_pass_rate"], row["first_fail_rate"]

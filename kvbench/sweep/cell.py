@@ -44,6 +44,9 @@ class CellRun:
     isolate: bool = False  # one child process per cell
     step_by_step: bool = False
     timeout_s: float | None = None  # isolate: kill a child that runs longer
+    # steps.csv and requests.csv beside each cell's summary; False for a sweep read only through
+    # its summaries (a placement simulation: hundreds of MB of rows nobody reads); in process only
+    tables: bool = True
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def _in_process(config: RunConfig, out: Path, how: CellRun) -> dict:
         result = run_real(config, coalesce=not how.step_by_step)
     else:
         result = simulate(config, coalesce=not how.step_by_step)
-    write_result(result, out)
+    write_result(result, out, tables=how.tables)
     return result.summary
 
 
