@@ -11,7 +11,8 @@ the steps are split by events recorded between them; the first step carries the 
 
 A virtual step clock (`clock=`, a `CostModel`) replaces measured times by modelled ones: the
 model still decodes every token, but the durations the engine sees, and where a segment is cut
-at the next arrival, come from the cost model (`CostModelRunner`, the simulator's own pricing).
+at the next arrival, come from the cost model (`CostModelRunner`, the simulator's own pricing,
+sliding-window layers included: `KvReads` of the model's KV groups).
 Why: with wall time, whether a request is preempted, swapped or admitted beside another depends
 on how fast the machine is at that moment; a test of those schedules would pass or fail with the
 load on the box. With a virtual clock a real run's schedule is a function of its inputs.
@@ -40,8 +41,9 @@ import torch
 import torch.nn.functional as F
 
 from engines.allocator import BlockTable, Extent, KVAllocator
+from engines.hybrid import group_shapes
 from engines.scheduler import Batch
-from kvbench.cost_model import CostModel, CostModelRunner
+from kvbench.cost_model import CostModel, CostModelRunner, KvReads
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata, resolve_backend
 from kvbench.modeling.causal_lm import CausalLM
@@ -66,8 +68,10 @@ class ModelRunner(ArenaCopies):
         vmm_map: str = "sync",
     ) -> None:  # fmt: skip
         self.model = model
-        # None: steps last what they take; a cost model: what it says (see the module docstring)
-        self.clock = None if clock is None else CostModelRunner(clock)
+        # None: steps last what they take; a cost model: what it says (see the module docstring),
+        # window layers priced on what they read, as the simulator prices the same model
+        reads = KvReads.of(group_shapes(model.spec.groups))
+        self.clock = None if clock is None else CostModelRunner(clock, reads)
         self.arena = arena
         self.allocator = allocator
         # a virtual arena backs only the pages its allocator (a VirtualAllocator) holds
