@@ -12,7 +12,9 @@ span and its result. Allocator occupancy is not here: the engine records it on e
 - `nvml`: device memory used, this process's memory, utilization and power, sampled on a
   background thread (`kvbench.real.nvml`) and joined to rows by wall time; energy per output token.
 - `roofline`: for decode rows, the bytes the steps must move (weights + K/V read + K/V
-  written) over the read bandwidth measured once per run, beside the measured time.
+  written) over the read bandwidth measured once per run, beside the measured time. K/V read is
+  per layer group, as the cost model prices it (`KvReads`): a sliding-window layer reads only
+  its window of a row, so a Gemma or Mistral run's floor is not inflated by K/V it never reads.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from engines.scheduler import Batch
+from kvbench.cost_model import KvReads
 from kvbench.errors import KvbenchError
 from kvbench.runner import Runner, StepResult
 
@@ -125,12 +128,17 @@ class TorchMemory:
 
 
 class Roofline:
-    """Each decode row's floor: bytes that must move over the measured read bandwidth."""
+    """Each decode row's floor: bytes that must move over the measured read bandwidth.
+    `reads`: what the model's window layers skip (`KvReads.of` its group shapes); the default,
+    no window layers, counts every layer reading its whole context."""
 
-    def __init__(self, weight_bytes: int, kv_bytes_per_token: int, read_bandwidth: float) -> None:
+    def __init__(
+        self, weight_bytes: int, kv_bytes_per_token: int, read_bandwidth: float, reads: KvReads | None = None
+    ) -> None:  # fmt: skip
         self.weight_bytes = weight_bytes
         self.kv_bytes_per_token = kv_bytes_per_token
         self.bandwidth = read_bandwidth
+        self.reads = reads or KvReads()
 
     def row(self, batch: Batch, contexts: Sequence[int], result: StepResult) -> dict[str, float]:
         if batch.is_prefill:
@@ -139,6 +147,8 @@ class Roofline:
         # step j reads contexts[i] - 1 + j positions of each sequence and writes one more
         read = k * (sum(contexts) - b) + b * k * (k - 1) // 2
         moved = k * self.weight_bytes + (read + k * b) * self.kv_bytes_per_token
+        if self.reads.windows:  # less what window layers skip (the engine has not advanced the rows yet)
+            moved -= float(self.reads.skipped(batch, k).sum()) * self.kv_bytes_per_token
         return {"roofline_s": moved / self.bandwidth}
 
     def finish(self, rows: list[dict[str, float]], spans: list[tuple[float, float]]) -> dict:
@@ -152,16 +162,18 @@ class Roofline:
 
 
 def build_collectors(
-    names: Sequence[str], *, device, weight_bytes: int, kv_bytes_per_token: int, read_bandwidth: float | None
-) -> list:
-    """The named collectors that can run here: all of them need CUDA (none run on CPU)."""
+    names: Sequence[str], *, device, weight_bytes: int, kv_bytes_per_token: int, read_bandwidth: float | None,
+    reads: KvReads | None = None,
+) -> list:  # fmt: skip
+    """The named collectors that can run here: all of them need CUDA (none run on CPU).
+    `reads`: the model's window layers, for the roofline (`Roofline`)."""
     if device.type != "cuda":
         return []
     collectors: list = []
     if "torch" in names:
         collectors.append(TorchMemory(device))
     if "roofline" in names and read_bandwidth:
-        collectors.append(Roofline(weight_bytes, kv_bytes_per_token, read_bandwidth))
+        collectors.append(Roofline(weight_bytes, kv_bytes_per_token, read_bandwidth, reads))
     if "nvml" in names:
         from kvbench.real.nvml import NvmlSampler
 

@@ -13,8 +13,10 @@ from dataclasses import replace
 
 import torch
 
+from engines.hybrid import group_shapes
 from kvbench.budget import check_device_memory
 from kvbench.config import Prepared, RunConfig, batched_tokens, prepare, resolve_model
+from kvbench.cost_model import KvReads
 from kvbench.errors import KvbenchError
 from kvbench.gc_pause import gc_paused
 from kvbench.modeling.attention import BACKENDS, resolve_backend
@@ -133,6 +135,7 @@ def run_real(
         collectors = build_collectors(  # they see rank 0's GPU: its share of weights and K/V
             collect, device=device, weight_bytes=weight_bytes // session.size,
             kv_bytes_per_token=spec.kv_bytes_per_token // session.size, read_bandwidth=bandwidth,
+            reads=KvReads.of(group_shapes(spec.groups)),
         )  # fmt: skip
         runners.append(CollectingRunner(runner, collectors))
         return runners[-1]
