@@ -21,6 +21,9 @@ decode step of 30 sequences at 400 tokens of context models at 32.7 ms (20.7 ms 
 weights). `kvbench calibrate` replaces these constants by ones fitted to real
 runs.
 
+A fitted model may charge a decode segment (one call of the runner, k steps) `per_segment_s`
+once, on its first step: a real runner's host work per call, which short segments pay often.
+
 A fitted model may bend its decode cost where the GPU does: past `knee_batch` rows a decode
 step costs `per_row_above_knee_s` more per row (a convex, roofline-shaped step: weight-bound
 below the knee, compute-bound above it; OPT-13B on the H200 measures 9.9 ms at batch 8, 11.8 at
@@ -97,6 +100,11 @@ class CostModel:
     per_unmap_page_s: float = 0.0  # vmm: per driver page unmapped; roofline: UNMAP_PAGE_S
     per_row_above_knee_s: float = 0.0  # decode: more per row beyond `knee_batch` rows (a convex step)
     knee_batch: int | None = None  # None: decode cost linear in the batch
+    # more per decode segment (one runner call: a steps.csv decode row of k steps), on its first
+    # step: the host work a real runner pays once per call (the batch's inputs and block tables,
+    # the launch, the sync at its end). OPT-13B on the H200: about 0.6 ms, which a run of short
+    # segments (arrivals every few steps, as at Alpaca's rates) pays nearly every step
+    per_segment_s: float = 0.0
     assumed: tuple[str, ...] = ()  # fields no run measured (a calibrated model's; see DEFAULT_SOURCES)
 
     def above_knee(self, rows: int) -> float:
@@ -191,7 +199,7 @@ class CostModelRunner:
         first += c.per_prefill_s * batch.is_prefill
         first += c.per_map_page_s * batch.mapped_pages + c.per_unmap_page_s * batch.unmapped_pages
         n = len(batch.seqs)
-        first += 0.0 if batch.is_prefill else c.above_knee(n)
+        first += 0.0 if batch.is_prefill else c.above_knee(n) + c.per_segment_s
         if max_steps == 1:
             return StepResult(np.array([first]))
         # later steps are decodes: one token per sequence, context one longer each step

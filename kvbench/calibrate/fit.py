@@ -8,6 +8,7 @@ vmm driver pages mapped and unmapped. The cost model is linear in exactly those 
                + per_swap_block_s * swaps + per_prefill_s * [row is a prefill]
                + per_prefill_token_s * prefill tokens
                + per_map_page_s * mapped pages + per_unmap_page_s * unmapped pages
+               + per_segment_s * [row is a decode segment]
 
 (K/V read: `kv_tokens_read`, the slots of K/V that attention reads: `context_tokens` where every
 layer reads its whole context, less where sliding-window layers read only their window; the
@@ -15,7 +16,7 @@ count the simulator prices, `kvbench.cost_model.KvReads`), so its constants are 
 fit over the rows: non-negative (a negative cost would be an artefact of collinear rows), and
 weighted by 1 / duration so that a 2 ms decode step counts as much as a 200 ms prefill (the fit
 minimises relative error, which is what a simulated latency's error is judged by). With at most
-9 unknowns (the 8 above and a knee, below) the non-negative fit is exact by enumeration: the
+10 unknowns (the 9 above and a knee, below) the non-negative fit is exact by enumeration: the
 best unconstrained fit over every subset of the terms whose counts are not all zero, keeping
 the feasible one.
 
@@ -36,6 +37,14 @@ When the decode rows span enough batch sizes (two or more on each side of a cand
 fit also tries a knee: `per_row_above_knee_s` more per row beyond `knee_batch` rows, at each
 observed batch size, and keeps the best only if it at least halves the linear fit's squared
 relative error; otherwise the linear model stands.
+
+A decode row is one call of the runner, and a real runner pays host work once per call (the
+batch's inputs, block tables, the launch, the sync at the segment's end): `per_segment_s`.
+Without it the fit spread that cost over `fixed_s`, which is right for the fitting runs' long
+segments (ShareGPT at 6 req/s: 10-50 steps a row) and too cheap for runs whose arrivals cut
+segments every step or two (Alpaca at Figure 13's rates): on the H200's OPT-13B runs decode
+rows of one step were 0.45-1.7 ms slower than the fit, rows of 16 or more 0.1-0.2 ms a step
+faster.
 
 Terms no row can measure are *assumed*: no run swapped (the swap cost), copied inside the arena
 (steps.csv does not count copies), mapped or unmapped pages (the vmm driver costs) or
@@ -69,7 +78,10 @@ MAPS = ("mapped_pages", "unmapped_pages")  # optional steps.csv columns: vmm dri
 READS = "kv_tokens_read"
 # the CostModel field each count column prices, in column order (the knee's column last)
 FITTED = ("fixed_s", "per_token_s", "per_kv_token_s", "per_swap_block_s", "per_prefill_s",
-          "per_prefill_token_s", "per_map_page_s", "per_unmap_page_s")  # fmt: skip
+          "per_prefill_token_s", "per_map_page_s", "per_unmap_page_s", "per_segment_s")  # fmt: skip
+# terms added after files were written: left out of a file's digest while absent or 0, so a file
+# that does not use one keeps the digest it had (and the runs priced with it stay current)
+UNPRICED_WHEN_ZERO = ("per_segment_s",)
 KNEE_GAIN = 0.5  # a knee is kept when it at least halves the linear fit's squared relative error
 KNEE_SIDES = 2  # batch sizes a knee needs on each side
 KNEE_CANDIDATES = 32  # knees tried at most (evenly spaced among the sizes seen): each is a full fit
@@ -113,7 +125,7 @@ class Rows:
     """A run's steps.csv as the fit reads it."""
 
     model: str
-    counts: np.ndarray  # [R, 8] one column per `FITTED` term
+    counts: np.ndarray  # [R, 9] one column per `FITTED` term
     durations: np.ndarray  # [R]
     batch: np.ndarray  # [R] rows of each step (0 for prefill rows: no knee there)
     config: dict  # the run's config.json (block size and GPU for assumed terms)
@@ -166,7 +178,7 @@ def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
     counts = np.column_stack([
         column["num_steps"], tokens * (1 - prefill), column.get(READS, column["context_tokens"]),
         column["swapped_blocks"],
-        prefill, tokens * prefill, *(column.get(m, zeros) for m in MAPS),
+        prefill, tokens * prefill, *(column.get(m, zeros) for m in MAPS), 1 - prefill,
     ])  # fmt: skip
     batch = column.get("batch_size", zeros) * (1 - prefill)
     config = read_json(run / "config.json") if (run / "config.json").is_file() else {}
@@ -248,8 +260,9 @@ def calibrate(runs: list[Path], *, simulated_ok: bool = False) -> Calibration:
     c = np.concatenate([rows.counts for rows in read])
     d = np.concatenate([rows.durations for rows in read])
     batch = np.concatenate([rows.batch for rows in read])
-    if len(d) < c.shape[1]:
-        raise KvbenchError(f"kvbench calibrate: {len(d)} step rows are too few to fit {c.shape[1]} constants")
+    measured = int(c.any(axis=0).sum())  # constants some row measures; the others are assumed
+    if len(d) < measured:
+        raise KvbenchError(f"kvbench calibrate: {len(d)} step rows are too few to fit {measured} constants")
     constants, knee = fit_shape(c, d, batch)
     predicted = c @ constants[:-1] + (knee_column(c[:, 0], batch, knee) * constants[-1] if knee else 0.0)
     error = np.abs(predicted - d) / np.maximum(d, 1e-12)
@@ -304,6 +317,9 @@ def cost_file_digest(path: str) -> str | None:
     if not isinstance(data, dict):
         return None
     priced = {key: data.get(key) for key in ("model", *(f.name for f in fields(CostModel)))}
+    for key in UNPRICED_WHEN_ZERO:  # a term added later: absent or 0, a file prices as it did
+        if not priced[key]:
+            del priced[key]
     return hashlib.sha256(json.dumps(priced, sort_keys=True).encode()).hexdigest()
 
 
@@ -324,7 +340,7 @@ def load_cost_model(path: str, model: str) -> CostModel:
         raise KvbenchError(f"{where}: fitted on {data['model']}, not on --model {model}")
     required = ("fixed_s", "per_token_s", "per_kv_token_s")
     optional = ("per_swap_block_s", "per_copy_slot_s", "per_prefill_s", "per_prefill_token_s",
-                "per_map_page_s", "per_unmap_page_s", "per_row_above_knee_s")  # fmt: skip
+                "per_map_page_s", "per_unmap_page_s", "per_row_above_knee_s", "per_segment_s")  # fmt: skip
     missing = [key for key in required if key not in data]
     if missing:
         raise KvbenchError(f"{where}: not a kvbench calibrate file (no {missing[0]!r})")
