@@ -28,6 +28,8 @@ import numpy as np
 import torch
 
 from engines import ENGINES, EngineOptions
+from engines.hybrid import group_shapes
+from kvbench.cost_model import KvReads
 from kvbench.engine import Engine
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.weights import random_model
@@ -107,6 +109,7 @@ def main() -> None:
             tuple(n for n in names if n != "warmup"), device=device,
             weight_bytes=sum(p.nbytes for p in model.parameters()),
             kv_bytes_per_token=spec.kv_bytes_per_token, read_bandwidth=bandwidth,
+            reads=KvReads.of(group_shapes(spec.groups)),  # window layers read their window only
         )  # fmt: skip
         driven = CollectingRunner(runner, collectors) if collectors else runner
         start = time.perf_counter()
