@@ -20,6 +20,7 @@ from kvbench.calibrate.fit import (
     knee_column,
     load_cost_model,
     read_rows,
+    shape_lines,
 )
 from kvbench.config import RunConfig
 from kvbench.cost_model import CostModel, CostModelRunner
@@ -73,6 +74,7 @@ def test_the_fit_recovers_a_known_segment_cost_and_knee(tmp_path):
                  "per_prefill_s", "per_prefill_token_s"):  # fmt: skip
         assert getattr(fitted.cost, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
     assert fitted.p90_relative_error < 1e-6
+    assert "decode segment: 0.600 ms more per runner call (a decode row)" in shape_lines(fitted)
     rows = [read_rows(run, simulated_ok=True) for run in runs]  # the same rows, no segment term
     counts, durations = np.concatenate([r.counts for r in rows]), np.concatenate([r.durations for r in rows])
     batch = np.concatenate([r.batch for r in rows])

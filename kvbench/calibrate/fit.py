@@ -105,10 +105,12 @@ class Calibration:
 
 
 def shape_lines(calibration: Calibration) -> list[str]:
-    """What a fit's constants do not say by themselves: its decode knee, and each assumed term
-    with its value and where it comes from (printed by `kvbench calibrate`)."""
+    """What a fit's constants do not say by themselves: its per-segment cost and decode knee,
+    and each assumed term with its value and where it comes from (printed by `kvbench calibrate`)."""
     c = calibration.cost
     lines = []
+    if c.per_segment_s:
+        lines.append(f"decode segment: {1e3 * c.per_segment_s:.3f} ms more per runner call (a decode row)")
     if c.knee_batch is not None:
         extra = f"{1e6 * c.per_row_above_knee_s:.3f} us"
         lines.append(f"decode knee: {extra} more per row past {c.knee_batch} rows")
