@@ -372,13 +372,17 @@ def test_real_rates_placed_by_the_calibrated_simulator(tmp_path, monkeypatch):
     )
     options = Options(True, setting, num_requests=3, seed=REAL_SEED)
     folder = tmp_path / "fig" / "sharegpt-paper"
-    sweep(options, folder, engines=REAL_ENGINES, trace="sharegpt-paper", rates=(1.0, 8.0, 64.0),
-          block_sizes=(16,), kv=0.01, threshold=None, bracket=0.1)  # fmt: skip
+
+    def run():
+        return sweep(options, folder, engines=REAL_ENGINES, trace="sharegpt-paper", rates=(1.0, 8.0, 64.0),
+                     block_sizes=(16,), kv=0.01, threshold=None, bracket=0.1)  # fmt: skip
+
+    first = run()
     simulated = json.loads((folder.with_name("sharegpt-paper.placement") / "sweep.json").read_text())
     assert simulated["mode"] == "simulated" and simulated["base_config"]["cost_model"] == str(cost)
     assert simulated["sustained"]["bracket"] == 0.02 and simulated["cell_run"]["tables"] is False
     placement = folder.with_name("sharegpt-paper.placement") / "cells"
-    assert list(placement.glob("*/summary.json")) and not list(placement.glob("*/steps.csv"))  # summaries only
+    assert list(placement.glob("*/summary.json")) and not list(placement.glob("*/steps.csv"))  # summaries
     assert list(folder.glob("cells/*/steps.csv"))  # the real cells keep their rows
     real = json.loads((folder / "sweep.json").read_text())
     assert real["mode"] == "real" and real["sustained"]["extend"] == PLACED_STEPS
@@ -409,6 +413,14 @@ def test_real_rates_placed_by_the_calibrated_simulator(tmp_path, monkeypatch):
             assert (
                 f"stepped outside the grid {PLACED_STEPS}x" in row["how"] and len(tried) == 2 + PLACED_STEPS
             )
+    # the cost file refitted (as a real reproduction does after each invocation): a resumed
+    # figure keeps the rates its real runs were placed at and reruns none of them
+    refit = {"model": "tiny-opt", "fixed_s": 0.5, "per_token_s": 1e-3, "per_kv_token_s": 1e-5}
+    cost.write_text(json.dumps(refit))
+    again = run()
+    kept = json.loads((folder / "sweep.json").read_text())["axes"]["engine_rates"]
+    assert kept == real["axes"]["engine_rates"]
+    assert again.ran == 0 and again.resumed == first.ran == len(rows)
 
 
 def rows_of_csv(path: Path) -> list[dict[str, str]]:

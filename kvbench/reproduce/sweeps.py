@@ -107,10 +107,11 @@ def sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes,
                 (options.seed,))  # fmt: skip
     extend = 0
     if s.real and s.placement and bracket is not None and len(rates) > 1 and len(block_sizes) == 1:
-        placed = placed_rates(options, folder.with_name(f"{folder.name}.placement"), engines=engines,
-                              trace=trace, rates=rates, block_sizes=block_sizes, kv=kv, preemption=preemption,
-                              threshold=threshold, count=count, model=model, workload=workload,
-                              duration=duration)  # fmt: skip
+        placed = already_placed(folder, engines) or placed_rates(
+            options, folder.with_name(f"{folder.name}.placement"), engines=engines, trace=trace, rates=rates,
+            block_sizes=block_sizes, kv=kv, preemption=preemption, threshold=threshold, count=count,
+            model=model, workload=workload, duration=duration,
+        )  # fmt: skip
         every = tuple(sorted({r for pair in placed.values() for r in pair}))
         axes = replace(axes, rates=every, engine_rates=tuple(placed.items()))
         extend = PLACED_STEPS
@@ -153,6 +154,17 @@ def placed_rates(options: Options, folder: Path, *, count: int, **cells) -> dict
         centre = (low + high) / 2 if low is not None and high is not None else (low or high / PLACED_SPREAD)
         placed[row["engine"]] = (_digits(centre / PLACED_SPREAD), _digits(centre * PLACED_SPREAD))
     return placed
+
+
+def already_placed(folder: Path, engines) -> dict[str, tuple[float, float]] | None:
+    """The rates a real sweep in `folder` was placed at, if it was (its sweep.json's axes), so
+    a resumed figure keeps them: a cost file refitted since (a real reproduction refits after
+    every invocation) would place new rates and strand the real runs already made."""
+    from kvbench.results.files import read_json
+
+    recorded = read_json(folder / "sweep.json").get("axes", {}).get("engine_rates") or []
+    placed = {engine: (float(low), float(high)) for engine, (low, high) in recorded}
+    return placed if placed and set(placed) == set(engines) else None
 
 
 def _digits(rate: float) -> float:
