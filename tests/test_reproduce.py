@@ -359,8 +359,12 @@ def test_real_rates_placed_by_the_calibrated_simulator(tmp_path, monkeypatch):
     same cells (bisected to 2 %, kept in `<sweep>.placement/`), then step past them or bisect
     until a pass and a fail at most 10 % apart bracket the real rate. Where the real knee lies
     on the CPU is the machine's; what is asserted is where every run was placed and why."""
+    from kvbench.reproduce import sweeps
     from kvbench.reproduce.rows import Options, Setting
-    from kvbench.reproduce.sweeps import PLACED_SPREAD, PLACED_STEPS, sweep
+    from kvbench.reproduce.sweeps import PLACED_SPREAD, sweep
+
+    PLACED_STEPS = 1  # the module's 4, lowered: each step is a real run on the CPU
+    monkeypatch.setattr(sweeps, "PLACED_STEPS", PLACED_STEPS)
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     cost = tmp_path / "cost.json"
