@@ -362,6 +362,7 @@ def test_real_rates_placed_by_the_calibrated_simulator(tmp_path, monkeypatch):
     from kvbench.reproduce import sweeps
     from kvbench.reproduce.rows import Options, Setting
     from kvbench.reproduce.sweeps import PLACED_SPREAD, sweep
+    from tests.test_sweep import rows_of
 
     PLACED_STEPS = 1  # the module's 4, lowered: each step is a real run on the CPU
     monkeypatch.setattr(sweeps, "PLACED_STEPS", PLACED_STEPS)
@@ -391,8 +392,8 @@ def test_real_rates_placed_by_the_calibrated_simulator(tmp_path, monkeypatch):
     real = json.loads((folder / "sweep.json").read_text())
     assert real["mode"] == "real" and real["sustained"]["extend"] == PLACED_STEPS
     placed = {engine: tuple(pair) for engine, pair in real["axes"]["engine_rates"]}
-    rows = rows_of_csv(folder / "sweep.csv")
-    for row in rows_of_csv(folder.with_name("sharegpt-paper.placement") / "sustained.csv"):
+    rows = rows_of(folder / "sweep.csv")
+    for row in rows_of(folder.with_name("sharegpt-paper.placement") / "sustained.csv"):
         low = float(row["last_pass_rate"])
         if row["first_fail_rate"]:  # the simulation's knee, bisected: placed around its middle
             high = float(row["first_fail_rate"])
@@ -404,7 +405,7 @@ def test_real_rates_placed_by_the_calibrated_simulator(tmp_path, monkeypatch):
         assert placed[row["engine"]] == pytest.approx(
             (centre / PLACED_SPREAD, centre * PLACED_SPREAD), rel=1e-3
         )
-    for row in rows_of_csv(folder / "sustained.csv"):
+    for row in rows_of(folder / "sustained.csv"):
         engine = row["engine"]
         cells = [r for r in rows if r["engine"] == engine and r["role"] != "baseline"]
         assert [float(r["rate"]) for r in cells if r["role"] == "grid"] == list(placed[engine])
@@ -425,11 +426,6 @@ def test_real_rates_placed_by_the_calibrated_simulator(tmp_path, monkeypatch):
     kept = json.loads((folder / "sweep.json").read_text())["axes"]["engine_rates"]
     assert kept == real["axes"]["engine_rates"]
     assert again.ran == 0 and again.resumed == first.ran == len(rows)
-
-
-def rows_of_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.mark.parametrize(
