@@ -40,9 +40,19 @@ a window group holds blocks for all of them until the next step frees the old on
 preempted late is recomputed with up to kv_len - 1 tokens, so `can_ever_hold` asks for kv_len
 tokens in every group: the only peak a request alone is guaranteed to pass through again.
 
+Real decoding. A real run keeps the pool as ONE buffer of `num_pages x page_bytes` bytes (the
+budget less its tail; `kvbench.real.grouped_arena`), and every layer reads and writes its K/V
+through its own table (`memory_layout`, `memory_tables`): vLLM's layout has a table per
+sub-group (a block's p-th page holds the p-th slice of its group's layers), Jenga's a table per
+group (a page's i-th block of group g is group-local block page x k_g + i). Both tables address
+`slot = block x block_size + offset` with their own bytes per slot, so the paged kernels read
+them unchanged; freed window entries are -1 and never read (a window layer starts at its
+window's block). `addressing` is the simulator's view: the first group's table, freed as -1.
+
 Not here: prefix caching with windows (shared prompt blocks whose window moved on), swapping to
-host memory (`can_swap_out` is False: victims are recomputed), real decoding (no family with
-window layers is decoded; `addressing` gives the first group's table, freed entries as -1).
+host memory (`can_swap_out` is False: victims are recomputed), real decoding of a vLLM layout
+whose layer straddles pages (groups whose layers differ in bytes so that a group's pages do not
+split into whole layers: `EqualPages.layout` refuses it) and under tensor parallelism.
 """
 
 from __future__ import annotations
@@ -59,6 +69,22 @@ from kvbench.requests import Request
 from kvbench.sequence import Sequence
 
 Table = list[int | None]  # block ids; None: freed, out of the window (vLLM's null block)
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """One block table a real model reads, and where its layers' K/V lie in the pool's bytes.
+
+    Why: a real run keeps every group's blocks in ONE buffer of the pool's bytes, so a layer reads
+    and writes through its own table (`memory_tables`), as `slot = block x block_size + offset`,
+    where slot s lies `s x token_bytes` bytes into the buffer. Each of `layers` is (layer index,
+    byte offset of its K inside a token's `token_bytes`); its V follows its K.
+    """
+
+    group: int
+    token_bytes: int  # bytes from one slot to the next
+    num_blocks: int  # blocks of block_size slots this table's ids address
+    layers: tuple[tuple[int, int], ...]  # (layer index, byte offset of its K in a slot)
 
 
 @dataclass(frozen=True)
@@ -115,6 +141,22 @@ class _Pool:
         """Assert the pool agrees with `live` (block id -> its group)."""
         raise NotImplementedError
 
+    def layout(self, groups: Seq[KVGroup]) -> tuple[TableLayout, ...]:
+        """The tables a real model reads (see `TableLayout`), in the order of `memory_ids`."""
+        raise NotImplementedError
+
+    def memory_ids(self, group: int, block: int) -> tuple[int, ...]:
+        """Block `block` of `group` as an id in each of its group's tables (`layout`)."""
+        raise NotImplementedError
+
+    def tables_of(self, group: int) -> int:
+        """How many tables (`layout`) group `group` has."""
+        return 1
+
+    def byte_ranges(self, group: int, block: int) -> list[tuple[int, int]]:
+        """(first byte, bytes) of the memory holding `block` of `group`: all its layers' K/V."""
+        raise NotImplementedError
+
 
 class EqualPages(_Pool):
     """vLLM's layout: every page is u x block_size bytes; a block of group g is m_g pages."""
@@ -142,6 +184,33 @@ class EqualPages(_Pool):
         held = [p for block, group in live.items() for p in self._pages[block]]
         assert all(len(self._pages[b]) == self.multiple[g] for b, g in live.items()), "block size wrong"
         assert sorted(held + list(self.free)) == list(range(self.num_pages)), "pages lost or doubled"
+
+    def layout(self, groups: Seq[KVGroup]) -> tuple[TableLayout, ...]:
+        """A table per sub-group: page p of a block holds the p-th of its group's m_g equal slices
+        of layers, for its block_size tokens (token-major: a token's u bytes, layer by layer, K
+        then V), so a sub-group's table lists each block's p-th page, a slot being u bytes."""
+        tables = []
+        for g, (group, m) in enumerate(zip(groups, self.multiple, strict=True)):
+            layers, per_layer = group.layer_ids, group.layer.bytes_per_token
+            if len(layers) % m or len(layers) // m * per_layer != self.unit:
+                raise ValueError(
+                    f"KV group {g} ({len(layers)} layers of {per_layer} B a token) does not split into "
+                    f"{m} pages of {self.unit} B a token: a layer would straddle pages"
+                )
+            k = len(layers) // m
+            for p in range(m):
+                own = tuple((i, j * per_layer) for j, i in enumerate(layers[p * k : (p + 1) * k]))
+                tables.append(TableLayout(g, self.unit, self.num_pages, own))
+        return tuple(tables)
+
+    def memory_ids(self, group: int, block: int) -> tuple[int, ...]:
+        return tuple(self._pages[block])
+
+    def tables_of(self, group: int) -> int:
+        return self.multiple[group]
+
+    def byte_ranges(self, group: int, block: int) -> list[tuple[int, int]]:
+        return [(page * self.page_bytes, self.page_bytes) for page in self._pages[block]]
 
 
 class LcmPages(_Pool):
@@ -210,6 +279,26 @@ class LcmPages(_Pool):
             assert self._spare_count[g] == sum(len(v) for v in self._spare[g].values()), "spare count"
         assert sorted(list(self._owner) + list(self.free)) == list(range(self.num_pages)), "pages lost"
 
+    def layout(self, groups: Seq[KVGroup]) -> tuple[TableLayout, ...]:
+        """A table per group: block i of page p is group-local block p x k_g + i, its memory
+        `block bytes` long at that multiple of them (token-major: a token's b_g bytes, layer by
+        layer, K then V), so a slot of group g is b_g bytes."""
+        tables = []
+        for g, group in enumerate(groups):
+            per_layer = group.layer.bytes_per_token
+            layers = tuple((i, j * per_layer) for j, i in enumerate(group.layer_ids))
+            tables.append(TableLayout(g, group.bytes_per_token, self.num_pages * self.per_page[g], layers))
+        return tuple(tables)
+
+    def memory_ids(self, group: int, block: int) -> tuple[int, ...]:
+        page, index = divmod(block, self.stride)
+        return (page * self.per_page[group] + index,)
+
+    def byte_ranges(self, group: int, block: int) -> list[tuple[int, int]]:
+        page, index = divmod(block, self.stride)
+        size = self.block_bytes(group)
+        return [(page * self.page_bytes + index * size, size)]
+
 
 class _GroupedAllocator:
     """Block tables per KV group over one page pool; see the module docstring. `KVAllocator`."""
@@ -221,6 +310,7 @@ class _GroupedAllocator:
     ) -> None:
         self.num_slots = num_slots
         self.block_size = block_size
+        self.groups = tuple(groups)
         self.shapes = group_shapes(groups)
         self.slot_bytes = sum(s.bytes_per_token for s in self.shapes)  # B: one token in every layer
         self.pool = self.pool_class(self.shapes, block_size, num_slots * self.slot_bytes)
@@ -471,6 +561,25 @@ class _GroupedAllocator:
     def addressing(self, seq: Sequence) -> BlockTable:
         table = self._tables[seq][0]
         return BlockTable(tuple(-1 if b is None else b for b in table), self.block_size)
+
+    # --- real decoding: a table per group (sub-group), over one buffer of the pool's bytes ------
+    def memory_layout(self) -> tuple[TableLayout, ...]:
+        """The tables a real model reads and where each layer lies (`TableLayout`); the buffer
+        is `pool.num_pages x pool.page_bytes` bytes, the budget less its tail."""
+        return self.pool.layout(self.groups)
+
+    def memory_tables(self, seq: Sequence) -> tuple[tuple[int, ...], ...]:
+        """`seq`'s block ids in each table of `memory_layout`; -1 where a window group freed the
+        block (never read: a window layer's reads start at its window's block)."""
+        out = []
+        for g, table in enumerate(self._tables[seq]):
+            ids = [None if b is None else self.pool.memory_ids(g, b) for b in table]
+            out.extend(tuple(-1 if i is None else i[p] for i in ids) for p in range(self.pool.tables_of(g)))
+        return tuple(out)
+
+    def block_bytes(self, block: int) -> list[tuple[int, int]]:
+        """(first byte, bytes) of the memory a held block occupies (a copy-on-write copies them)."""
+        return self.pool.byte_ranges(self._group_of[block], block)
 
     def check_integrity(self) -> None:
         refs: dict[int, int] = {}

@@ -36,6 +36,9 @@ class AttentionMetadata:
     max_new: int = 1  # prefill: most new tokens of one sequence (sizes the kernel grid)
     num_splits: int | None = None  # decode: split-KV partitions (fixed inside a CUDA graph)
     backend: str = "torch"  # "triton" or "torch"
+    # a table per KV group (`hybrid`, `jenga`): this metadata for each table, its own slots and
+    # block tables; layer i uses `per_table[arena.table_of[i]]` (empty: one table for all layers)
+    per_table: tuple[AttentionMetadata, ...] = ()
 
     def addressing(self) -> dict:
         return {"block_tables": self.block_tables, "block_size": self.block_size, "starts": self.starts}

@@ -51,6 +51,8 @@ class CausalLM(nn.Module):
         """`[T, hidden]` after the last layer, K/V stored: all a tensor-parallel worker computes
         (rank 0 alone adds the head and samples)."""
         h = self.embed(input_ids, positions)  # [T, hidden]
+        tables = meta.per_table  # a table per KV group: each layer reads its own (`AttentionMetadata`)
         for index, layer in enumerate(self.decoder_layers()):
-            h = layer(h, positions, arena.k[index], arena.v[index], meta)
+            own = tables[arena.table_of[index]] if tables else meta
+            h = layer(h, positions, arena.k[index], arena.v[index], own)
         return h

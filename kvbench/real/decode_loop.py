@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -53,11 +54,13 @@ class DecodeLoop:
     def __init__(
         self, model: CausalLM, arena: KVArena, *, max_batch: int, max_len: int, block_size: int,
         paged: bool, backend: str, temperature: float, seed: int, keep_logits: bool = False,
+        num_tables: int = 1,
     ) -> None:  # fmt: skip
         self.model, self.arena = model, arena
         self.backend, self.temperature, self.seed = backend, temperature, seed
         self.block_size = block_size if paged else 0
-        self.device = arena.k.device
+        self.num_tables = num_tables  # > 1: a table per KV group (`hybrid`, `jenga`), paged only
+        self.device = arena.k[0].device
         self.max_batch, self.max_len, self.paged = max_batch, max_len, paged
         self.keep_logits = keep_logits
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -74,10 +77,12 @@ class DecodeLoop:
         self.cu_seqlens = torch.arange(rows + 1, device=dev)  # [N + 1] one new token per row
         width = -(-self.max_len // self.block_size) if paged else 0
         # [N, W] kept between segments, updated where the tables changed (`kvbench.real.block_tables`)
-        self.block_tables = DeviceBlockTables(rows, width, dev) if paged else None
+        count = self.num_tables if paged else 0
+        self.group_tables = [DeviceBlockTables(rows, width, dev) for _ in range(count)]
+        self.block_tables = self.group_tables[0] if paged else None
         self.tables = self.block_tables.table if paged else None  # [N, W]
         self.starts = None if paged else torch.zeros(rows, dtype=torch.int64, device=dev)  # [N]
-        kv_heads = self.arena.k.shape[2]
+        kv_heads = self.arena.k[0].shape[-2]
         self._splits = {n: choose_num_splits(n, kv_heads, self.max_len, dev) for n in range(1, rows + 1)}
 
     def reserve(self, batch: int) -> None:
@@ -92,7 +97,8 @@ class DecodeLoop:
     def load(self, rows: int, tokens, positions, seq_ids, addressing: Sequence[Extent | BlockTable]) -> None:
         """Fill the first `rows` buffer rows: the batch, then padding (`rows` >= batch).
 
-        Paged, `addressing` may also be each row's block ids alone (`PagedAllocator.block_lists`).
+        Paged, `addressing` may also be each row's block ids alone (`PagedAllocator.block_lists`);
+        with a table per KV group, it is `[table][row]` (`ModelRunner._tables`).
         """
         batch = len(tokens)
         pad = rows - batch
@@ -107,7 +113,10 @@ class DecodeLoop:
         put(self.positions, positions)
         put(self.seq_ids, seq_ids)
         put(self.valid, np.ones(batch, dtype=np.int64))
-        if self.block_tables is not None:
+        if self.num_tables > 1:
+            for device_tables, tables in zip(self.group_tables, addressing, strict=True):
+                device_tables.update([table.blocks for table in tables], rows, seq_ids)
+        elif self.block_tables is not None:
             if addressing and isinstance(addressing[0], BlockTable):
                 addressing = [table.blocks for table in addressing]
             self.block_tables.update(addressing, rows, seq_ids)
@@ -131,20 +140,25 @@ class DecodeLoop:
         positions = self.positions[:rows]  # [n]
         valid = self.valid[:rows].bool()  # [n]
         context = torch.where(valid, positions + 1, 0).to(torch.int32)  # [n]
-        if self.tables is not None:
-            bs = self.block_size
-            tables = self.tables[:rows]  # [n, W]
-            blocks = tables.gather(1, (positions // bs)[:, None])[:, 0].long()  # [n]
-            slots = blocks * bs + positions % bs
-            starts = None
-        else:
-            tables, starts = None, self.starts[:rows]
-            slots = starts + positions
-        meta = AttentionMetadata(
-            False, torch.where(valid, slots, -1), self.cu_seqlens[: rows + 1], context,
-            block_tables=tables, block_size=self.block_size, starts=starts,
-            num_splits=self._splits[rows], backend=self.backend,
-        )  # fmt: skip
+        metas = []
+        for device_tables in self.group_tables or [None]:
+            if device_tables is not None:
+                bs = self.block_size
+                tables = device_tables.table[:rows]  # [n, W]
+                blocks = tables.gather(1, (positions // bs)[:, None])[:, 0].long()  # [n]
+                slots = blocks * bs + positions % bs
+                starts = None
+            else:
+                tables, starts = None, self.starts[:rows]
+                slots = starts + positions
+            metas.append(
+                AttentionMetadata(
+                    False, torch.where(valid, slots, -1), self.cu_seqlens[: rows + 1], context,
+                    block_tables=tables, block_size=self.block_size, starts=starts,
+                    num_splits=self._splits[rows], backend=self.backend,
+                )
+            )
+        meta = metas[0] if len(metas) == 1 else replace(metas[0], per_table=tuple(metas))
         with torch.inference_mode():
             return self.model(self.input_ids[:rows], positions, meta, self.arena)  # [n, V]
 

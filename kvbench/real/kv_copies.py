@@ -66,6 +66,10 @@ class ArenaCopies:
         """Copy-on-write: duplicate shared blocks (all layers) before the step writes into them."""
         if not copies:
             return
+        if hasattr(self.arena, "copy_bytes"):  # a grouped arena: a block is its group's bytes in one buffer
+            for old, new in copies:
+                self.arena.copy_bytes(self.allocator.block_bytes(old), self.allocator.block_bytes(new))
+            return
         src, dst = (slots.to(self.device) for slots in self._block_slots(copies))  # [N * bs] each
         self.arena.k[:, dst] = self.arena.k[:, src]
         self.arena.v[:, dst] = self.arena.v[:, src]

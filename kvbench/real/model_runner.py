@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -51,6 +52,7 @@ from kvbench.modeling.sampling import sample
 from kvbench.modeling.virtual_arena import VirtualKVArena
 from kvbench.real.block_tables import block_table_array
 from kvbench.real.decode_loop import DecodeLoop
+from kvbench.real.grouped_arena import GroupedKVArena
 from kvbench.real.kv_copies import ArenaCopies
 from kvbench.real.sampling import branches_of, wants_logits
 from kvbench.requests import Request, group_number
@@ -77,9 +79,12 @@ class ModelRunner(ArenaCopies):
         # a virtual arena backs only the pages its allocator (a VirtualAllocator) holds
         self.virtual = arena if isinstance(arena, VirtualKVArena) else None
         self.map_ahead = vmm_map == "ahead"
+        # a table per KV group over one buffer (`hybrid`, `jenga` on a window model): each layer
+        # reads its group's table, from the allocator's `memory_tables`
+        self.grouped = arena if isinstance(arena, GroupedKVArena) else None
         self.temperature = temperature
         self.seed = seed
-        self.device = arena.k.device
+        self.device = arena.k[0].device
         self.backend = resolve_backend(attention, self.device)
         paged = hasattr(allocator, "block_size")
         self._block_lists = getattr(allocator, "block_lists", None)  # a paged allocator's own tables
@@ -87,6 +92,7 @@ class ModelRunner(ArenaCopies):
             model, arena, max_batch=max_batch, max_len=max_len,
             block_size=allocator.block_size if paged else 0, paged=paged,
             backend=self.backend, temperature=temperature, seed=seed, keep_logits=keep_logits,
+            num_tables=self.grouped.num_tables if self.grouped is not None else 1,
         )  # fmt: skip
         # graphs need kernels that read context lengths on the device (the reference syncs)
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda" and self.backend == "triton"
@@ -124,25 +130,32 @@ class ModelRunner(ArenaCopies):
 
     # ------------------------------------------------------------------ prefill
     def _prefill(self, batch: Batch) -> tuple[list[int], dict | None]:
-        ids, positions, slots, seqlens = [], [], [], []
-        addressing = [self.allocator.addressing(seq) for seq in batch.seqs]
-        for seq, where in zip(batch.seqs, addressing, strict=True):
+        ids, positions, seqlens = [], [], []
+        tables = self._tables(batch.seqs)  # [table][seq]: one table, or one per KV group
+        for seq in batch.seqs:
             lo, hi = seq.num_computed, seq.num_tokens
-            pos = np.arange(lo, hi)  # [n] positions computed in this step
             ids.append(self._token_ids(seq, lo, hi))
-            positions.append(pos)
-            slots.append(_slots(where, pos))
+            positions.append(np.arange(lo, hi))  # [n] positions computed in this step
             seqlens.append(hi - lo)
         dev = self.device
         cu = torch.tensor(np.concatenate([[0], np.cumsum(seqlens)]), device=dev)  # [B + 1]
-        input_ids, pos, slot_mapping = pad_prefill(
-            *(torch.from_numpy(np.concatenate(parts)).to(dev) for parts in (ids, positions, slots))
-        )  # [T + pad] each
+        slot_maps = []
+        for table in tables:
+            slots = np.concatenate([_slots(where, pos) for where, pos in zip(table, positions, strict=True)])
+            input_ids, pos, slot_mapping = pad_prefill(
+                *(torch.from_numpy(np.concatenate(parts)).to(dev) for parts in (ids, positions)),
+                torch.from_numpy(slots).to(dev),
+            )  # [T + pad] each
+            slot_maps.append(slot_mapping)
         context = torch.tensor([seq.num_tokens for seq in batch.seqs], dtype=torch.int32, device=dev)  # [B]
-        meta = AttentionMetadata(
-            True, slot_mapping, cu, context,
-            max_new=max(seqlens), backend=self.backend, **_addressing(addressing, dev),
-        )  # fmt: skip
+        metas = [
+            AttentionMetadata(
+                True, slot_mapping, cu, context,
+                max_new=max(seqlens), backend=self.backend, **_addressing(table, dev),
+            )
+            for slot_mapping, table in zip(slot_maps, tables, strict=True)
+        ]
+        meta = metas[0] if len(metas) == 1 else replace(metas[0], per_table=tuple(metas))
         with torch.inference_mode():
             logits = self.model(input_ids, pos, meta, self.arena)  # [B, V]
             last = pos[cu[1:] - 1]  # [B] position of each sampled token's input
@@ -237,6 +250,8 @@ class ModelRunner(ArenaCopies):
         rows = loop.rows_for(len(seqs))
         if loop.paged and self._block_lists is not None:
             where = self._block_lists(seqs)  # the allocator's lists: no tuple per row
+        elif self.grouped is not None:
+            where = self._tables(seqs)  # [table][seq]
         else:
             where = [self.allocator.addressing(seq) for seq in seqs]
         loop.load(
@@ -244,6 +259,15 @@ class ModelRunner(ArenaCopies):
             [seq.sample_key for seq in seqs], where,
         )  # fmt: skip
         return rows
+
+    def _tables(self, seqs: tuple[Sequence, ...]) -> list[list[Extent | BlockTable]]:
+        """Each sequence's addressing, `[table][seq]`: one table for every layer, or (a grouped
+        arena) one per table of the allocator's `memory_layout`, freed window entries -1."""
+        if self.grouped is None:
+            return [[self.allocator.addressing(seq) for seq in seqs]]
+        size = self.allocator.block_size
+        rows = [self.allocator.memory_tables(seq) for seq in seqs]  # [seq][table]
+        return [[BlockTable(row[t], size) for row in rows] for t in range(self.grouped.num_tables)]
 
     def _last_token(self, seq: Sequence) -> int:
         """The id at the sequence's last position (its next decode step's input): a beam step

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import torch
 
+from engines import get_engine
 from engines.hybrid import group_shapes
 from kvbench.budget import check_device_memory
 from kvbench.config import Prepared, RunConfig, batched_tokens, prepare, resolve_model
@@ -26,6 +27,7 @@ from kvbench.parallel.sizes import check_tensor_parallel
 from kvbench.plugins import EXTERNAL
 from kvbench.real.activations import measure_activation_bytes
 from kvbench.real.collectors import CollectingRunner, build_collectors, parse_collectors
+from kvbench.real.grouped_arena import GroupedKVArena
 from kvbench.real.vmm_arena import open_vmm_arena
 from kvbench.simulate import RunResult, execute
 from workloads.columns import check_vocabulary
@@ -54,6 +56,23 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in DTYPES:
         raise KvbenchError(f"unknown --dtype {name!r}; choose one of: auto, {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def grouped_arena(
+    prepared: Prepared, session: Session, dtype: torch.dtype, device: torch.device
+) -> GroupedKVArena | None:
+    """`hybrid` and `jenga` on a model of several KV groups: one buffer of their pool's bytes with
+    a view per layer (`kvbench.real.grouped_arena`); None for every other engine and model, whose
+    arena is `KVArena` (a single group's pool is paged's blocks: the same arena)."""
+    allocator = get_engine(prepared.config.engine).allocator(prepared.options)
+    if not hasattr(allocator, "memory_layout") or len(allocator.shapes) < 2:
+        return None
+    if session.size > 1:
+        raise KvbenchError(
+            f"--engine {prepared.config.engine}: a table per KV group is decoded on one device; "
+            "drop --tensor-parallel"
+        )
+    return GroupedKVArena.for_allocator(prepared.model, allocator, dtype, device)
 
 
 def run_real(
@@ -108,7 +127,7 @@ def run_real(
     try:
         arena = (  # vmm: virtual ranges whose pages the runner maps as the allocator holds them
             open_vmm_arena(prepared, dtype, device) if config.engine == "vmm"
-            else session.arena(prepared.budget.num_slots)
+            else grouped_arena(prepared, session, dtype, device) or session.arena(prepared.budget.num_slots)
         )  # fmt: skip
     except torch.OutOfMemoryError:
         raise KvbenchError(

@@ -1,0 +1,211 @@
+"""Real decoding through `hybrid` and `jenga`: a block table per KV group over one buffer of the pool.
+
+A tiny Gemma-3-shaped model (five local layers of window 8, one global layer) on the CPU, fp32,
+the real engine loop with a virtual clock (so the schedule is the same under any load): the
+window groups free blocks that leave the window, a small budget preempts and recomputes, and
+`hybrid` and `jenga` must decode exactly the greedy tokens `paged` and `static` decode. The
+grouped arena's memory is poisoned with NaN first, and freed blocks again after every step, so
+a layer reading a block it does not own, or a freed (-1) entry, would show in the tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from engines import ENGINES
+from kvbench.engine import Engine
+from kvbench.modeling.arena import KVArena
+from kvbench.modeling.weights import random_model
+from kvbench.models import ModelSpec
+from kvbench.real.grouped_arena import GroupedKVArena
+from kvbench.real.model_runner import ModelRunner
+from kvbench.requests import Request, Trace
+from tests.support import VIRTUAL_CLOCK
+from tests.test_modeling import engine_options
+
+CPU = torch.device("cpu")
+GEMMA3 = ModelSpec(
+    "tiny-gemma3", "gemma3", 6, 64, 4, 2, 128, 512, 64, norm_eps=1e-6, rope_theta=1e6, head_size=32,
+    window=8, window_layers=(0, 1, 2, 3, 4), local_rope_theta=10000.0, tied_embeddings=True, query_scale=24.0,
+)  # fmt: skip
+# Gemma 2's alternation: two groups of equal layer count (hybrid pages of 2 layers, jenga of 2 blocks)
+GEMMA2 = ModelSpec(
+    "tiny-gemma2", "gemma2", 4, 64, 4, 2, 128, 512, 64, norm_eps=1e-6, rope_theta=1e4, head_size=32,
+    window=8, window_layers=(0, 2), tied_embeddings=True, query_scale=24.0, attn_softcap=50.0,
+    final_softcap=30.0,
+)  # fmt: skip
+SLOTS = 72  # small: hybrid and jenga preempt (static reserves 64 a request)
+
+
+def trace() -> Trace:
+    """Eight requests, contexts up to 63 tokens (nearly eight windows), arriving together."""
+    rng = np.random.default_rng(1)
+    prompts, outputs = rng.integers(6, 26, 8), rng.integers(20, 38, 8)
+    pairs = enumerate(zip(prompts, outputs, strict=True))
+    return Trace("hybrid", tuple(Request(i, 0.0, int(p), int(o)) for i, (p, o) in pairs))
+
+
+class PoisoningRunner(ModelRunner):
+    """After each call, checks that no two blocks (nor two layers) share memory (`owners`), then
+    NaN into the memory of every block the allocator does not hold: a freed window block, a page
+    back in the pool. A later read of it would turn the logits to NaN."""
+
+    checked = 0  # calls checked
+    freed = 0  # most freed (-1) table entries seen after a call
+
+    def run(self, batch, max_steps, start_s, until_s):
+        result = super().run(batch, max_steps, start_s, until_s)
+        if self.grouped is not None:
+            self.grouped.buffer[owners(self.allocator, self.grouped) < 0] = float("nan")
+            self.checked += 1
+            tables = [self.allocator.memory_tables(seq) for seq in self.allocator._tables]
+            self.freed = max(self.freed, sum(row.count(-1) for seq in tables for row in seq))
+        return result
+
+
+def owners(allocator, arena: GroupedKVArena) -> np.ndarray:
+    """`[elements]` of the arena's buffer: the block holding each (-1: none), from the allocator's
+    own bookkeeping (`block_bytes` of every block it holds); asserts that no element belongs to
+    two blocks, and that every layer's K and V view of every table entry of every resident
+    sequence lies in that entry's block and fills it exactly, no element of it twice."""
+    unit = arena._unit
+    owner = np.full(arena.buffer.numel(), -1, dtype=np.int64)
+    for block in allocator._group_of:
+        for first, size in allocator.block_bytes(block):
+            span = owner[first // unit : (first + size) // unit]
+            assert (span == -1).all(), f"block {block} overlaps block {span.max()}"
+            span[:] = block
+    bs = allocator.block_size
+    for seq, tables in allocator._tables.items():
+        ids = allocator.memory_tables(seq)
+        for block in {b for table in tables for b in table if b is not None}:
+            seen = []
+            for t, layout in enumerate(arena.layout):
+                for index in (i for i, b in enumerate(tables[layout.group]) if b == block):
+                    for layer, _ in layout.layers:
+                        for view in (arena.k[layer], arena.v[layer]):
+                            first = view.storage_offset() + ids[t][index] * bs * view.stride(0)
+                            rows = first + np.arange(bs)[:, None] * view.stride(0)  # [bs, 1]
+                            seen.append((rows + np.arange(view[0].numel())[None, :]).ravel())
+            seen = np.concatenate(seen)
+            assert (owner[seen] == block).all(), f"a layer of block {block} reads another block's memory"
+            assert len(np.unique(seen)) == len(seen) == (owner == block).sum(), f"block {block} not tiled"
+        for t, layout in enumerate(arena.layout):  # freed entries are -1, never an old id
+            freed = [i for i, b in enumerate(tables[layout.group]) if b is None]
+            assert all(ids[t][i] == -1 for i in freed)
+    return owner
+
+
+def decode(spec: ModelSpec, engine: str, *, attention: str = "torch", slots: int = SLOTS, requests=None):
+    model = random_model(spec, torch.float32, CPU, seed=3)
+    options = engine_options(slots, block_size=4)
+    if engine in ("hybrid", "jenga"):
+        options = replace(options, kv_groups=spec.groups)
+    sched = ENGINES[engine].build(options)
+    if engine in ("hybrid", "jenga"):
+        arena = GroupedKVArena.for_allocator(spec, sched.allocator, torch.float32, CPU)
+    else:
+        arena = KVArena(spec, slots, torch.float32, CPU)
+    arena.fill(float("nan"))
+    runner = PoisoningRunner(
+        model, arena, sched.allocator, max_batch=8, max_len=64, temperature=0.0, seed=5, attention=attention,
+        clock=VIRTUAL_CLOCK,
+    )  # fmt: skip
+    work = requests or trace()
+    run = Engine(sched, runner).run(work)
+    assert [len(seq.output_ids) for seq in run.sequences] == [r.output_len for r in work.requests]
+    assert runner.checked or engine not in ("hybrid", "jenga")
+    return [tuple(seq.output_ids) for seq in run.sequences], run, runner
+
+
+@pytest.mark.parametrize("spec", [GEMMA3, GEMMA2], ids=["gemma3", "gemma2"])
+def test_hybrid_and_jenga_decode_what_paged_and_static_decode(spec):
+    tokens, runs, arenas = {}, {}, {}
+    for engine in ("paged", "static", "hybrid", "jenga"):
+        tokens[engine], runs[engine], runner = decode(spec, engine)
+        arenas[engine] = runner.arena
+    assert len(set(map(tuple, tokens.values()))) == 1, tokens
+    for engine in ("hybrid", "jenga"):
+        assert sum(seq.num_preemptions for seq in runs[engine].sequences) >= 1, f"{engine} never preempted"
+        assert arenas[engine].nbytes <= KVArena(spec, SLOTS, torch.float32, CPU).nbytes  # within the budget
+    assert max(r.prompt_len + r.output_len for r in trace().requests) > 4 * spec.window
+
+
+def test_triton_kernels_read_each_group_through_its_own_table():
+    """The same under the Triton kernels (interpreted on the CPU) against PyTorch attention under
+    `paged`: the kernels' window bound starts each window layer's reads at its window's block, so
+    a freed (-1, NaN-poisoned) entry is never read. Prompts of 17 and 21 tokens: the step after
+    the prefill frees their first blocks (window 8, blocks of 4)."""
+    work = Trace("triton", (Request(0, 0.0, 17, 5), Request(1, 0.0, 21, 5)))
+    expected = decode(GEMMA3, "paged", requests=work)[0]
+    for engine in ("hybrid", "jenga"):
+        assert decode(GEMMA3, engine, attention="triton", requests=work)[0] == expected, engine
+
+
+@pytest.mark.parametrize("engine", ["hybrid", "jenga"])
+def test_groups_never_share_memory_and_freed_blocks_are_poisoned(engine):
+    """The run above, checked after every call (`owners`): each group's blocks come from one
+    buffer of the pool's bytes and never overlap; window groups really freed blocks."""
+    runner = decode(GEMMA3, engine)[2]
+    pool = runner.allocator.pool
+    assert runner.arena.nbytes == pool.num_pages * pool.page_bytes * 2  # fp32: twice the spec's 2 bytes
+    assert pool.num_pages * pool.page_bytes <= SLOTS * GEMMA3.kv_bytes_per_token  # the budget
+    assert runner.checked > 20 and runner.freed >= 10
+
+
+NAN = float("nan")
+
+
+def poisoned_cache(blocks: int, bs: int, heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V `[blocks x bs, heads, dim]`, random, inside buffers of NaN: a block's worth before
+    (where a -1 entry leads a kernel's pointer) and one more block after (where it leads torch's
+    negative indexing), so that reading through a -1 entry shows."""
+    caches = []
+    for _ in range(2):
+        buffer = torch.full(((blocks + 2) * bs, heads, dim), NAN)
+        buffer[bs : (blocks + 1) * bs] = torch.randn(blocks * bs, heads, dim)
+        caches.append(buffer[bs:])  # its last block is NaN too
+    return caches[0], caches[1]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_freed_entry_is_never_dereferenced(backend):
+    """Window 8, blocks of 4, 21 positions: a decode query at 20 reads 13..20 (blocks 3-5), a
+    prefill of positions 13..20 reads from 6 (blocks 1-5). Tables with the blocks before those
+    as -1 give the same finite output as whole tables, on both attention paths."""
+    from kernels.decode_attention import decode_attention
+    from kernels.extend_attention import extend_attention
+    from kvbench.modeling.window_attention import decode_window_attention, extend_window_attention
+
+    torch.manual_seed(0)
+    bs, window = 4, 8
+    k, v = poisoned_cache(6, bs, 2, 32)
+    whole = torch.tensor([[4, 0, 5, 2, 1, 3]], dtype=torch.int32)
+    lens = torch.tensor([21], dtype=torch.int32)
+    q = torch.randn(1, 4, 32)
+    decoded = []
+    for freed in (0, 3):
+        table = whole.clone()
+        table[0, :freed] = -1
+        kwargs = dict(scale=0.2, block_tables=table, block_size=bs, window=window)
+        if backend == "triton":
+            decoded += [decode_attention(q, k, v, lens, num_splits=n, **kwargs) for n in (1, 2)]
+        else:
+            decoded.append(decode_window_attention(q, k, v, lens, **kwargs))
+    assert all(torch.isfinite(out).all() and torch.allclose(out, decoded[0], atol=1e-5) for out in decoded)
+    new = torch.randn(8, 4, 32)
+    cu = torch.tensor([0, 8])
+    extended = []
+    for freed in (0, 1):
+        table = whole.clone()
+        table[0, :freed] = -1
+        kwargs = dict(scale=0.2, block_tables=table, block_size=bs, window=window)
+        if backend == "triton":
+            extended.append(extend_attention(new, k, v, cu, lens, max_new=8, **kwargs))
+        else:
+            extended.append(extend_window_attention(new, k, v, cu, lens, **kwargs))
+    assert all(torch.isfinite(out).all() and torch.allclose(out, extended[0], atol=1e-5) for out in extended)
