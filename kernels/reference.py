@@ -102,6 +102,28 @@ def extend_attention_ref(
     return out
 
 
+def mla_decode_attention_ref(
+    q, cache, context_lens, *, scale: float, latent: int, block_tables=None, block_size: int = 0, starts=None
+) -> torch.Tensor:  # fmt: skip
+    """Absorbed MLA decode: q `[B, H, latent + rope]` attends its sequence's first
+    `context_lens[b]` cached vectors (`cache` `[S, 1, latent + rope]`, one per token, shared by
+    every head) -> `[B, H, latent]`; the values are the vectors' latent part.
+
+    `decode_attention_ref` with the one shared entry, gathered once rather than repeated for
+    every head (its grouped-query expansion would hold H copies of every latent of the batch:
+    16 x 576 values a token on DeepSeek-V2-Lite). An empty context yields zeros.
+    """
+    width = max(int(context_lens.max()), 1) if q.shape[0] else 1
+    addressing = {"block_tables": block_tables, "block_size": block_size, "starts": starts}
+    slots = context_slots(context_lens, width, **addressing)  # [B, C]
+    entries = cache[slots, 0].float()  # [B, C, latent + rope]
+    scores = torch.einsum("bhd,bcd->bhc", q.float(), entries) * scale  # [B, H, C]
+    valid = torch.arange(width, device=q.device)[None, :] < context_lens[:, None]  # [B, C]
+    weights = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1).nan_to_num(0.0)
+    values = entries[..., :latent].masked_fill(~valid[:, :, None], 0.0)  # padding may read NaN
+    return torch.einsum("bhc,bcl->bhl", weights, values).to(q.dtype)
+
+
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`weight * normalize(x)`; normalised in fp32 and rounded before the weight, as HF Llama does."""
     h = x.float()

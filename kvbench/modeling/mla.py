@@ -11,10 +11,17 @@ latent + rope whose values are the latent::
     score(h, j) = q_nope[h] . W_uk[h] c_j + q_pe[h] . k_pe_j = [q_nope[h] W_uk[h], q_pe[h]] . [c_j, k_pe_j]
     out[h]      = W_uv[h] sum_j p(h, j) c_j
 
-Prefill uses the same form (exact in any precision transformers' expanded form is). Attention
-runs the PyTorch references of `kernels/reference.py` on every device: the Triton kernels do not
-read a latent cache yet. Rotary embeddings rotate adjacent pairs (DeepSeek's layout, as
-transformers' `apply_rotary_emb` does), not halves, with the YaRN scaling the published
+Prefill uses the same form (exact in any precision transformers' expanded form is).
+
+What runs where: with `--attention triton` (or `auto` on a GPU) decode runs the Triton kernel
+`kernels/mla_decode.py` (each cached vector read once for a group of 16 heads; CUDA graphs
+capture it) and the new tokens' vectors are stored by `kernels/kv_store.py`; with `--attention
+torch`, decode runs `kernels.reference.mla_decode_attention_ref`. Prefill runs the PyTorch
+reference `extend_attention_ref` on every backend (no latent prefill kernel yet), so a CUDA
+graph may hold MLA decode steps only.
+
+Rotary embeddings rotate adjacent pairs (DeepSeek's layout, as transformers' `apply_rotary_emb`
+does), not halves, with the YaRN scaling the published
 checkpoints set (frequencies, cos/sin factor, softmax mscale: `rope.py`). The feed-forward part
 is a dense SwiGLU MLP in the first `first_k_dense_replace` layers, then shared experts plus the
 top-k of the routed ones (softmax router, greedy top-k, weights x routed_scaling_factor), one
@@ -59,39 +66,34 @@ def mla_attention(
     """q `[T, H, latent + rope]` (absorbed), new `[T, 1, latent + rope]` -> `[T, H, latent]`.
 
     Stores the new tokens' latent and rope key first; keys and values are both read from the
-    one cache (the values' rope part is dropped after the weighted sum).
+    one cache (the values' rope part is dropped after the weighted sum). On the Triton backend
+    the store and decode run the kernels (`kernels/kv_store.py`, `kernels/mla_decode.py`), which
+    CUDA graphs capture; prefill runs the PyTorch reference on every backend.
     """
-    from kernels.reference import extend_attention_ref, store_kv_ref
-
-    if q.is_cuda and torch.cuda.is_current_stream_capturing():  # the reference reads lengths on the host
-        raise KvbenchError(
-            "--attention: MLA (DeepSeek) runs the PyTorch attention, which CUDA graphs cannot capture; "
-            "run it with --attention torch or --no-cuda-graphs"
+    triton = meta.backend == "triton"
+    if q.is_cuda and torch.cuda.is_current_stream_capturing() and (meta.is_prefill or not triton):
+        raise KvbenchError(  # the reference reads lengths on the host
+            "--attention: MLA (DeepSeek) decodes in CUDA graphs only with the Triton attention "
+            "(--attention triton or auto); run --attention torch with --no-cuda-graphs"
         )
-    store_kv_ref(new, new, cache, cache, meta.slot_mapping)
+    if triton:
+        from kernels.kv_store import store_kv
+    else:
+        from kernels.reference import store_kv_ref as store_kv
+    store_kv(new, new, cache, cache, meta.slot_mapping)
     if meta.is_prefill:
+        from kernels.reference import extend_attention_ref
+
         out = extend_attention_ref(
             q, cache, cache, meta.cu_seqlens, meta.context_lens, scale=scale, **meta.addressing()
         )  # fmt: skip
         return out[..., :latent]
-    return _decode(q, cache, meta.context_lens, scale, latent, **meta.addressing())
-
-
-def _decode(q, cache, context_lens, scale: float, latent: int, **addressing) -> torch.Tensor:
-    """q `[B, H, latent + rope]` attends its sequence's first `context_lens[b]` cached tokens ->
-    `[B, H, latent]`. `decode_attention_ref` with the one shared entry, gathered once rather than
-    repeated for every head (its grouped-query expansion would hold H copies of every latent of
-    the batch: 16 x 576 values a token on DeepSeek-V2-Lite)."""
-    from kernels.reference import context_slots
-
-    width = max(int(context_lens.max()), 1) if q.shape[0] else 1
-    slots = context_slots(context_lens, width, **addressing)  # [B, C]
-    entries = cache[slots, 0].float()  # [B, C, latent + rope]
-    scores = torch.einsum("bhd,bcd->bhc", q.float(), entries) * scale  # [B, H, C]
-    valid = torch.arange(width, device=q.device)[None, :] < context_lens[:, None]  # [B, C]
-    weights = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1).nan_to_num(0.0)
-    values = entries[..., :latent].masked_fill(~valid[:, :, None], 0.0)  # padding may read NaN
-    return torch.einsum("bhc,bcl->bhl", weights, values).to(q.dtype)
+    if triton:
+        from kernels.mla_decode import mla_decode_attention as decode
+    else:
+        from kernels.reference import mla_decode_attention_ref as decode
+    splits = {"num_splits": meta.num_splits} if triton else {}
+    return decode(q, cache, meta.context_lens, scale=scale, latent=latent, **splits, **meta.addressing())
 
 
 class MLAttention(nn.Module):

@@ -1,0 +1,204 @@
+"""Decode attention of multi-head latent attention (MLA, DeepSeek-V2), absorbed form, paged or contiguous.
+
+MLA caches ONE vector per token and layer, `[latent | rope]` (kv_lora_rank + qk_rope_head_dim:
+512 + 64 on DeepSeek-V2-Lite), shared by every query head. Decode folds the key and value
+up-projections into the query and the output, so attention is a multi-query attention of head
+size latent + rope whose values are the latent part (`kvbench/modeling/mla.py`):
+
+    score(h, j) = q[h, :latent] . c_j + q[h, latent:] . k_pe_j        out[h] = sum_j p(h, j) c_j
+
+The bytes a step must read are therefore one latent + rope vector per context token, not K and V
+per head; the kernel is built to read them once for many heads:
+
+- **Head groups**: one program serves `HEADS_PER_PROGRAM` query heads (all 16 of V2-Lite), so
+  each cached tile `[BLOCK_N, latent + rope]` is loaded once for the group and both products are
+  `tl.dot`s of the group's `[G, latent]` and `[G, rope]` queries against it. The latent and the
+  rope part are separate tiles (each padded to a power of two), so 512 + 64 is not padded to 1024.
+- **Split-KV, merges, addressing** are `kernels/decode_attention.py`'s: the same balanced
+  ranges of whole tiles per split, the same block-table tile addressing (`tile_slots`) or extent
+  start, the same `DecodeWorkspace` and the same merges (`kernels/split_merge.py`, a second
+  launch or the fused last-split merge), with a head group where that kernel has a KV head.
+- Launch shapes depend only on the batch, the heads and `num_splits`, never on context lengths
+  (read on the device), so the kernel replays inside CUDA graphs when `num_splits` is given.
+
+fp16/bf16/fp32 inputs, fp32 accumulation, online softmax; a context of 0 yields zeros.
+The tile of context positions defaults to 32 at V2-Lite's size (a `[32, 576]` bf16 tile per
+pipeline stage in shared memory) and to `choose_launch`'s for small latents; not yet tuned on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.decode_attention import FUSED_MAXNREG, MERGE, MERGES, dot_precision, tile_slots
+from kernels.split_merge import launch_merge_kernel, merge_if_last
+from kernels.splits import DecodeWorkspace, choose_launch, choose_num_splits
+
+HEADS_PER_PROGRAM = 16  # query heads sharing each loaded tile; tl.dot pads a group to 16 rows anyway
+LARGE_LATENT = 256  # from this latent tile on, a context tile of 32 positions (shared memory)
+
+
+@triton.jit
+def _mla_decode_kernel(
+    q_ptr,  # [B, H, latent + rope] absorbed queries
+    cache_ptr,  # [S, 1, latent + rope]: the arena (one vector per token)
+    lens_ptr,  # [B] int32 context lengths
+    table_ptr,  # [B, W] int32 block tables (paged; a placeholder when contiguous)
+    starts_ptr,  # [B] extent starts (contiguous; a placeholder when paged)
+    out_ptr,  # [B, H, latent]: written by the only split, or by the fused merge
+    part_ptr, lse_ptr, tickets_ptr,  # DecodeWorkspace [N, H, CAP, latent], [N, H, CAP], [N, groups]
+    scale, cap,
+    stride_qb, stride_qh, stride_cs, stride_tb, stride_ob, stride_oh,
+    HEADS: tl.constexpr, GROUP: tl.constexpr, LATENT: tl.constexpr, ROPE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Program (b, head group, split): the group's queries over one range of the context."""
+    b = tl.program_id(0)
+    group = tl.program_id(1)
+    split = tl.program_id(2)
+    context = tl.load(lens_ptr + b).to(tl.int32)
+    per_split = tl.cdiv(tl.cdiv(context, NUM_SPLITS), BLOCK_N) * BLOCK_N  # whole tiles per split
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, context)
+
+    g = tl.arange(0, BLOCK_G)
+    heads = group * GROUP + g  # [G]
+    g_mask = (g < GROUP) & (heads < HEADS)
+    dl = tl.arange(0, BLOCK_L)  # [L] latent columns
+    dr = tl.arange(0, BLOCK_R)  # [R] rope columns
+    l_mask = dl < LATENT
+    r_mask = dr < ROPE
+    q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh  # [G, 1]
+    q_lat = tl.load(q_rows + dl[None, :], mask=g_mask[:, None] & l_mask[None, :], other=0.0)  # [G, L]
+    q_rope = tl.load(q_rows + LATENT + dr[None, :], mask=g_mask[:, None] & r_mask[None, :], other=0.0)
+    q_lat = (q_lat.to(tl.float32) * scale).to(q_lat.dtype)
+    q_rope = (q_rope.to(tl.float32) * scale).to(q_rope.dtype)  # [G, R]
+
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max
+    total = tl.zeros([BLOCK_G], tl.float32)  # running sum of exp
+    acc = tl.zeros([BLOCK_G, BLOCK_L], tl.float32)
+    table = table_ptr + b.to(tl.int64) * stride_tb  # paged: this sequence's block-table row
+    start = tl.load(starts_ptr + b).to(tl.int64)  # contiguous: its extent (a placeholder when paged)
+    for first in range(lo, hi, BLOCK_N):
+        pos = first + tl.arange(0, BLOCK_N)  # [N]
+        n_mask = pos < hi
+        if PAGED:  # noqa: SIM108 (a constexpr branch, compiled away)
+            slots = tile_slots(table, first, hi, BLOCK_N, BLOCK_SIZE)  # [N]
+        else:
+            slots = start + pos
+        rows = cache_ptr + slots[:, None] * stride_cs  # [N, 1]: each token's one vector, read once
+        c = tl.load(rows + dl[None, :], mask=n_mask[:, None] & l_mask[None, :], other=0.0)  # [N, L]
+        k_pe = tl.load(rows + LATENT + dr[None, :], mask=n_mask[:, None] & r_mask[None, :], other=0.0)
+        scores = tl.dot(q_lat, tl.trans(c), input_precision=DOT_PRECISION)  # [G, N] fp32
+        scores += tl.dot(q_rope, tl.trans(k_pe), input_precision=DOT_PRECISION)
+        scores = tl.where(n_mask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])  # [G, N]
+        total = total * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)  # values: c
+        m = m_new
+
+    filled = total > 0.0  # an empty range (short context, or none at all) contributes nothing
+    result = tl.where(filled[:, None], acc / tl.where(filled, total, 1.0)[:, None], 0.0)  # [G, L]
+    out_mask = g_mask[:, None] & l_mask[None, :]
+    out_rows = out_ptr + b * stride_ob + heads * stride_oh  # [G] pointers
+    if NUM_SPLITS == 1:  # the result is final: no partials, no merge, one launch in all
+        tl.store(out_rows[:, None] + dl[None, :], result.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        rows = (b.to(tl.int64) * HEADS + heads) * cap  # [G] (b, head) rows of the workspace, times CAP
+        tl.store(part_ptr + (rows[:, None] + split) * LATENT + dl[None, :], result, mask=out_mask)
+        lse = tl.where(filled, m + tl.log(tl.where(filled, total, 1.0)), float("-inf"))  # [G]
+        tl.store(lse_ptr + rows + split, lse, mask=g_mask)
+        if FUSED:
+            merge_if_last(
+                part_ptr, lse_ptr, tickets_ptr + b * tl.num_programs(1) + group, rows, out_rows, dl, g_mask,
+                out_mask, LATENT, NUM_SPLITS, BLOCK_G, BLOCK_L,
+            )  # fmt: skip
+
+
+def _tile(size: int) -> int:
+    return max(16, triton.next_power_of_2(size))
+
+
+def head_groups(heads: int) -> int:
+    """Programs per (sequence, split) along the heads: what `DecodeWorkspace` counts as KV heads."""
+    return -(-heads // HEADS_PER_PROGRAM)
+
+
+def mla_launch(programs: int, latent: int, device: torch.device) -> tuple[int, int, int]:
+    """`choose_launch`'s (positions per tile, warps, stages), with 32-position tiles from a latent
+    of 256 on: a `[128, 576]` bf16 tile is 144 KiB a pipeline stage, more than shared memory holds."""
+    tile, warps, stages = choose_launch(programs, device)
+    return (min(tile, 32), warps, stages) if _tile(latent) >= LARGE_LATENT else (tile, warps, stages)
+
+
+def mla_decode_attention(
+    q: torch.Tensor, cache: torch.Tensor, context_lens: torch.Tensor, *, scale: float, latent: int,
+    block_tables: torch.Tensor | None = None, block_size: int = 0, starts: torch.Tensor | None = None,
+    num_splits: int | None = None, out: torch.Tensor | None = None,
+    launch: tuple[int, int, int] | None = None, merge: str = MERGE, workspace: DecodeWorkspace | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """q `[B, H, latent + rope]` over each sequence's first `context_lens[b]` cached vectors ->
+    `[B, H, latent]`.
+
+    `cache` `[S, 1, latent + rope]` (one layer of the MLA arena; a 2-d `[S, latent + rope]` view
+    is taken as is); addressing, `num_splits`, `launch`, `merge` and `workspace` as in
+    `kernels.decode_attention.decode_attention`, with `head_groups(H)` in place of its KV heads
+    and `latent` as the workspace's head dim. An empty context yields zeros.
+    """
+    batch, heads, width = q.shape
+    rope = width - latent
+    if not 0 < latent <= width:
+        raise ValueError(f"latent must be in 1..{width} (the query's last dim), got {latent}")
+    if q.stride(-1) != 1 or cache.stride(-1) != 1:
+        raise ValueError("mla_decode_attention needs q and cache contiguous in their last dim")
+    if cache.shape[-1] != width or (cache.dim() == 3 and cache.shape[1] != 1):
+        raise ValueError(f"MLA cache must be [S, 1, {width}], got {tuple(cache.shape)}")
+    paged = block_tables is not None
+    if not paged and starts is None:
+        raise ValueError("mla_decode_attention needs block_tables (paged) or starts (contiguous)")
+    if paged and (block_size < 1 or block_size & (block_size - 1)):
+        raise ValueError(f"block_size must be a power of two, got {block_size}")
+    if merge not in MERGES:
+        raise ValueError(f"merge must be one of {', '.join(MERGES)}, got {merge!r}")
+    if out is None:
+        out = torch.empty((batch, heads, latent), dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    groups = head_groups(heads)
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, groups, int(context_lens.max()), q.device)
+    fused = merge == "fused" and num_splits > 1
+    launch = launch or mla_launch(batch * groups * num_splits, latent, q.device)
+    if num_splits > 1:
+        if workspace is None:
+            workspace = DecodeWorkspace.allocate(
+                batch, heads, groups, latent, num_splits, q.device, tickets=fused
+            )
+        workspace.check(batch, heads, groups, latent, num_splits, q.device, fused=fused)
+        part, lse, tickets, cap = workspace.part, workspace.lse, workspace.tickets, workspace.max_splits
+    else:
+        part = lse = tickets = out  # placeholders: one split writes the output itself
+        cap = 1
+    table = block_tables if paged else context_lens  # a placeholder pointer where unused
+    group = min(heads, HEADS_PER_PROGRAM)
+    _mla_decode_kernel[(batch, groups, num_splits)](
+        q, cache, context_lens, table, starts if starts is not None else context_lens,
+        out, part, lse, tickets,
+        scale, cap,
+        q.stride(0), q.stride(1), cache.stride(0), table.stride(0), out.stride(0), out.stride(1),
+        HEADS=heads, GROUP=group, LATENT=latent, ROPE=rope, NUM_SPLITS=num_splits,
+        PAGED=paged, BLOCK_SIZE=block_size if paged else 1,
+        BLOCK_G=_tile(group), BLOCK_L=_tile(latent), BLOCK_R=_tile(max(rope, 1)), BLOCK_N=launch[0],
+        FUSED=fused, DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=launch[1], num_stages=launch[2],
+        **({"maxnreg": FUSED_MAXNREG} if fused else {}),
+    )  # fmt: skip
+    if num_splits > 1 and not fused:
+        launch_merge_kernel(part, lse, out, num_splits)
+    return out
