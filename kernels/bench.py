@@ -10,6 +10,13 @@ kvbench's kernels only (the others have no window); its useful bytes are the win
 `vs_full` is its time over the same backend's full-attention time at the same context (when
 the run holds that cell: `--window 0,4096`).
 
+`--mla` adds, after the K/V cells of each (batch, context, block size), a cell of DeepSeek-V2-Lite's
+absorbed MLA decode (16 heads over one cached latent 512 + rope 64 vector per token,
+`kernels/mla_decode.py`) on kvbench's paged and contiguous addressing. Its useful bytes are
+what MLA must read, one such vector per context token, plus q and out; its `vs_full` is its
+time over the same backend's on the first K/V cell of the same (batch, context, block size),
+by default Llama-3-8B's layer (32 query / 8 KV heads of 128).
+
 One cell's memory (S token slots, read by the paged and the contiguous backends alike):
 
     arena [S, Hkv, D]   paged:      seq b, position p -> table[b, p // bs] * bs + p % bs
@@ -40,6 +47,7 @@ from kernels.bench_types import (  # noqa: F401 (BACKENDS, CPU_BACKENDS: this mo
     DTYPES,
     L2_MULTIPLE,
     MAX_COPIES,
+    MLA_BACKENDS,
     WINDOW_BACKENDS,
     BenchConfig,
     Cell,
@@ -52,16 +60,22 @@ from kernels.bench_types import (  # noqa: F401 (BACKENDS, CPU_BACKENDS: this mo
 from kvbench.results.files import environment, write_csv, write_json
 
 
-def grid(pairs, block_sizes, gqas, *, kv_heads: int, head_dim: int, dtype: str, ragged: bool, windows=(0,)):
+def grid(
+    pairs, block_sizes, gqas, *, kv_heads: int, head_dim: int, dtype: str, ragged: bool, windows=(0,),
+    mla: bool = False,
+):  # fmt: skip
     """Every (batch, context) pair × block size × GQA ratio × window, nested in that order (a
-    full-attention cell, window 0, comes before the windowed cells it is compared with)."""
-    return tuple(
-        Cell(b, ctx, bs, kv_heads, g, head_dim, dtype, ragged, w)
-        for b, ctx in pairs
-        for bs in block_sizes
-        for g in gqas
-        for w in windows
-    )
+    full-attention cell, window 0, comes before the windowed cells it is compared with); with
+    `mla`, each (batch, context, block size) ends with DeepSeek-V2-Lite's MLA cell."""
+    cells = []
+    for b, ctx in pairs:
+        for bs in block_sizes:
+            cells += [
+                Cell(b, ctx, bs, kv_heads, g, head_dim, dtype, ragged, w) for g in gqas for w in windows
+            ]
+            if mla:
+                cells.append(Cell.mla(b, ctx, bs, dtype, ragged))
+    return tuple(cells)
 
 
 def run_benchmark(config: BenchConfig, out: Path, log: Callable[[str], None] = print) -> list[Row]:
@@ -81,13 +95,21 @@ def run_benchmark(config: BenchConfig, out: Path, log: Callable[[str], None] = p
     context = Context.create(device, config.backends)
     rows: list[Row] = []
     full: dict[tuple[str, str], float] = {}  # (full-attention cell, backend) -> its median time
+    beside: dict[tuple, float] = {}  # (batch, context, block size, backend) -> the first K/V cell's time
     for i, cell in enumerate(config.cells):
         cell_rows = run_cell(cell, config, context, read_bw)
         if cell.window:
             key = replace(cell, window=0).label
             cell_rows = [replace(r, vs_full=r.us / full.get((key, r.backend), math.nan)) for r in cell_rows]
+        elif cell.latent:
+            where = (cell.batch, cell.context, cell.block_size)
+            cell_rows = [
+                replace(r, vs_full=r.us / beside.get((*where, r.backend), math.nan)) for r in cell_rows
+            ]
         else:
             full |= {(cell.label, r.backend): r.us for r in cell_rows}
+            for r in cell_rows:
+                beside.setdefault((cell.batch, cell.context, cell.block_size, r.backend), r.us)
         rows += cell_rows
         _atomic(out / "kernels.csv", partial(write_csv, rows=list(rows), row_type=Row))
         timed = [f"{r.backend} {r.us:.1f} us" for r in cell_rows if r.status in ("ok", "wrong")]
@@ -107,10 +129,10 @@ def run_cell(cell: Cell, config: BenchConfig, context: Context, read_bw: float) 
     input_seed = int(rng.integers(2**62))
     layout = make_layout(cell, rng, device)
     elt = DTYPES[cell.dtype].itemsize
-    qo_bytes = 2 * cell.batch * cell.q_heads * cell.head_dim * elt
+    qo_bytes = cell.qo_bytes(elt)
     attended = layout.lens.clamp(max=cell.window) if cell.window else layout.lens  # [B] positions read
-    useful = 2 * int(attended.sum()) * cell.kv_heads * cell.head_dim * elt + qo_bytes
-    arena_bytes = 2 * layout.num_slots * cell.kv_heads * cell.head_dim * elt
+    useful = int(attended.sum()) * cell.kv_values_per_token * elt + qo_bytes  # MLA: one vector a token
+    arena_bytes = layout.num_slots * cell.kv_values_per_token * elt
     per_copy = arena_bytes + qo_bytes + _sdpa_extra_bytes(cell, context, config.backends)
     copies = _copies(arena_bytes, per_copy, config.max_gib, context.l2_bytes, device)
     base = dict(useful_bytes=useful, moved_bytes=useful, atol=ATOL[cell.dtype], copies=copies)
@@ -137,6 +159,8 @@ def run_cell(cell: Cell, config: BenchConfig, context: Context, read_bw: float) 
 def _run_backend(name, cell, layout, inputs, context, config, references, base) -> Row:
     if cell.window and name not in WINDOW_BACKENDS:
         return _row(cell, name, "skipped", note="no sliding window", **base)
+    if cell.latent and name not in MLA_BACKENDS:
+        return _row(cell, name, "skipped", note="no MLA (latent) decode", **base)
     try:
         built = BUILDERS[name](cell, layout, inputs, context)
         output = built.calls[0]()  # [B, Hq, D]; also the compile / JIT warm-up
@@ -185,6 +209,10 @@ def _make_copy(cell: Cell, num_slots: int, device: torch.device, gen: torch.Gene
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, device=device, dtype=DTYPES[cell.dtype])
 
+    if cell.latent:  # one cache of [latent + rope] vectors, read as keys and (its latent) values
+        cache = randn(num_slots, 1, cell.head_dim)  # [S, 1, latent + rope]
+        q, out = randn(cell.batch, cell.q_heads, cell.head_dim), randn(cell.batch, cell.q_heads, cell.latent)
+        return Copy(q=q, k=cache, v=cache, out=out)
     return Copy(
         q=randn(cell.batch, cell.q_heads, cell.head_dim),  # [B, Hq, D]
         k=randn(num_slots, cell.kv_heads, cell.head_dim),  # [S, Hkv, D]
@@ -195,11 +223,17 @@ def _make_copy(cell: Cell, num_slots: int, device: torch.device, gen: torch.Gene
 
 def _reference(cell: Cell, layout: Layout, copy: Copy, addressing: str) -> torch.Tensor:
     """decode_attention_ref on copy 0, a slice of sequences at a time to bound its memory; a
-    window cell: the PyTorch window attention (the path window layers take without the kernels)."""
+    window cell: the PyTorch window attention (the path window layers take without the kernels);
+    an MLA cell: mla_decode_attention_ref (its float32 vectors are gathered once, not per head)."""
     from kernels.reference import decode_attention_ref
     from kvbench.modeling.window_attention import decode_window_attention
 
-    attend = partial(decode_window_attention, window=cell.window) if cell.window else decode_attention_ref
+    if cell.latent:  # k is the one cache (v the same tensor)
+        attend = partial(_mla_reference, latent=cell.latent)
+    elif cell.window:
+        attend = partial(decode_window_attention, window=cell.window)
+    else:
+        attend = decode_attention_ref
 
     per_token = 2 * cell.q_heads * cell.head_dim * 4  # its float32 K and V, expanded to the query heads
     chunk = max(1, (1 << 31) // (per_token * layout.max_len))  # sequences per call: about 2 GiB of it
@@ -215,6 +249,12 @@ def _reference(cell: Cell, layout: Layout, copy: Copy, addressing: str) -> torch
     return torch.cat(parts)  # [B, Hq, D]
 
 
+def _mla_reference(q, k, v, lens, *, latent: int, **kwargs) -> torch.Tensor:
+    from kernels.reference import mla_decode_attention_ref
+
+    return mla_decode_attention_ref(q, k, lens, latent=latent, **kwargs)
+
+
 def _copies(arena_bytes: int, per_copy: int, max_gib: float, l2_bytes: int, device: torch.device) -> int:
     """Copies that together hold L2_MULTIPLE L2s, within the memory cap (0: not even one fits)."""
     want = 1 if device.type == "cpu" else min(MAX_COPIES, math.ceil(L2_MULTIPLE * l2_bytes / arena_bytes))
@@ -224,7 +264,7 @@ def _copies(arena_bytes: int, per_copy: int, max_gib: float, l2_bytes: int, devi
 def _sdpa_extra_bytes(cell: Cell, context: Context, backends: tuple[str, ...]) -> int:
     """SDPA's own cache per copy: padded when ragged, its heads expanded without enable_gqa."""
     expand = cell.gqa > 1 and not context.sdpa_gqa
-    if "torch-sdpa" not in backends or not (cell.ragged or expand):
+    if "torch-sdpa" not in backends or cell.latent or not (cell.ragged or expand):
         return 0
     heads = cell.q_heads if expand else cell.kv_heads
     return 2 * cell.batch * cell.context * heads * cell.head_dim * DTYPES[cell.dtype].itemsize
@@ -241,7 +281,8 @@ def _row(cell: Cell, backend: str, status: str, **values) -> Row:
     return Row(
         cell=cell.label, batch=cell.batch, context=cell.context, block_size=cell.block_size,
         q_heads=cell.q_heads, kv_heads=cell.kv_heads, gqa=cell.gqa, head_dim=cell.head_dim,
-        dtype=cell.dtype, ragged=cell.ragged, window=cell.window, backend=backend, status=status, **filled,
+        dtype=cell.dtype, ragged=cell.ragged, window=cell.window, latent=cell.latent, backend=backend,
+        status=status, **filled,
     )  # fmt: skip
 
 
@@ -295,5 +336,6 @@ def format_table(rows: list[Row]) -> str:
             f"{r.vs_contiguous:>9.2f} {r.max_abs_err:>8.1e}"
             + ("" if r.status == "ok" else "  ABOVE ATOL")
             + (f"  {r.vs_full:.2f} x full attention's time" if r.window else "")
+            + (f"  {r.vs_full:.2f} x the K/V cell's time" if r.latent else "")
         )
     return "\n".join(lines)

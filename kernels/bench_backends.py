@@ -1,8 +1,9 @@
 """The kernel benchmark's backends: each builds one callable per input copy of a cell.
 
 kvbench's kernel (paged, contiguous, and contiguous over CUDA virtual memory as vAttention lays
-it out), PyTorch SDPA on a padded contiguous cache, compiled FlexAttention over the paged arena,
-and FlashInfer's paged decode when it is importable.
+it out; on an MLA cell, the paged and contiguous MLA decode kernel), PyTorch SDPA on a padded
+contiguous cache, compiled FlexAttention over the paged arena, and FlashInfer's paged decode
+when it is importable.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def _build_kvbench(addressing: str):
             where = dict(block_tables=layout.block_tables, block_size=cell.block_size)
         else:
             where = dict(starts=layout.starts)
+        if cell.latent:
+            return _build_mla(cell, layout, inputs, context, addressing, where)
         # the kernel's own choice, made here: left to it, it reads the lengths on the host (a sync)
         read = min(layout.max_len, cell.window) if cell.window else layout.max_len  # positions a row reads
         splits = choose_num_splits(cell.batch, cell.kv_heads, read, context.device)
@@ -40,6 +43,21 @@ def _build_kvbench(addressing: str):
         return Built(calls, addressing, note=note)
 
     return build
+
+
+def _build_mla(cell: Cell, layout: Layout, inputs: list[Copy], context: Context, addressing, where) -> Built:
+    """The MLA decode kernel over the one cache of each copy (`Copy.k`; `v` is the same tensor)."""
+    from kernels.mla_decode import head_groups, mla_decode_attention
+    from kernels.splits import choose_num_splits
+
+    splits = choose_num_splits(cell.batch, head_groups(cell.q_heads), layout.max_len, context.device)
+    run = partial(
+        mla_decode_attention, context_lens=layout.lens, scale=scale_of(cell), latent=cell.latent,
+        num_splits=splits, **where,
+    )  # fmt: skip
+    calls = tuple(partial(run, c.q, c.k, out=c.out) for c in inputs)
+    note = f"MLA absorbed, {splits} KV splits" + ("; random page order" if addressing == "paged" else "")
+    return Built(calls, addressing, note=note)
 
 
 def _build_virtual(cell: Cell, layout: Layout, inputs: list[Copy], context: Context) -> Built:

@@ -14,6 +14,10 @@ BACKENDS = (  # every backend, in the order of the CSV; BUILDERS (at the end) bu
 )  # fmt: skip
 CPU_BACKENDS = ("kvbench-paged", "kvbench-contiguous", "torch-sdpa")  # the interpreter smoke test's
 WINDOW_BACKENDS = ("kvbench-paged", "kvbench-contiguous")  # those that take a sliding window
+MLA_BACKENDS = ("kvbench-paged", "kvbench-contiguous")  # those that run absorbed MLA (kernels/mla_decode.py)
+# DeepSeek-V2-Lite's MLA decode (`deepseek-v2-lite`): 16 query heads over one cached vector per
+# token of latent 512 + rope 64, shared by every head
+MLA_HEADS, MLA_LATENT, MLA_ROPE = 16, 512, 64
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 ATOL = {"bfloat16": 2e-2, "float16": 5e-3}  # max |out - reference| accepted (N(0, 1) inputs)
 L2_DEFAULT = 50 * 10**6  # bytes: an H100/H200's L2, when the device does not say
@@ -34,13 +38,39 @@ class Cell:
     dtype: str  # "bfloat16" | "float16"
     ragged: bool = False  # lengths uniform in [1, context] instead of all equal to it
     window: int = 0  # sliding window: the query sees its last `window` positions (0: all of them)
+    # MLA (absorbed): > 0 is the latent part of the one cached vector per token, head_dim its
+    # whole width (latent + rope), kv_heads 1 (every query head reads it) and gqa the query heads
+    latent: int = 0
+
+    @classmethod
+    def mla(cls, batch: int, context: int, block_size: int, dtype: str, ragged: bool = False) -> Cell:
+        """DeepSeek-V2-Lite's MLA decode at (batch, context): 16 heads over latent 512 + rope 64."""
+        return cls(
+            batch, context, block_size, 1, MLA_HEADS, MLA_LATENT + MLA_ROPE, dtype, ragged, 0, MLA_LATENT
+        )
 
     @property
     def q_heads(self) -> int:
         return self.kv_heads * self.gqa
 
     @property
+    def out_dim(self) -> int:
+        """Values per head of the output: the latent for MLA (its values), else the head dim."""
+        return self.latent or self.head_dim
+
+    @property
+    def kv_values_per_token(self) -> int:
+        """Cached values a token holds per layer: K and V per KV head, or MLA's one vector."""
+        return self.head_dim if self.latent else 2 * self.kv_heads * self.head_dim
+
+    def qo_bytes(self, elt: int) -> int:
+        """q and out of one step: every query head's query and output, `elt` bytes a value."""
+        return self.batch * self.q_heads * (self.head_dim + self.out_dim) * elt
+
+    @property
     def label(self) -> str:
+        if self.latent:
+            return f"B{self.batch} L{self.context} bs{self.block_size} mla h{self.q_heads}"
         return f"B{self.batch} L{self.context} bs{self.block_size} g{self.gqa}" + (
             f" w{self.window}" if self.window else ""
         )
@@ -73,18 +103,21 @@ class Row:
     dtype: str
     ragged: bool
     window: int  # 0: full attention
+    latent: int  # MLA: the cached vector's latent part (head_dim is latent + rope); 0: K and V per head
     backend: str
     status: str  # ok | wrong (error above atol) | failed | skipped
     us: float  # median of the timed calls, microseconds
     us_p10: float
     us_p90: float
-    useful_bytes: int  # KV of the real context lengths (within the window) + q + out
+    useful_bytes: int  # KV of the real context lengths (within the window; MLA: one vector) + q + out
     moved_bytes: int  # what the backend reads and writes, padding and expanded heads included
     gbps: float  # useful_bytes / median time, in 1e9 bytes/s
     bw_fraction: float  # gbps over this run's measured read bandwidth
     vs_contiguous: float  # time / kvbench-contiguous time on this cell (paging's cost when > 1)
-    vs_full: float  # a window row: time / the same backend's full-attention time at this context
-    max_abs_err: float  # against kernels.reference.decode_attention_ref (window: the PyTorch window path)
+    vs_full: float  # a window row: time / the same backend's full-attention time at this context;
+    # an MLA row: time / the same backend's on the grid's first K/V cell of this batch, context, block
+    max_abs_err: float  # against kernels.reference.decode_attention_ref (window: the PyTorch window
+    # path; MLA: mla_decode_attention_ref)
     atol: float
     copies: int  # input copies cycled while timing
     note: str
@@ -107,9 +140,9 @@ class Copy:
     """One independent set of inputs."""
 
     q: torch.Tensor  # [B, Hq, D]
-    k: torch.Tensor  # [S, Hkv, D]
-    v: torch.Tensor  # [S, Hkv, D]
-    out: torch.Tensor  # [B, Hq, D]
+    k: torch.Tensor  # [S, Hkv, D]; MLA: [S, 1, latent + rope], the one cache
+    v: torch.Tensor  # [S, Hkv, D]; MLA: the same tensor as k (its latent part is the values)
+    out: torch.Tensor  # [B, Hq, D]; MLA: [B, Hq, latent]
 
 
 @dataclass(frozen=True)

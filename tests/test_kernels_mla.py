@@ -128,3 +128,60 @@ def test_tiny_deepseek_decodes_the_same_greedy_tokens_through_the_kernel():
         assert [len(seq.output_ids) for seq in run.sequences] == [r.output_len for r in trace.requests]
         tokens[attention] = [tuple(seq.output_ids) for seq in run.sequences]
     assert tokens["torch"] == tokens["triton"]
+
+
+def test_kernels_mla_option_times_the_v2_lite_cell_beside_the_kv_cell(tmp_path):
+    """`kvbench kernels --mla` (in process, Triton's interpreter): after each K/V cell, an MLA cell
+    of V2-Lite's shape on kvbench's kernels, matching its reference, with the bytes MLA reads (one
+    latent + rope vector per token, plus q and out) and its time over the K/V cell's."""
+    import csv
+    from dataclasses import fields
+
+    from typer.testing import CliRunner
+
+    from kernels import bench
+    from kvbench.cli.app import app
+
+    out = tmp_path / "kernels"
+    args = ["--batch", "2", "--context", "5,33", "--block-size", "16", "--kv-heads", "2", "--gqa", "2",
+            "--head-dim", "16", "--dtype", "float16", "--repeats", "1", "--warmup", "0", "--mla",
+            "--backends", "kvbench-paged,kvbench-contiguous,torch-sdpa", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, ["kernels", *args])
+    assert result.exit_code == 0, result.output
+    with open(out / "kernels.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames == [field.name for field in fields(bench.Row)]
+    cells = ("B2 L5 bs16 g2", "B2 L5 bs16 mla h16", "B2 L33 bs16 g2", "B2 L33 bs16 mla h16")
+    assert [(r["cell"], r["backend"]) for r in rows] == [
+        (c, b) for c in cells for b in ("kvbench-paged", "kvbench-contiguous", "torch-sdpa")
+    ]
+    for row in rows:
+        mla = "mla" in row["cell"]
+        assert int(row["latent"]) == (512 if mla else 0)
+        if mla and row["backend"] == "torch-sdpa":
+            assert row["status"] == "skipped" and row["note"] == "no MLA (latent) decode"
+            continue
+        assert row["status"] == "ok", row
+        assert float(row["max_abs_err"]) <= float(row["atol"])
+        if mla:
+            context = int(row["context"])
+            assert (int(row["q_heads"]), int(row["kv_heads"]), int(row["head_dim"])) == (16, 1, 576)
+            assert int(row["useful_bytes"]) == 2 * context * 576 * 2 + 2 * 16 * (576 + 512) * 2
+            assert float(row["vs_full"]) > 0 and float(row["bw_fraction"]) > 0
+        else:
+            assert int(row["useful_bytes"]) == 2 * (2 * int(row["context"]) * 2 * 16 + 2 * 4 * 16) * 2
+            assert row["vs_full"] == "nan"
+
+
+def test_kernels_mla_option_needs_a_kvbench_backend():
+    from typer.testing import CliRunner
+
+    from kvbench.cli.app import app
+
+    result = CliRunner().invoke(app, ["kernels", "--mla", "--backends", "torch-sdpa"])
+    assert result.exit_code == 2
+    assert (
+        result.stderr
+        == "error: --mla: MLA runs on kvbench-paged and kvbench-contiguous; --backends has neither\n"
+    )

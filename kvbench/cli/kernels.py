@@ -2,7 +2,8 @@
 
 Options are checked before torch is imported, so a typo costs a fraction of a second. On a
 machine without CUDA the command stops, unless TRITON_INTERPRET=1 asks for the CPU smoke
-run the tests use (the Triton interpreter; its timings mean nothing).
+run the tests use (the Triton interpreter; its timings mean nothing). `--mla` adds cells of
+DeepSeek-V2-Lite's absorbed MLA decode (`kernels/mla_decode.py`) beside the K/V cells.
 """
 
 from __future__ import annotations
@@ -106,6 +107,14 @@ def kernels(
             "on kvbench's kernels only (e.g. 0,4096 at --context 8192,16384,32768)."
         ),
     ] = "0",
+    mla: Annotated[
+        bool,
+        typer.Option(
+            help="Also time DeepSeek-V2-Lite's MLA decode (16 heads over one latent 512 + rope 64 vector "
+            "per token, --dtype) on kvbench's paged and contiguous kernels at each batch, context and "
+            "block size, beside the K/V cells."
+        ),
+    ] = False,
     repeats: Annotated[int, typer.Option(help="Timed calls per cell and backend (median reported).")] = 50,
     warmup: Annotated[int, typer.Option(help="Untimed calls before timing.")] = 5,
     backends: Annotated[
@@ -132,6 +141,8 @@ def kernels(
         raise KvbenchError(f"--dtype: {dtype!r} is not one of {', '.join(_DTYPES)}")
     # --repeats, --warmup, --max-gib, --kv-heads, --seed: their ranges are kvbench.flag_ranges'
     names = backend_names(backends, cpu)
+    if mla and not {"kvbench-paged", "kvbench-contiguous"} & set(names):
+        raise KvbenchError("--mla: MLA runs on kvbench-paged and kvbench-contiguous; --backends has neither")
     if not cpu and not (device == "cuda" or device.startswith("cuda:")):
         raise KvbenchError(f"--device: {device!r} is not cuda or cuda:N (CPU runs need TRITON_INTERPRET=1)")
 
@@ -159,7 +170,7 @@ def kernels(
         names = tuple(n for n in names if not n.startswith("flashinfer"))
     grid = bench.grid(
         pairs, block_sizes, gqas, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, ragged=ragged,
-        windows=windows,
+        windows=windows, mla=mla,
     )  # fmt: skip
     config = bench.BenchConfig(
         cells=grid, backends=names, device=device, repeats=repeats, warmup=warmup, seed=seed, max_gib=max_gib
