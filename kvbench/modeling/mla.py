@@ -18,7 +18,8 @@ What runs where: with `--attention triton` (or `auto` on a GPU) decode runs the 
 capture it) and the new tokens' vectors are stored by `kernels/kv_store.py`; with `--attention
 torch`, decode runs `kernels.reference.mla_decode_attention_ref`. Prefill runs the PyTorch
 reference `extend_attention_ref` on every backend (no latent prefill kernel yet), so a CUDA
-graph may hold MLA decode steps only.
+graph may hold MLA decode steps only; the experts below are dispatched on the host, so a model
+with experts runs without CUDA graphs (`--no-cuda-graphs`, refused in one line otherwise).
 
 Rotary embeddings rotate adjacent pairs (DeepSeek's layout, as transformers' `apply_rotary_emb`
 does), not halves, with the YaRN scaling the published
@@ -158,6 +159,11 @@ class MoE(nn.Module):
             self.shared_experts = LlamaMLP(replace(spec, ffn=e.expert_ffn * e.shared_experts), **factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():  # the dispatch below reads the host
+            raise KvbenchError(
+                "--cuda-graphs: the experts (MoE) of MLA (DeepSeek) models are dispatched on the host, "
+                "which CUDA graphs cannot capture; run with --no-cuda-graphs"
+            )
         scores = torch.nn.functional.linear(x.float(), self.gate.weight.float()).softmax(dim=-1)  # [T, E]
         weights, chosen = scores.topk(self.moe.top_k, dim=-1)  # [T, k] each
         weights = weights * self.moe.routed_scale
