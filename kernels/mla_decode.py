@@ -90,9 +90,9 @@ def _mla_decode_kernel(
             slots = tile_slots(table, first, hi, BLOCK_N, BLOCK_SIZE)  # [N]
         else:
             slots = start + pos
-        rows = cache_ptr + slots[:, None] * stride_cs  # [N, 1]: each token's one vector, read once
-        c = tl.load(rows + dl[None, :], mask=n_mask[:, None] & l_mask[None, :], other=0.0)  # [N, L]
-        k_pe = tl.load(rows + LATENT + dr[None, :], mask=n_mask[:, None] & r_mask[None, :], other=0.0)
+        entries = cache_ptr + slots[:, None] * stride_cs  # [N, 1]: each token's one vector, read once
+        c = tl.load(entries + dl[None, :], mask=n_mask[:, None] & l_mask[None, :], other=0.0)  # [N, L]
+        k_pe = tl.load(entries + LATENT + dr[None, :], mask=n_mask[:, None] & r_mask[None, :], other=0.0)
         scores = tl.dot(q_lat, tl.trans(c), input_precision=DOT_PRECISION)  # [G, N] fp32
         scores += tl.dot(q_rope, tl.trans(k_pe), input_precision=DOT_PRECISION)
         scores = tl.where(n_mask[None, :], scores, float("-inf"))
