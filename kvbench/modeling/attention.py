@@ -37,8 +37,9 @@ class AttentionMetadata:
     num_splits: int | None = None  # decode: split-KV partitions (fixed inside a CUDA graph)
     backend: str = "torch"  # "triton" or "torch"
     # a table per KV group (`hybrid`, `jenga`): this metadata for each table, its own slots and
-    # block tables; layer i uses `per_table[arena.table_of[i]]` (empty: one table for all layers)
-    per_table: tuple[AttentionMetadata, ...] = ()
+    # block tables; layer i uses `per_table[arena.table_of[i]]`. None: one table for all layers
+    # (and the only value a tensor-parallel forward sends: `kvbench.parallel.channel`)
+    per_table: tuple[AttentionMetadata, ...] | None = None
 
     def addressing(self) -> dict:
         return {"block_tables": self.block_tables, "block_size": self.block_size, "starts": self.starts}
