@@ -256,3 +256,14 @@ def test_kvbench_run_decodes_through_hybrid(tmp_path):
     layer = 2 * 2 * 32 * 4  # a token's K and V in one layer: 2 heads of 32, fp32
     budget, page = summary["arena_slots"] * 6 * layer, 16 * layer  # a page: 16 tokens of one layer (u)
     assert budget - page < summary["arena_bytes"] <= budget  # the pool: the budget less its tail
+
+
+def test_beams_fork_and_copy_in_every_group():
+    """Beam search (width 3): beams are re-forked every step, sharing blocks in every group and
+    copying on write; each beam's tokens are those `paged` finds."""
+    prompts = np.random.default_rng(2).integers(9, 19, 3)
+    work = Trace("beams", tuple(Request(i, 0.0, int(p), 10, beam_width=3) for i, p in enumerate(prompts)))
+    expected = decode(GEMMA3, "paged", requests=work, slots=300)[0]
+    for engine in ("hybrid", "jenga"):
+        tokens, _, runner = decode(GEMMA3, engine, requests=work, slots=300)
+        assert tokens == expected and runner.copied > 0 and runner.freed > 0, engine
