@@ -366,12 +366,29 @@ def test_an_isolated_cell_runs_exactly_its_config(tmp_path):
             "error: --bisect, --bracket and --latency-threshold find a sustained rate: give --rates",
         ),
         (("--resume", "--overwrite"), "error: --resume and --overwrite contradict each other"),
+        (("--rates", "2", "--duration", "0"), "error: --duration must be positive, got 0.0"),
+        (("--duration", "30"), "error: --duration sets each rate's request count: give --rates"),
     ],
 )
 def test_bad_sweep_input_is_one_line(tmp_path, args, message):
     proc = kvbench("sweep", "--num-requests", "5", *args, "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(message)
+
+
+def test_duration_gives_every_rate_a_trace_of_that_length(tmp_path):
+    """--duration: rate x duration requests per loaded cell (at least 20), whatever --num-requests
+    says; the sweep records it, so a resume with another duration is refused as other settings."""
+    out = tmp_path / "d"
+    args = ["sweep", "--engines", "paged", "--rates", "1,4", "--kv-cache-gib", "4", "--num-requests", "7",
+            "--latency-threshold", "1", "--duration", "10", "--out", str(out)]  # fmt: skip
+    proc = kvbench(*args)
+    assert proc.returncode == 0, proc.stderr
+    counts = {float(r["rate"]): int(r["num_requests"]) for r in rows_of(out / "sweep.csv")}
+    assert counts == {1.0: 20, 4.0: 40}
+    assert json.loads((out / "sweep.json").read_text())["duration_s"] == 10.0
+    again = kvbench(*args[:-4], "--duration", "20", "--out", str(out), "--resume")
+    assert again.returncode == 2 and "ran other settings" in again.stderr, again.stderr
 
 
 def test_a_killed_sweep_resumes_without_redoing_or_losing_a_cell(tmp_path):

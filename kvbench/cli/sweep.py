@@ -79,6 +79,13 @@ def _sweep(
         float, typer.Option(help="Unloaded baseline: requests/s, evenly spaced, so each runs alone.")
     ] = 0.001,
     baseline_requests: Annotated[int, typer.Option(help="Unloaded baseline: requests it runs.")] = 50,
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            help="Each loaded cell's trace lasts this many seconds at its rate (rate x duration requests, "
+            "at least 20), not --num-requests: an overload lasts as long at every rate."
+        ),
+    ] = None,
     executor: Annotated[
         str, typer.Option(help="Where cells run: local (this machine) or ray (a Ray cluster).")
     ] = "local",
@@ -114,6 +121,10 @@ def _sweep(
         parse_block_sizes(block_sizes), parse_budgets(kv_cache_gib), parse_seeds(seeds), repeats,
     )  # fmt: skip
     _check_counts(repeats, bisect, threshold_multiple, latency_threshold, baseline_rate, baseline_requests)
+    if duration is not None and not duration > 0:
+        raise KvbenchError(f"--duration must be positive, got {duration}")
+    if duration is not None and not axes.swept_rates:
+        raise KvbenchError("--duration sets each rate's request count: give --rates")
     if not axes.swept_rates and (bisect or latency_threshold is not None or bracket is not None):
         raise KvbenchError("--bisect, --bracket and --latency-threshold find a sustained rate: give --rates")
     options = dict(job_options)
@@ -127,6 +138,7 @@ def _sweep(
     plan = SweepPlan(
         axes, base, CellRun(real_mode, isolate, step_by_step, cell_timeout),
         SustainedOptions(latency_threshold, threshold_multiple, bisect, baseline, bracket), continue_on_error,
+        duration_s=duration,
     )  # fmt: skip
     if not real_mode and not continue_on_error:
         prepare(plan.config(grid_cells(axes)[0]))  # a mistyped setting fails now, not in the first cell
