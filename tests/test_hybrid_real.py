@@ -50,9 +50,10 @@ def trace() -> Trace:
 
 
 class PoisoningRunner(ModelRunner):
-    """After each call, checks that no two blocks (nor two layers) share memory (`owners`), then
-    NaN into the memory of every block the allocator does not hold: a freed window block, a page
-    back in the pool. A later read of it would turn the logits to NaN."""
+    """After each call, checks the allocator (its memory tables included) and that no two blocks
+    (nor two layers) share memory (`owners`), then NaN into the memory of every block the
+    allocator does not hold: a freed window block, a page back in the pool. A later read of it
+    would turn the logits to NaN."""
 
     checked = 0  # calls checked
     freed = 0  # most freed (-1) table entries seen after a call
@@ -65,6 +66,7 @@ class PoisoningRunner(ModelRunner):
     def run(self, batch, max_steps, start_s, until_s):
         result = super().run(batch, max_steps, start_s, until_s)
         if self.grouped is not None:
+            self.allocator.check_integrity()  # the memory tables kept as they change: as built anew
             self.grouped.buffer[owners(self.allocator, self.grouped) < 0] = float("nan")
             self.checked += 1
             tables = [self.allocator.memory_tables(seq) for seq in self.allocator._tables]

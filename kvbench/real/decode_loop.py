@@ -98,7 +98,7 @@ class DecodeLoop:
         """Fill the first `rows` buffer rows: the batch, then padding (`rows` >= batch).
 
         Paged, `addressing` may also be each row's block ids alone (`PagedAllocator.block_lists`);
-        with a table per KV group, it is `[table][row]` (`ModelRunner._tables`).
+        with a table per KV group, it is `[table][row]` block ids (`ModelRunner._table_lists`).
         """
         batch = len(tokens)
         pad = rows - batch
@@ -115,7 +115,7 @@ class DecodeLoop:
         put(self.valid, np.ones(batch, dtype=np.int64))
         if self.num_tables > 1:
             for device_tables, tables in zip(self.group_tables, addressing, strict=True):
-                device_tables.update([table.blocks for table in tables], rows, seq_ids)
+                device_tables.update(tables, rows, seq_ids)
         elif self.block_tables is not None:
             if addressing and isinstance(addressing[0], BlockTable):
                 addressing = [table.blocks for table in addressing]

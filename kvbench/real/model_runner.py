@@ -251,7 +251,7 @@ class ModelRunner(ArenaCopies):
         if loop.paged and self._block_lists is not None:
             where = self._block_lists(seqs)  # the allocator's lists: no tuple per row
         elif self.grouped is not None:
-            where = self._tables(seqs)  # [table][seq]
+            where = self._table_lists(seqs)  # [table][seq] the allocator's lists
         else:
             where = [self.allocator.addressing(seq) for seq in seqs]
         loop.load(
@@ -266,8 +266,13 @@ class ModelRunner(ArenaCopies):
         if self.grouped is None:
             return [[self.allocator.addressing(seq) for seq in seqs]]
         size = self.allocator.block_size
+        return [[BlockTable(tuple(blocks), size) for blocks in table] for table in self._table_lists(seqs)]
+
+    def _table_lists(self, seqs: tuple[Sequence, ...]) -> list[list[list[int]]]:
+        """`[table][seq]` block ids: the allocator's own `memory_tables` lists, read, never kept
+        (a decode segment compares them with what its device tables hold, as paged's `block_lists`)."""
         rows = [self.allocator.memory_tables(seq) for seq in seqs]  # [seq][table]
-        return [[BlockTable(row[t], size) for row in rows] for t in range(self.grouped.num_tables)]
+        return [[row[t] for row in rows] for t in range(self.grouped.num_tables)]
 
     def _last_token(self, seq: Sequence) -> int:
         """The id at the sequence's last position (its next decode step's input): a beam step
