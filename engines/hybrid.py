@@ -63,6 +63,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from engines.allocator import BlockTable
+from kvbench.errors import KvbenchError
 from kvbench.kvspec.layers import KVGroup
 from kvbench.metrics.occupancy import Footprint, Growth
 from kvbench.requests import Request
@@ -193,9 +194,10 @@ class EqualPages(_Pool):
         for g, (group, m) in enumerate(zip(groups, self.multiple, strict=True)):
             layers, per_layer = group.layer_ids, group.layer.bytes_per_token
             if len(layers) % m or len(layers) // m * per_layer != self.unit:
-                raise ValueError(
-                    f"KV group {g} ({len(layers)} layers of {per_layer} B a token) does not split into "
-                    f"{m} pages of {self.unit} B a token: a layer would straddle pages"
+                raise KvbenchError(
+                    f"--engine hybrid: KV group {g} ({len(layers)} layers of {per_layer} B a token) does "
+                    f"not split into {m} pages of {self.unit} B a token (a layer would straddle pages); "
+                    "decode it with --engine jenga"
                 )
             k = len(layers) // m
             for p in range(m):

@@ -269,3 +269,18 @@ def test_beams_fork_and_copy_in_every_group():
     for engine in ("hybrid", "jenga"):
         tokens, _, runner = decode(GEMMA3, engine, requests=work, slots=300)
         assert tokens == expected and runner.copied > 0 and runner.freed > 0, engine
+
+
+def test_a_hybrid_page_layout_that_would_split_a_layer_is_a_one_line_error():
+    """One window layer of 3 x 64 B a token beside one full layer of 2 x 64 B: u = 64 B, so a
+    window block is 3 pages holding one layer, which no strided view can address."""
+    from engines.hybrid import HybridAllocator, JengaAllocator
+    from kvbench.errors import KvbenchError
+    from kvbench.kvspec.layers import FullAttention, KVGroup, SlidingWindow
+
+    groups = (KVGroup(SlidingWindow(3, 8, 16), (0,)), KVGroup(FullAttention(2, 8), (1,)))
+    with pytest.raises(KvbenchError, match=r"^--engine hybrid: KV group 0 .* straddle pages\)") as error:
+        HybridAllocator(100, 4, groups).memory_layout()
+    assert "\n" not in str(error.value)
+    tables = JengaAllocator(100, 4, groups).memory_layout()  # Jenga: a block is a whole group's bytes
+    assert [(t.token_bytes, t.layers) for t in tables] == [(96, ((0, 0),)), (64, ((1, 0),))]
