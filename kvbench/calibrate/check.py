@@ -216,15 +216,18 @@ class FitCheck:
     dropped: list[tuple[Path, Path]]
 
 
-def fit_and_check(fit: list[Path], held_out: list[Path], out: Path, base: Path | None = None) -> FitCheck:
+def fit_and_check(
+    fit: list[Path], held_out: list[Path], out: Path, base: Path | None = None, objective: str | None = None
+) -> FitCheck:
     """Fit the cost model to `fit`, write it to `out`, replay `held_out` with it, and write the
     file again with their errors (`held_out`, `held_out_summary`): what `kvbench calibrate`
     and a real `kvbench reproduce` write. A held-out run that shares a fitted run's trace draw
     (`shared_draw`: a reproduction copies runs between figures, and reruns one trace and seed at
     other rates) is dropped and listed (`held_out_dropped`): its error would be the fit's own.
     Runs are named relative to `base` when given (a reproduction's folder, so that its files
-    name its own runs wherever it is moved)."""
-    from kvbench.calibrate.fit import calibrate
+    name its own runs wherever it is moved). `objective`: the fit's (`OBJECTIVES`; None: the
+    default)."""
+    from kvbench.calibrate.fit import DEFAULT_OBJECTIVE, calibrate
     from kvbench.results.files import write_json
 
     fitted = {run.resolve() for run in fit}
@@ -239,7 +242,8 @@ def fit_and_check(fit: list[Path], held_out: list[Path], out: Path, base: Path |
     def name(run: Path | str) -> str:
         return str(Path(run).relative_to(base)) if base is not None else str(run)
 
-    result = replace(calibrate(fit), runs=tuple(name(run) for run in fit))
+    fitted_runs = tuple(name(run) for run in fit)
+    result = replace(calibrate(fit, objective=objective or DEFAULT_OBJECTIVE), runs=fitted_runs)
     notes = {"held_out_dropped": [
         {"run": name(run), "shares_draw_with": name(twin), **workload_identity(read_config(run))}
         for run, twin in dropped
