@@ -194,6 +194,12 @@ def test_a_held_out_copy_of_a_fitted_run_is_dropped(tmp_path):
         (("FIT", "--held-out", "FIT"), "--held-out {tmp}/fit/a: a run cannot be both fitted and held out"),
         (("FIT", "--held-out", "EMPTY", "FIT"), "--held-out: {tmp}/fit follows it, and would be fitted"),
         (("FIT", "--held-out", "SIM"), "--held-out {tmp}/sim/b: not a real run (mode 'simulated')"),
+        (("FIT", "--objective", "median"), "--objective median: not one of mean, relative, absolute"),
+        # an option's value after --held-out is not a stray run to fit
+        (
+            ("FIT", "--held-out", "EMPTY", "--objective", "relative"),
+            "--held-out {tmp}/empty: no kvbench run folder",
+        ),
     ],
 )
 def test_calibrate_folder_errors_are_one_line(tmp_path, args, message):

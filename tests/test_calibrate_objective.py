@@ -6,6 +6,8 @@ a run's makespan and latency add up (results/reference/calibration-objective).""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -121,3 +123,20 @@ def test_on_the_h200_runs_the_mean_fit_adds_up_the_prefills_and_the_held_out_alp
         latency = next(c for c in check(cost, [held]) if c.metric == "normalized_latency_s")
         errors[objective] = latency.error
     assert abs(errors["mean"]) < 0.10 and errors["relative"] < -0.20, errors
+
+
+def test_kvbench_calibrate_fits_the_objective_it_is_given(tmp_path):
+    """`--objective relative` writes the relative fit (earlier files' constants), the default the
+    mean fit: each the library's fit of that objective, and not the same constants."""
+    run = RUNS / "fig13/seed-0/alpaca-paper/paged"
+    written = {}
+    for args in ((), ("--objective", "relative")):
+        out = tmp_path / f"cost{len(args)}.json"
+        command = [sys.executable, "-m", "kvbench", "calibrate", str(run), "--out", str(out), *args]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=RUNS.parents[2])
+        assert done.returncode == 0, done.stderr
+        written[args[-1] if args else "mean"] = json.loads(out.read_text())
+    for objective, data in written.items():
+        expected = calibrate([run], objective=objective).cost
+        assert data["per_prefill_s"] == pytest.approx(expected.per_prefill_s, rel=1e-9), objective
+    assert written["mean"]["per_prefill_s"] != pytest.approx(written["relative"]["per_prefill_s"], rel=1e-3)

@@ -28,7 +28,7 @@ def stray_after_held_out(args: list[str]) -> str | None:
     seen, index = False, 0
     while index < len(args):
         arg = args[index]
-        if arg in ("--held-out", "--out"):
+        if arg in ("--held-out", "--out", "--objective"):
             seen |= arg == "--held-out"
             index += 2  # the option and its value
             continue
@@ -53,10 +53,23 @@ def calibrate(
             "holding them (repeatable: --held-out A --held-out B; give the runs to fit first)."
         ),
     ] = None,
+    objective: Annotated[
+        str,
+        typer.Option(
+            help="What the fit minimises: mean (each step's error relative to its predicted mean: "
+            "prices the mean step, what a simulation adds up), relative (error relative to the "
+            "measured duration: earlier files' fit, below the median on noisy steps) or absolute "
+            "(squared seconds per step). docs/CALIBRATION.md."
+        ),
+    ] = "mean",
 ) -> None:
     """Least-squares fit of the cost model's constants to the runs' measured step rows."""
     from kvbench.calibrate.check import dropped_note, find_runs, fit_and_check, format_checks, headline
+    from kvbench.calibrate.fit import OBJECTIVES
     from kvbench.results.outputs import prepare_out
+
+    if objective not in OBJECTIVES:
+        raise KvbenchError(f"--objective {objective}: not one of {', '.join(OBJECTIVES)}")
 
     stray = stray_after_held_out(ctx.meta.get("raw_args", []))
     if stray is not None:
@@ -67,7 +80,7 @@ def calibrate(
     prepare_out(out, "calibration")  # a user's file there is refused before fitting (kvbench.results.outputs)
     fit = find_runs(runs, steps=True, flag="kvbench calibrate")
     held = find_runs(held_out, steps=False, flag="--held-out") if held_out else []
-    done = fit_and_check(fit, held, out)
+    done = fit_and_check(fit, held, out, objective=objective)
     if done.checks:
         typer.echo(format_checks(done.checks))
         typer.echo(f"held out: {headline(done.checks)}")
