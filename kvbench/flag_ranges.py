@@ -134,6 +134,7 @@ RANGES: dict[str, Range] = {
     "bracket": POSITIVE,  # relative width (first fail - last pass) / last pass
     "baseline_rate": POSITIVE,
     "baseline_requests": Range(1, MAX_REQUESTS),
+    "duration": POSITIVE,  # seconds of arrivals per loaded cell
     "parallel_gpus": COUNT,
     "ray_retries": Range(0, 1000),
 }

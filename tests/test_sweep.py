@@ -367,6 +367,7 @@ def test_an_isolated_cell_runs_exactly_its_config(tmp_path):
         ),
         (("--resume", "--overwrite"), "error: --resume and --overwrite contradict each other"),
         (("--rates", "2", "--duration", "0"), "error: --duration must be positive, got 0.0"),
+        (("--rates", "2", "--duration", "nan"), "error: --duration must be positive, got nan"),
         (("--duration", "30"), "error: --duration sets each rate's request count: give --rates"),
     ],
 )

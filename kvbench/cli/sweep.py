@@ -121,8 +121,6 @@ def _sweep(
         parse_block_sizes(block_sizes), parse_budgets(kv_cache_gib), parse_seeds(seeds), repeats,
     )  # fmt: skip
     _check_counts(repeats, bisect, threshold_multiple, latency_threshold, baseline_rate, baseline_requests)
-    if duration is not None and not duration > 0:
-        raise KvbenchError(f"--duration must be positive, got {duration}")
     if duration is not None and not axes.swept_rates:
         raise KvbenchError("--duration sets each rate's request count: give --rates")
     if not axes.swept_rates and (bisect or latency_threshold is not None or bracket is not None):
