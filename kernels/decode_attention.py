@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.split_merge import launch_merge_kernel, merge_if_last
+from kernels.split_merge import finish_split, launch_merge_kernel
 from kernels.splits import DecodeWorkspace, choose_launch, choose_num_splits
 
 MERGES = ("kernel", "fused")  # who merges split-KV partials: a second launch, or the last split
@@ -153,25 +153,16 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
 
-    filled = total > 0.0  # an empty range (short context, or none at all) contributes nothing
-    result = tl.where(filled[:, None], acc / tl.where(filled, total, 1.0)[:, None], 0.0)  # [G, D]
-    out_mask = g_mask[:, None] & d_mask[None, :]
     out_rows = out_ptr + b * stride_ob + heads * stride_oh  # [G] pointers
-    if NUM_SPLITS == 1:  # the result is final: no partials, no merge, one launch in all
-        tl.store(out_rows[:, None] + d[None, :], result.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        rows = (b.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * cap  # [G] (b, head) rows, times CAP
-        tl.store(part_ptr + (rows[:, None] + split) * HEAD_DIM + d[None, :], result, mask=out_mask)
-        lse = tl.where(filled, m + tl.log(tl.where(filled, total, 1.0)), float("-inf"))  # [G]
-        tl.store(lse_ptr + rows + split, lse, mask=g_mask)
-        if FUSED:
-            merge_if_last(
-                part_ptr, lse_ptr, tickets_ptr + b * tl.num_programs(1) + kv_head, rows, out_rows, d, g_mask,
-                out_mask, HEAD_DIM, NUM_SPLITS, BLOCK_G, BLOCK_D,
-            )  # fmt: skip
+    rows = (b.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * cap  # [G] (b, head) rows, times CAP
+    finish_split(
+        acc, m, total, out_ptr, out_rows, part_ptr, lse_ptr, tickets_ptr + b * tl.num_programs(1) + kv_head,
+        rows, split, d, g_mask, d_mask, HEAD_DIM, NUM_SPLITS, FUSED, BLOCK_G, BLOCK_D,
+    )  # fmt: skip
 
 
-def _tile(size: int) -> int:
+def block_width(size: int) -> int:
+    """A kernel's tile along a dimension of `size`: a power of two, at least 16 (`tl.dot`'s minimum)."""
     return max(16, triton.next_power_of_2(size))
 
 
@@ -246,7 +237,7 @@ def decode_attention(
         table.stride(0), out.stride(0), out.stride(1),
         GROUP=heads // kv_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
         PAGED=paged, BLOCK_SIZE=block_size if paged else 1,
-        BLOCK_G=_tile(heads // kv_heads), BLOCK_D=_tile(head_dim), BLOCK_N=launch[0],
+        BLOCK_G=block_width(heads // kv_heads), BLOCK_D=block_width(head_dim), BLOCK_N=launch[0],
         FUSED=fused, DOT_PRECISION=dot_precision(q.dtype), WINDOW=window,
         num_warps=launch[1], num_stages=launch[2],
         **({"maxnreg": FUSED_MAXNREG} if fused else {}),

@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.decode_attention import FUSED_MAXNREG, MERGE, MERGES, dot_precision, tile_slots
-from kernels.split_merge import launch_merge_kernel, merge_if_last
+from kernels.decode_attention import FUSED_MAXNREG, MERGE, MERGES, block_width, dot_precision, tile_slots
+from kernels.split_merge import finish_split, launch_merge_kernel
 from kernels.splits import DecodeWorkspace, choose_launch, choose_num_splits
 
 HEADS_PER_PROGRAM = 16  # query heads sharing each loaded tile; tl.dot pads a group to 16 rows anyway
@@ -103,26 +103,12 @@ def _mla_decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)  # values: c
         m = m_new
 
-    filled = total > 0.0  # an empty range (short context, or none at all) contributes nothing
-    result = tl.where(filled[:, None], acc / tl.where(filled, total, 1.0)[:, None], 0.0)  # [G, L]
-    out_mask = g_mask[:, None] & l_mask[None, :]
     out_rows = out_ptr + b * stride_ob + heads * stride_oh  # [G] pointers
-    if NUM_SPLITS == 1:  # the result is final: no partials, no merge, one launch in all
-        tl.store(out_rows[:, None] + dl[None, :], result.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        rows = (b.to(tl.int64) * HEADS + heads) * cap  # [G] (b, head) rows of the workspace, times CAP
-        tl.store(part_ptr + (rows[:, None] + split) * LATENT + dl[None, :], result, mask=out_mask)
-        lse = tl.where(filled, m + tl.log(tl.where(filled, total, 1.0)), float("-inf"))  # [G]
-        tl.store(lse_ptr + rows + split, lse, mask=g_mask)
-        if FUSED:
-            merge_if_last(
-                part_ptr, lse_ptr, tickets_ptr + b * tl.num_programs(1) + group, rows, out_rows, dl, g_mask,
-                out_mask, LATENT, NUM_SPLITS, BLOCK_G, BLOCK_L,
-            )  # fmt: skip
-
-
-def _tile(size: int) -> int:
-    return max(16, triton.next_power_of_2(size))
+    rows = (b.to(tl.int64) * HEADS + heads) * cap  # [G] (b, head) rows of the workspace, times CAP
+    finish_split(
+        acc, m, total, out_ptr, out_rows, part_ptr, lse_ptr, tickets_ptr + b * tl.num_programs(1) + group,
+        rows, split, dl, g_mask, l_mask, LATENT, NUM_SPLITS, FUSED, BLOCK_G, BLOCK_L,
+    )  # fmt: skip
 
 
 def head_groups(heads: int) -> int:
@@ -134,7 +120,7 @@ def mla_launch(programs: int, latent: int, device: torch.device) -> tuple[int, i
     """`choose_launch`'s (positions per tile, warps, stages), with 32-position tiles from a latent
     of 256 on: a `[128, 576]` bf16 tile is 144 KiB a pipeline stage, more than shared memory holds."""
     tile, warps, stages = choose_launch(programs, device)
-    return (min(tile, 32), warps, stages) if _tile(latent) >= LARGE_LATENT else (tile, warps, stages)
+    return (min(tile, 32), warps, stages) if block_width(latent) >= LARGE_LATENT else (tile, warps, stages)
 
 
 def mla_decode_attention(
@@ -194,7 +180,8 @@ def mla_decode_attention(
         q.stride(0), q.stride(1), cache.stride(0), table.stride(0), out.stride(0), out.stride(1),
         HEADS=heads, GROUP=group, LATENT=latent, ROPE=rope, NUM_SPLITS=num_splits,
         PAGED=paged, BLOCK_SIZE=block_size if paged else 1,
-        BLOCK_G=_tile(group), BLOCK_L=_tile(latent), BLOCK_R=_tile(max(rope, 1)), BLOCK_N=launch[0],
+        BLOCK_G=block_width(group), BLOCK_L=block_width(latent), BLOCK_R=block_width(max(rope, 1)),
+        BLOCK_N=launch[0],
         FUSED=fused, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=launch[1], num_stages=launch[2],
         **({"maxnreg": FUSED_MAXNREG} if fused else {}),

@@ -39,6 +39,35 @@ import triton.language as tl
 
 
 @triton.jit
+def finish_split(
+    acc, m, total,  # [G, D] weighted values, [G] running max and [G] softmax mass of one split
+    out_ptr,  # the output tensor (its element type is what a final result is stored as)
+    out_rows,  # [G] pointers: each query head's output row [D]
+    part_ptr, lse_ptr, ticket_ptr,  # the DecodeWorkspace's partials, log-sum-exps, this group's ticket
+    rows,  # [G] int64: each query head's row (b, h) in the workspace, times CAP
+    split, d, g_mask, d_mask,  # this split, [D] columns, [G] and [D] masks
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, FUSED: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """A split program's end, the same in every decode kernel: normalize its online softmax, then
+    store the final output (one split), or its partial and log-sum-exp and merge if it is last."""
+    filled = total > 0.0  # an empty range (short context, or none at all) contributes nothing
+    result = tl.where(filled[:, None], acc / tl.where(filled, total, 1.0)[:, None], 0.0)  # [G, D]
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if NUM_SPLITS == 1:  # the result is final: no partials, no merge, one launch in all
+        tl.store(out_rows[:, None] + d[None, :], result.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tl.store(part_ptr + (rows[:, None] + split) * HEAD_DIM + d[None, :], result, mask=out_mask)
+        lse = tl.where(filled, m + tl.log(tl.where(filled, total, 1.0)), float("-inf"))  # [G]
+        tl.store(lse_ptr + rows + split, lse, mask=g_mask)
+        if FUSED:
+            merge_if_last(
+                part_ptr, lse_ptr, ticket_ptr, rows, out_rows, d, g_mask, out_mask, HEAD_DIM, NUM_SPLITS,
+                BLOCK_G, BLOCK_D,
+            )  # fmt: skip
+
+
+@triton.jit
 def merge_if_last(
     part_ptr,  # [N, H, CAP, D] float32 partial outputs
     lse_ptr,  # [N, H, CAP] float32 their log-sum-exp

@@ -26,12 +26,10 @@ from kvbench.real.model_runner import ModelRunner
 from kvbench.requests import Request, Trace
 from tests.support import VIRTUAL_CLOCK
 from tests.test_modeling import engine_options
+from tests.test_real_window_pricing import GEMMA3_TINY
 
 CPU = torch.device("cpu")
-GEMMA3 = ModelSpec(
-    "tiny-gemma3", "gemma3", 6, 64, 4, 2, 128, 512, 64, norm_eps=1e-6, rope_theta=1e6, head_size=32,
-    window=8, window_layers=(0, 1, 2, 3, 4), local_rope_theta=10000.0, tied_embeddings=True, query_scale=24.0,
-)  # fmt: skip
+GEMMA3 = GEMMA3_TINY  # five window layers of 8 tokens per global one, as Gemma 3
 # Gemma 2's alternation: two groups of equal layer count (hybrid pages of 2 layers, jenga of 2 blocks)
 GEMMA2 = ModelSpec(
     "tiny-gemma2", "gemma2", 4, 64, 4, 2, 128, 512, 64, norm_eps=1e-6, rope_theta=1e4, head_size=32,
