@@ -217,16 +217,9 @@ def decode_attention(
         num_splits = choose_num_splits(batch, kv_heads, min(longest, window) if window else longest, q.device)
     fused = merge == "fused" and num_splits > 1
     launch = launch or choose_launch(batch * kv_heads * num_splits, q.device)
-    if num_splits > 1:
-        if workspace is None:
-            workspace = DecodeWorkspace.allocate(
-                batch, heads, kv_heads, head_dim, num_splits, q.device, tickets=fused
-            )
-        workspace.check(batch, heads, kv_heads, head_dim, num_splits, q.device, fused=fused)
-        part, lse, tickets, cap = workspace.part, workspace.lse, workspace.tickets, workspace.max_splits
-    else:
-        part = lse = tickets = out  # placeholders: one split writes the output itself
-        cap = 1
+    part, lse, tickets, cap = DecodeWorkspace.buffers(
+        workspace, out, batch, heads, kv_heads, head_dim, num_splits, fused=fused
+    )
     table = block_tables if paged else context_lens  # a placeholder pointer where unused
     grid = (batch, kv_heads, num_splits)
     _decode_split_kernel[grid](

@@ -161,16 +161,9 @@ def mla_decode_attention(
         num_splits = choose_num_splits(batch, groups, int(context_lens.max()), q.device)
     fused = merge == "fused" and num_splits > 1
     launch = launch or mla_launch(batch * groups * num_splits, latent, q.device)
-    if num_splits > 1:
-        if workspace is None:
-            workspace = DecodeWorkspace.allocate(
-                batch, heads, groups, latent, num_splits, q.device, tickets=fused
-            )
-        workspace.check(batch, heads, groups, latent, num_splits, q.device, fused=fused)
-        part, lse, tickets, cap = workspace.part, workspace.lse, workspace.tickets, workspace.max_splits
-    else:
-        part = lse = tickets = out  # placeholders: one split writes the output itself
-        cap = 1
+    part, lse, tickets, cap = DecodeWorkspace.buffers(
+        workspace, out, batch, heads, groups, latent, num_splits, fused=fused
+    )
     table = block_tables if paged else context_lens  # a placeholder pointer where unused
     group = min(heads, HEADS_PER_PROGRAM)
     _mla_decode_kernel[(batch, groups, num_splits)](

@@ -102,6 +102,23 @@ class DecodeWorkspace:
     def max_splits(self) -> int:
         return self.part.shape[2]
 
+    @staticmethod
+    def buffers(
+        workspace: DecodeWorkspace | None, out: torch.Tensor, batch: int, heads: int, kv_heads: int,
+        head_dim: int, splits: int, *, fused: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:  # fmt: skip
+        """A split launch's (part, lse, tickets, CAP): `workspace`'s, allocated when None and checked
+        against the launch; with one split, `out` stands in for all three (the kernel writes the
+        output itself and never touches them) and CAP is 1."""
+        if splits == 1:
+            return out, out, out, 1
+        if workspace is None:
+            workspace = DecodeWorkspace.allocate(
+                batch, heads, kv_heads, head_dim, splits, out.device, tickets=fused
+            )
+        workspace.check(batch, heads, kv_heads, head_dim, splits, out.device, fused=fused)
+        return workspace.part, workspace.lse, workspace.tickets, workspace.max_splits
+
     def check(
         self, batch: int, heads: int, kv_heads: int, head_dim: int, splits: int, device, *, fused: bool
     ) -> None:
