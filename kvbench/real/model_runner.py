@@ -139,14 +139,16 @@ class ModelRunner(ArenaCopies):
             seqlens.append(hi - lo)
         dev = self.device
         cu = torch.tensor(np.concatenate([[0], np.cumsum(seqlens)]), device=dev)  # [B + 1]
-        slot_maps = []
-        for table in tables:
-            slots = np.concatenate([_slots(where, pos) for where, pos in zip(table, positions, strict=True)])
-            input_ids, pos, slot_mapping = pad_prefill(
-                *(torch.from_numpy(np.concatenate(parts)).to(dev) for parts in (ids, positions)),
-                torch.from_numpy(slots).to(dev),
-            )  # [T + pad] each
-            slot_maps.append(slot_mapping)
+        # [T] slots per table, stacked so every table's mapping is padded and uploaded in one go
+        slots = np.stack([
+            np.concatenate([_slots(where, pos) for where, pos in zip(table, positions, strict=True)])
+            for table in tables
+        ])  # [tables, T]
+        input_ids, pos, slot_mapping = pad_prefill(
+            *(torch.from_numpy(np.concatenate(parts)).to(dev) for parts in (ids, positions)),
+            torch.from_numpy(slots).to(dev),
+        )  # [T + pad], [T + pad], [tables, T + pad]
+        slot_maps = slot_mapping.unbind(0)
         context = torch.tensor([seq.num_tokens for seq in batch.seqs], dtype=torch.int32, device=dev)  # [B]
         metas = [
             AttentionMetadata(
@@ -323,8 +325,8 @@ def padded_tokens(tokens: int) -> int:
 def pad_prefill(
     input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A prefill's packed inputs `[T]` each, padded to `padded_tokens(T)` rows: token 0 at
-    position 0, slot -1 (never stored)."""
+    """A prefill's packed inputs `[T]` each (slots `[T]`, or `[tables, T]`: one mapping per
+    block table), padded to `padded_tokens(T)` rows: token 0 at position 0, slot -1 (never stored)."""
     pad = padded_tokens(len(input_ids)) - len(input_ids)
     return F.pad(input_ids, (0, pad)), F.pad(positions, (0, pad)), F.pad(slots, (0, pad), value=-1)
 
