@@ -194,11 +194,16 @@ def test_a_freed_entry_is_never_dereferenced(backend):
     whole = torch.tensor([[4, 0, 5, 2, 1, 3]], dtype=torch.int32)
     lens = torch.tensor([21], dtype=torch.int32)
     q = torch.randn(1, 4, 32)
-    decoded = []
-    for freed in (0, 3):
+
+    def freeing(freed: int) -> dict:
+        """The attention arguments with the table's first `freed` entries -1."""
         table = whole.clone()
         table[0, :freed] = -1
-        kwargs = dict(scale=0.2, block_tables=table, block_size=bs, window=window)
+        return dict(scale=0.2, block_tables=table, block_size=bs, window=window)
+
+    decoded = []
+    for freed in (0, 3):
+        kwargs = freeing(freed)
         if backend == "triton":
             decoded += [decode_attention(q, k, v, lens, num_splits=n, **kwargs) for n in (1, 2)]
         else:
@@ -208,9 +213,7 @@ def test_a_freed_entry_is_never_dereferenced(backend):
     cu = torch.tensor([0, 8])
     extended = []
     for freed in (0, 1):
-        table = whole.clone()
-        table[0, :freed] = -1
-        kwargs = dict(scale=0.2, block_tables=table, block_size=bs, window=window)
+        kwargs = freeing(freed)
         if backend == "triton":
             extended.append(extend_attention(new, k, v, cu, lens, max_new=8, **kwargs))
         else:
