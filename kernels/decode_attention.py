@@ -161,6 +161,19 @@ def _decode_split_kernel(
     )  # fmt: skip
 
 
+def check_addressing(kernel: str, block_tables, starts, block_size: int, merge: str) -> bool:
+    """Raise ValueError unless a decode kernel's call names its K/V (block tables with a
+    power-of-two block size, or extent starts) and a known merge; True when it is paged."""
+    paged = block_tables is not None
+    if not paged and starts is None:
+        raise ValueError(f"{kernel} needs block_tables (paged) or starts (contiguous)")
+    if paged and (block_size < 1 or block_size & (block_size - 1)):
+        raise ValueError(f"block_size must be a power of two, got {block_size}")
+    if merge not in MERGES:
+        raise ValueError(f"merge must be one of {', '.join(MERGES)}, got {merge!r}")
+    return paged
+
+
 def block_width(size: int) -> int:
     """A kernel's tile along a dimension of `size`: a power of two, at least 16 (`tl.dot`'s minimum)."""
     return max(16, triton.next_power_of_2(size))
@@ -198,13 +211,7 @@ def decode_attention(
     """
     batch, heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
-    paged = block_tables is not None
-    if not paged and starts is None:
-        raise ValueError("decode_attention needs block_tables (paged) or starts (contiguous)")
-    if paged and (block_size < 1 or block_size & (block_size - 1)):
-        raise ValueError(f"block_size must be a power of two, got {block_size}")
-    if merge not in MERGES:
-        raise ValueError(f"merge must be one of {', '.join(MERGES)}, got {merge!r}")
+    paged = check_addressing("decode_attention", block_tables, starts, block_size, merge)
     window = window or 0
     if window < 0:
         raise ValueError(f"window must be 0 (full attention) or positive, got {window}")

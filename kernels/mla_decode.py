@@ -32,7 +32,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.decode_attention import FUSED_MAXNREG, MERGE, MERGES, block_width, dot_precision, tile_slots
+from kernels.decode_attention import (
+    FUSED_MAXNREG,
+    MERGE,
+    block_width,
+    check_addressing,
+    dot_precision,
+    tile_slots,
+)
 from kernels.split_merge import finish_split, launch_merge_kernel
 from kernels.splits import DecodeWorkspace, choose_launch, choose_num_splits
 
@@ -145,13 +152,7 @@ def mla_decode_attention(
         raise ValueError("mla_decode_attention needs q and cache contiguous in their last dim")
     if cache.shape[-1] != width or (cache.dim() == 3 and cache.shape[1] != 1):
         raise ValueError(f"MLA cache must be [S, 1, {width}], got {tuple(cache.shape)}")
-    paged = block_tables is not None
-    if not paged and starts is None:
-        raise ValueError("mla_decode_attention needs block_tables (paged) or starts (contiguous)")
-    if paged and (block_size < 1 or block_size & (block_size - 1)):
-        raise ValueError(f"block_size must be a power of two, got {block_size}")
-    if merge not in MERGES:
-        raise ValueError(f"merge must be one of {', '.join(MERGES)}, got {merge!r}")
+    paged = check_addressing("mla_decode_attention", block_tables, starts, block_size, merge)
     if out is None:
         out = torch.empty((batch, heads, latent), dtype=q.dtype, device=q.device)
     if batch == 0:
