@@ -12,14 +12,26 @@ the engine integrates every category exactly over them. The traces are read thro
 `KVBENCH_TRACE_DIR`.
 
     python benchmarks/hybrid_occupancy.py [--num-requests 600] [--seeds 0,1,2] [--out table.md]
+
+With `--real SWEEP` (repeatable: `kvbench sweep --real` folders of these engines on one model)
+the rows are the real cells' summaries instead, grouped by trace and engine over their seeds,
+and every cell is also simulated from its own config.json on the H200 cost model, so the table
+shows what the simulator predicts for exactly the runs measured. A (trace, engine) with fewer
+than 3 finished cells says so in its `runs` column.
+
+    python benchmarks/hybrid_occupancy.py --real results/reference/hybrid-real/sharegpt-paper \
+        --real results/reference/hybrid-real/arxiv-sum --out table.md
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
+from kvbench.calibrate.check import read_config
 from kvbench.config import RunConfig
 from kvbench.metrics.occupancy import CATEGORIES
 from kvbench.simulate import simulate
@@ -50,7 +62,14 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=600)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--real", type=Path, action="append", default=[], help="a real sweep folder")
     args = parser.parse_args()
+    if args.real:
+        text = real_tables(args.real)
+        print(text)
+        if args.out:
+            args.out.write_text(text)
+        return
     seeds = [int(s) for s in args.seeds.split(",")]
     runs = {
         (trace, engine): [cell(engine, trace, rate, seed, args.num_requests) for seed in seeds]
@@ -89,9 +108,88 @@ def main() -> None:
         args.out.write_text(text)
 
 
+def real_tables(sweeps: list[Path]) -> str:
+    """The real cells of `sweeps` by (trace, engine), beside the simulator on the same configs."""
+    runs: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
+    for folder in sweeps:
+        for summary in sorted((folder / "cells").glob("*/summary.json")):
+            config = replace(read_config(summary.parent), emulate_gpu="h200-141gb", device="cpu")
+            real = json.loads(summary.read_text()) | {"workload_seed": config.workload.seed}
+            simulated = simulate(config).summary
+            runs.setdefault((real["trace"], real["engine"]), []).append((real, simulated))
+    sat = "occupancy_saturated"
+    lines = [
+        "Real cells (bf16, random weights, one H200), mean ± 95 % CI over the runs; `sim` is the"
+        " simulator (H200 cost model) on each cell's own config. Saturated-weighted: over the steps"
+        " during which a request waited.",
+        "",
+        "| trace | engine | runs | batched req. (sat.) | sim | token states % (sat.) | sim"
+        " | behind window % (sat.) | req/s | sim | output tok/s | preemptions |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (trace, engine), cells in sorted(runs.items(), key=lambda item: _order(*item[0])):
+        real = [r for r, _ in cells]
+        sim = [s for _, s in cells]
+        values = [
+            f"{len(cells)}" + ("" if len(cells) > 1 else " (one run)"),
+            _ci([r["mean_batched_requests_saturated"] or math.nan for r in real]),
+            _ci([s["mean_batched_requests_saturated"] or math.nan for s in sim]),
+            _ci([100 * (r[sat] or {}).get("token_states", math.nan) for r in real]),
+            _ci([100 * (s[sat] or {}).get("token_states", math.nan) for s in sim]),
+            _ci([100 * (r[sat] or {}).get("outside_window", math.nan) for r in real]),
+            _ci([r["request_throughput"] for r in real], 2),
+            _ci([s["request_throughput"] for s in sim], 2),
+            _ci([r["output_token_throughput"] for r in real], 0),
+            _ci([r["num_preemptions"] for r in real]),
+        ]
+        requests = real[0]["num_requests"]
+        lines.append(f"| {trace} ({requests} req.) | {engine} | " + " | ".join(values) + " |")
+    return "\n".join(lines) + "\n\n" + _paired_ratios(runs) + "\n"
+
+
+def _paired_ratios(runs: dict[tuple[str, str], list[tuple[dict, dict]]]) -> str:
+    """Each engine over paged, seed by seed (the same trace draw and arrivals), then mean ± CI:
+    the seeds' own spread cancels in the ratio."""
+    lines = [
+        "Over paged, paired by seed (mean ± 95 % CI of the per-seed ratios):",
+        "",
+        "| trace | engine | seeds | batched req. (sat.) | req/s | mean step s | sim req/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (trace, engine), cells in sorted(runs.items(), key=lambda item: _order(*item[0])):
+        paged = {r["workload_seed"]: (r, s) for r, s in runs.get((trace, "paged"), [])}
+        pairs = [(r, s, *paged[r["workload_seed"]]) for r, s in cells if r["workload_seed"] in paged]
+        if engine == "paged" or not pairs:
+            continue
+        values = [
+            str(len(pairs)),
+            _ci(
+                [
+                    a["mean_batched_requests_saturated"] / b["mean_batched_requests_saturated"]
+                    for a, _, b, _ in pairs
+                ],
+                2,
+            ),
+            _ci([a["request_throughput"] / b["request_throughput"] for a, _, b, _ in pairs], 3),
+            _ci([_step_s(a) / _step_s(b) for a, _, b, _ in pairs], 3),
+            _ci([s["request_throughput"] / t["request_throughput"] for _, s, _, t in pairs], 3),
+        ]
+        lines.append(f"| {trace} | {engine} | " + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
+def _step_s(summary: dict) -> float:
+    return summary["busy_s"] / summary["num_steps"]
+
+
+def _order(trace: str, engine: str) -> tuple[int, int]:
+    traces = [t for t, _ in TRACES]
+    return (traces.index(trace) if trace in traces else len(traces), ENGINES.index(engine))
+
+
 def _ci(values: list[float], digits: int = 1) -> str:
     mean, half = mean_ci95(values)
-    return f"{mean:.{digits}f} ± {half:.{digits}f}"
+    return f"{mean:.{digits}f}" if math.isnan(half) else f"{mean:.{digits}f} ± {half:.{digits}f}"
 
 
 if __name__ == "__main__":
