@@ -297,6 +297,29 @@ class VirtualAllocator:
         self.unmaps += 1
         return pages.pop()
 
+    def held_ranges(self) -> np.ndarray:
+        """`[max_requests]` True where a sequence or a group holds the range (not free)."""
+        held = np.ones(self.max_requests, dtype=bool)
+        held[list(self._free_ranges)] = False
+        return held
+
+    def reclaim_order(self, count: int) -> list[int]:
+        """The ranges the next `count` pages taken beyond the unmapped pool would be reclaimed
+        from, in order, one entry per page (fewer when the idle pages run out), as `_take_page`
+        would choose them now; nothing changes. A real arena mapping ahead of need unmaps these
+        pages early, so the reclaim the allocator makes later costs no driver call then."""
+        idle = [(len(self._mapped[r]), r) for r in self._free_ranges if self._mapped[r]]
+        heapq.heapify(idle)
+        order: list[int] = []
+        while idle and len(order) < count:
+            pages, r = idle[0]  # the fewest first, then the lowest id: `_take_page`'s choice
+            order.append(r)
+            if pages > 1:
+                heapq.heapreplace(idle, (pages - 1, r))
+            else:
+                heapq.heappop(idle)
+        return order
+
     def growth_horizon(self, seqs: Seq[Sequence], max_steps: int) -> int:
         """Steps before a sequence needs a page the unmapped pool cannot give: reclaiming an idle
         page changes the idle total, which a segment's occupancy integral holds constant, so a

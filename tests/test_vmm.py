@@ -425,6 +425,28 @@ class VirtualMachine(RuleBasedStateMachine):
         assert fp.tokens == sum(s.num_computed for s in self.owner)
         assert alloc.external_frag(None) == float(alloc.num_slots - alloc.num_pages * pt)
 
+    @invariant()
+    def predicts_its_reclaims(self):
+        """`reclaim_order` names the ranges the model's next takes beyond the pool empty, in
+        order (what a real arena unmaps early when mapping ahead), without changing anything;
+        `held_ranges` are the ranges a sequence holds."""
+        if self.alloc is None:
+            return
+        counts = [len(pages) for pages in self.mapped]
+        want = []
+        for _ in range(self.idle() + 1):
+            idle = [r for r in self.free_ranges() if counts[r]]
+            if not idle:
+                break
+            r = min(idle, key=lambda r: (counts[r], r))
+            want.append(r)
+            counts[r] -= 1
+        assert self.alloc.reclaim_order(len(want) + 1) == want
+        assert self.alloc.reclaim_order(1) == want[:1]
+        assert self.alloc._mapped == self.mapped  # asking changed nothing
+        held = set(self.owner.values())
+        assert self.alloc.held_ranges().tolist() == [r in held for r in range(self.alloc.max_requests)]
+
     def teardown(self):
         if self.alloc is None:
             return

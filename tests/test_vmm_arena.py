@@ -72,6 +72,11 @@ def test_vmm_over_the_virtual_arena_gives_orca_oracles_tokens(model_name, layout
         assert (arena.ahead_maps > 0) == (vmm_map == "ahead")
 
 
+def critical_calls(arena: VirtualKVArena) -> int:
+    """Driver calls `sync` made: inside a step's measured time."""
+    return arena.maps - arena.ahead_maps + arena.unmaps - arena.ahead_unmaps
+
+
 @pytest.mark.parametrize("layout", ["per-layer", "per-request"])
 def test_vmm_arena_under_memory_pressure_remaps_pages_and_keeps_the_tokens(layout):
     oracle, _, _ = decode("orca-oracle", "tiny-llama", 1024)
@@ -80,6 +85,20 @@ def test_vmm_arena_under_memory_pressure_remaps_pages_and_keeps_the_tokens(layou
         assert sum(seq.num_preemptions for seq in run.sequences) > 0  # the case is exercised
         assert alloc.unmaps > 0 and arena.unmaps > 0  # idle pages were reclaimed under other ranges
         assert [seq.output_ids for seq in run.sequences] == [seq.output_ids for seq in oracle.sequences]
+
+
+def test_mapping_ahead_takes_driver_calls_out_of_the_steps_under_memory_pressure():
+    """12 pages of 8 slots for 16 requests: every page mapped, idle ones reclaimed. Ahead, the
+    runner maps (and reclaims) next segments' pages while the device runs, so fewer calls are
+    left inside the steps than when every page is mapped just before the step needing it."""
+    calls = {}
+    for vmm_map in ("sync", "ahead"):
+        run, _, arena = decode("vmm", "tiny-llama", 96, vmm_map=vmm_map)
+        assert sum(seq.num_preemptions for seq in run.sequences) > 0
+        calls[vmm_map] = critical_calls(arena)
+        if vmm_map == "ahead":
+            assert arena.ahead_unmaps > 0  # idle pages reclaimed early
+    assert calls["ahead"] < calls["sync"]
 
 
 def test_an_arena_that_misses_a_map_changes_the_tokens():
@@ -130,6 +149,37 @@ def test_sync_maps_and_unmaps_at_each_ranges_end_and_ahead_stays_in_the_budget()
     assert arena.mapped.tolist() == [1, 0, 0] and arena.unmaps == 6
     arena.close()
     assert arena.driver_pages == frozenset() and arena.mapped.sum() == 0
+
+
+def test_ahead_reclaims_the_idle_page_the_allocator_takes_next_so_its_take_costs_no_call():
+    """With every physical page mapped (deferred reclamation), mapping ahead first unmaps the
+    idle page the allocator will reclaim next; when it does, `sync` has nothing left to do. A
+    prediction the allocator does not follow is mapped back by `sync`."""
+    from tests.test_vmm import admit, run_one_step, seq_of, small
+
+    spec = get_model("tiny-llama")
+    alloc = small(max_len=12)  # 5 pages of 4 slots, 3 ranges of 12
+    arena = VirtualKVArena.for_allocator(spec, alloc, "per-layer", torch.float32, CPU)
+    a, b, c = seq_of(1, 4, 8), seq_of(2, 8, 1), seq_of(3, 8, 4)
+    for seq in (a, b, c):
+        admit(alloc, seq)  # ranges 0, 1, 2 hold 1, 2 and 2 pages: none is unmapped
+    alloc.free(b)  # range 1 idle with 2 pages
+    arena.sync(alloc.mapped_counts())
+    assert arena.mapped.tolist() == [1, 2, 2] and alloc.reclaim_order(3) == [1, 1]
+    arena.prefetch({2: 3})  # c's third page: none is unmapped, so range 1's last goes first
+    assert arena.mapped.tolist() == [1, 1, 3] and (arena.ahead_maps, arena.ahead_unmaps) == (1, 1)
+    run_one_step(alloc, c)  # prefill
+    run_one_step(alloc, c)  # position 8: the allocator reclaims range 1's last page
+    assert alloc.mapped_counts().tolist() == [1, 1, 3]
+    calls = arena.maps + arena.unmaps
+    arena.sync(alloc.mapped_counts(), keep=[2])
+    assert arena.maps + arena.unmaps == calls  # predicted: no call inside the step's time
+    arena.prefetch({0: 2})  # a's second page: range 1's last idle page goes early again
+    assert arena.mapped.tolist() == [2, 0, 3] and arena.ahead_unmaps == 2
+    alloc.free(a)  # a finishes instead: the reclaim never comes
+    arena.sync(alloc.mapped_counts(), keep=[2])
+    assert arena.mapped.tolist() == arena.backed(alloc.mapped_counts()).tolist() == [1, 1, 3]
+    arena.close()
 
 
 def test_per_request_layout_keeps_a_tokens_layers_together():

@@ -19,6 +19,12 @@ A range's pages are always its first ones, so the arena keeps one count per rang
 reclamation (pages kept under a finished request's range) is the allocator's choice and simply
 stays mapped. `prefetch` maps pages beyond them early (`--vmm-map ahead`), never more pages in
 all than the budget's; `sync` unmaps such pages first when the allocator needs the memory.
+Once deferred reclamation has mapped every physical page (idle ranges keep theirs), mapping
+ahead needs a page unmapped first: `prefetch` asks the allocator which idle pages its next
+reclaims would take (`VirtualAllocator.reclaim_order`) and unmaps those early, so the reclaim
+and the map both happen while the device runs, as vAttention's background mapping does. A
+prediction the allocator does not follow (a request finished, another was admitted) costs
+calls, not correctness: `sync` maps back every page the allocator still counts.
 
 Range 0's first page (the pages under slot 0) stays mapped from construction to `close`, held by
 the allocator or not: every virtual tensor starts there, and both torch (viewing the span) and
@@ -36,6 +42,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from fractions import Fraction
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -43,6 +50,17 @@ import torch
 from kvbench.errors import KvbenchError
 from kvbench.models import ModelSpec
 from kvbench.vmm.pages import LAYOUTS
+
+
+class Reclaimer(Protocol):
+    """What mapping ahead asks the allocator (`engines.vmm.VirtualAllocator`): which ranges its
+    next reclaims take, the pages it counts under each, and which ranges it holds."""
+
+    def reclaim_order(self, count: int) -> list[int]: ...
+
+    def mapped_counts(self) -> np.ndarray: ...
+
+    def held_ranges(self) -> np.ndarray: ...
 
 
 class _HostPages:
@@ -125,6 +143,7 @@ class VirtualKVArena:
     def __init__(
         self, spec: ModelSpec, *, ranges: int, range_slots: int, page_tokens: Fraction | int, num_pages: int,
         layout: str, dtype: torch.dtype, device: torch.device,
+        reclaimer: Reclaimer | None = None,
     ) -> None:  # fmt: skip
         if layout not in LAYOUTS:
             raise KvbenchError(f"--vmm-layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
@@ -161,7 +180,10 @@ class VirtualKVArena:
         self._page_bytes = int(page_elems) * flat.element_size()
         self.mapped = self._floor.copy()  # [ranges] pages mapped under each range
         self.maps = self.unmaps = self.ahead_maps = 0  # allocator pages (each a driver page per tensor)
+        self.ahead_unmaps = 0  # of `unmaps`, idle pages `prefetch` reclaimed early
+        self._reclaimer = reclaimer  # the allocator, asked by `prefetch` (None: no early reclaim)
         self.map_s = 0.0  # seconds in driver calls (map, unmap) of `sync` and `prefetch`
+        self.ahead_s = 0.0  # of `map_s`, `prefetch`'s: spent while the device runs steps
 
     @classmethod
     def for_allocator(
@@ -171,7 +193,7 @@ class VirtualKVArena:
         return cls(
             spec, ranges=allocator.max_requests, range_slots=allocator.range_slots,
             page_tokens=allocator.page_tokens, num_pages=allocator.num_pages, layout=layout, dtype=dtype,
-            device=device,
+            device=device, reclaimer=allocator if hasattr(allocator, "reclaim_order") else None,
         )  # fmt: skip
 
     @property
@@ -211,16 +233,19 @@ class VirtualKVArena:
 
     def sync(self, need: np.ndarray, keep: Iterable[int] = ()) -> None:
         """Map exactly `need[r]` pages under each range `r` (the allocator's counts; range 0
-        keeps its pinned ones), unmapping first; ranges in `keep` keep pages mapped ahead beyond
-        theirs while the budget allows."""
+        keeps its pinned ones), unmapping first; ranges in `keep` (and, with a reclaimer, every
+        range the allocator holds: a prefill batch must not undo what decoding sequences mapped
+        ahead) keep pages mapped ahead beyond theirs while the budget allows, those furthest
+        ahead given up first when it does not."""
         start = time.perf_counter()
         need = self.backed(need)  # [ranges]
         target = need.copy()
         kept = np.fromiter(keep, dtype=np.int64)
+        if len(kept) and self._reclaimer is not None:
+            kept = np.union1d(kept, np.flatnonzero(self._reclaimer.held_ranges()))
         if len(kept):
             target[kept] = np.maximum(need[kept], self.mapped[kept])
-            if target.sum() > self.num_pages:
-                target = need
+            self._fit_budget(target, need)
         shrink = np.flatnonzero(self.mapped > target)
         grow = np.flatnonzero(self.mapped < target)
         for r in shrink.tolist():
@@ -232,22 +257,59 @@ class VirtualKVArena:
         if len(shrink) or len(grow):
             self.map_s += time.perf_counter() - start
 
+    def _fit_budget(self, target: np.ndarray, need: np.ndarray) -> None:
+        """Lower `target` (in place) toward `need` until it fits the budget, one page at a time
+        from the range furthest ahead of its need."""
+        for _ in range(int(target.sum()) - max(self.num_pages, int(need.sum()))):  # pinned: beyond
+            target[int(np.argmax(target - need))] -= 1
+
     def prefetch(self, wants: dict[int, int]) -> None:
         """Map pages early: up to `wants[r]` under each range `r` (capped at the range), while
-        the pages mapped in all stay within the budget."""
+        the pages mapped in all stay within the budget. With a reclaimer (the allocator), idle
+        pages it would reclaim next are unmapped first when the unmapped ones do not cover the
+        wants."""
         start = time.perf_counter()
+        want = {r: min(w, self.range_pages) - int(self.mapped[r]) for r, w in wants.items()}
+        short = sum(max(add, 0) for add in want.values()) - (self.num_pages - int(self.mapped.sum()))
+        freed = self._reclaim_early(short, set(want)) if short > 0 else 0
         room = self.num_pages - int(self.mapped.sum())
         mapped = 0
-        for r, want in wants.items():
-            add = min(want, self.range_pages, int(self.mapped[r]) + room) - int(self.mapped[r])
+        for r, add in want.items():
+            add = min(add, room)
             if add > 0:
                 self._grow(r, int(self.mapped[r]) + add)
                 room -= add
                 mapped += add
-        if mapped:
+        if mapped or freed:
             self.maps += mapped
             self.ahead_maps += mapped
-            self.map_s += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.map_s += elapsed
+            self.ahead_s += elapsed
+
+    def _reclaim_early(self, short: int, growing: set[int]) -> int:
+        """Unmap up to `short` pages the allocator's next reclaims take (from the top of each
+        idle range, as it takes them); pages it counts that are unmapped here already were
+        reclaimed early before, and stand for their turn. Returns the pages unmapped."""
+        if self._reclaimer is None:
+            return 0
+        counts = self._reclaimer.mapped_counts()  # [ranges]
+        early = np.maximum(counts - self.mapped, 0)  # [ranges] counted there, unmapped here already
+        freed = 0
+        for r in self._reclaimer.reclaim_order(short + int(early.sum())):
+            if freed == short:
+                break
+            if r in growing:  # a caller's bug: the allocator never reclaims a held range
+                raise ValueError(f"range {r} is both growing and idle")
+            if early[r]:
+                early[r] -= 1
+                continue
+            if self.mapped[r] > self._floor[r]:
+                self._shrink(r, int(self.mapped[r]) - 1)
+                freed += 1
+        self.unmaps += freed
+        self.ahead_unmaps += freed
+        return freed
 
     @contextmanager
     def scratch(self, tokens: int) -> Iterator[None]:
@@ -273,7 +335,8 @@ class VirtualKVArena:
         """The run's mapping work, for summaries and benchmarks."""
         return {
             "vmm_layout": self.layout, "vmm_maps": self.maps, "vmm_unmaps": self.unmaps,
-            "vmm_ahead_maps": self.ahead_maps, "vmm_map_s": self.map_s,
+            "vmm_ahead_maps": self.ahead_maps, "vmm_ahead_unmaps": self.ahead_unmaps,
+            "vmm_map_s": self.map_s, "vmm_ahead_map_s": self.ahead_s,
         }  # fmt: skip
 
     def close(self) -> None:

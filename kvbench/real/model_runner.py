@@ -236,11 +236,14 @@ class ModelRunner(ArenaCopies):
         self.virtual.sync(self.allocator.mapped_counts(), keep)
 
     def _map_ahead(self, seqs: tuple[Sequence, ...], steps: int) -> None:
-        """Ahead: map the pages each sequence needs for another `steps` steps after these."""
+        """Ahead: map the pages each sequence needs for another `steps` steps after these (never
+        beyond its final length: a page no step will write would only be unmapped again)."""
         if self.virtual is None or not self.map_ahead:
             return
         pages_for = self.allocator.pages_for
-        self.virtual.prefetch({self._range(seq): pages_for(seq.num_tokens + 2 * steps) for seq in seqs})
+        self.virtual.prefetch(
+            {self._range(seq): pages_for(min(seq.num_tokens + 2 * steps, seq.request.kv_len)) for seq in seqs}
+        )
 
     def _range(self, seq: Sequence) -> int:
         return self.allocator.addressing(seq).start // self.virtual.range_slots
