@@ -178,13 +178,20 @@ class KvReads:
 
 class CostModelRunner:
     """Simulates steps by the cost model: no tensors, many steps per call. `reads` says what
-    the model's window layers skip (default: none, every layer reads its whole context)."""
+    the model's window layers skip (default: none, every layer reads its whole context).
+
+    `maps_ahead` (vmm with `--vmm-map ahead`): a decode segment's page maps and reclaims are made
+    while the previous segment runs, so decode steps pay none; a prefill still maps its new
+    requests' pages inside its step (no request is known before it arrives). This prices the
+    most that mapping ahead can hide (every page predicted); a real run's mispredictions, mapped
+    back inside the steps, are what it leaves out (`vmm_ahead_maps` against `vmm_maps`)."""
 
     allocates_ahead = False
 
-    def __init__(self, cost: CostModel, reads: KvReads | None = None) -> None:
+    def __init__(self, cost: CostModel, reads: KvReads | None = None, *, maps_ahead: bool = False) -> None:
         self.cost = cost
         self.reads = reads or KvReads()
+        self.maps_ahead = maps_ahead
 
     def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
         c = self.cost
@@ -197,7 +204,9 @@ class CostModelRunner:
         first += c.per_swap_block_s * swaps
         first += c.per_copy_slot_s * batch.copied_slots
         first += c.per_prefill_s * batch.is_prefill
-        first += c.per_map_page_s * batch.mapped_pages + c.per_unmap_page_s * batch.unmapped_pages
+        maps_in_steps = batch.is_prefill or not self.maps_ahead
+        if maps_in_steps:
+            first += c.per_map_page_s * batch.mapped_pages + c.per_unmap_page_s * batch.unmapped_pages
         n = len(batch.seqs)
         first += 0.0 if batch.is_prefill else c.above_knee(n) + c.per_segment_s
         if max_steps == 1:
@@ -207,7 +216,7 @@ class CostModelRunner:
         durations = c.fixed_s + c.per_token_s * n + c.above_knee(n) + c.per_kv_token_s * context + growth
         durations -= c.per_kv_token_s * skipped
         durations[0] = first  # step 0 also pays the swaps, copies and page maps scheduled with it
-        if batch.map_plan is not None and c.per_map_page_s:
+        if batch.map_plan is not None and c.per_map_page_s and maps_in_steps:
             durations += c.per_map_page_s * batch.map_plan(max_steps)  # pages later steps map as they grow
         if math.isfinite(until_s):
             ends = step_ends(start_s, durations)  # [k] absolute

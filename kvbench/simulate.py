@@ -59,7 +59,10 @@ def simulate(config: RunConfig, *, coalesce: bool = True, prepared: Prepared | N
     """Replay the config's trace through the real allocator and scheduler in simulated time."""
     prepared = prepared or prepare(config)
     # window layers read their window, not the whole context: priced per KV group
-    cost = CostModelRunner(prepared.cost, KvReads.of(group_shapes(prepared.model.groups)))
+    reads = KvReads.of(group_shapes(prepared.model.groups))
+    cost = CostModelRunner(
+        prepared.cost, reads, maps_ahead=config.engine == "vmm" and config.vmm_map == "ahead"
+    )
     return execute(config, lambda _: cost, mode="simulated", coalesce=coalesce, prepared=prepared)
 
 
