@@ -42,13 +42,17 @@ from kvbench.requests import Request, Trace
 BLOCK = 16
 
 
-def gpu_step_s(model, arena, batch: int, context: int, paged: bool, max_len: int, repeats: int = 30) -> float:
-    """Median time of one graph-replayed decode step at `batch` x `context` (nothing else)."""
+def gpu_step_s(
+    model, arena, batch: int, context: int, paged: bool, max_len: int, repeats: int = 30, graphs: bool = True
+) -> float:
+    """Median time of one decode step at `batch` x `context` (nothing else), replayed from a CUDA
+    graph (`graphs`) or run eagerly."""
     loop = DecodeLoop(
         model, arena, max_batch=batch, max_len=max_len, block_size=BLOCK, paged=paged, backend="triton",
         temperature=0.0, seed=0,
     )  # fmt: skip
-    loop.capture([batch])
+    if graphs:
+        loop.capture([batch])
     per_seq = -(-max_len // BLOCK) * BLOCK
     if paged:  # every sequence's blocks scattered over the arena
         order = np.random.default_rng(0).permutation(batch * per_seq // BLOCK)
