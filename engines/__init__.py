@@ -12,6 +12,8 @@
 | vmm           | virtual ranges, pages mapped on demand  | iteration-level  |
 | hybrid        | per-KV-group blocks, equal-byte pages   | iteration-level  |
 | jenga         | per-KV-group blocks, LCM pages shared   | iteration-level  |
+| hybrid-prefix | hybrid + a prefix cache per KV group    | iteration-level  |
+| jenga-prefix  | jenga + a prefix cache per KV group     | iteration-level  |
 
 `paged-prefix` is vLLM with automatic prefix caching: requests share computed prompt blocks
 by content (shared prefixes, Mooncake block hashes, earlier chat turns); `paged` is the
@@ -20,7 +22,9 @@ paper's vLLM, which computes and stores every prompt itself, as the contiguous e
 pages mapped under it as it grows and kept mapped for reuse when it finishes.
 `hybrid` (vLLM v1) and `jenga` (SOSP 2025) keep a block table per KV group of a model with
 sliding-window layers and free blocks that leave the window (`engines.hybrid`, docs/HYBRID.md);
-`paged` on such a model is the baseline that treats window layers as full.
+`paged` on such a model is the baseline that treats window layers as full. `hybrid-prefix` and
+`jenga-prefix` add prefix caching to them as vLLM v1 does for such models: each group caches its
+prompt blocks, a window group only needing those of its window (`engines.hybrid_prefix`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from engines.contiguous import (
     ReservationPolicy,
 )
 from engines.hybrid import HybridAllocator, JengaAllocator
+from engines.hybrid_prefix import HybridPrefixAllocator, JengaPrefixAllocator
 from engines.paged import PagedAllocator
 from engines.paged_prefix import PrefixCachingAllocator
 from engines.scheduler import IterationScheduler, RequestScheduler, Scheduler, SchedulerConfig
@@ -104,6 +109,18 @@ def _jenga(options: EngineOptions) -> KVAllocator:
     return JengaAllocator(options.num_slots, options.block_size, options.kv_groups, options.watermark)
 
 
+def _hybrid_prefix(options: EngineOptions) -> KVAllocator:
+    return HybridPrefixAllocator(
+        options.num_slots, options.block_size, options.kv_groups, options.watermark, options.hash_block_size
+    )
+
+
+def _jenga_prefix(options: EngineOptions) -> KVAllocator:
+    return JengaPrefixAllocator(
+        options.num_slots, options.block_size, options.kv_groups, options.watermark, options.hash_block_size
+    )
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     name: str
@@ -166,6 +183,18 @@ ENGINES: dict[str, EngineSpec] = {
             "jenga",
             "Jenga: a block table per KV group, window blocks freed, LCM pages shared by groups",
             _jenga,
+            IterationScheduler,
+        ),
+        EngineSpec(
+            "hybrid-prefix",
+            "vLLM v1 hybrid with prefix caching: each KV group caches its prompt blocks, windows only theirs",
+            _hybrid_prefix,
+            IterationScheduler,
+        ),
+        EngineSpec(
+            "jenga-prefix",
+            "Jenga with prefix caching: each KV group caches its prompt blocks, windows only theirs",
+            _jenga_prefix,
             IterationScheduler,
         ),
     )

@@ -49,10 +49,13 @@ group (a page's i-th block of group g is group-local block page x k_g + i). Both
 them unchanged; freed window entries are -1 and never read (a window layer starts at its
 window's block). `addressing` is the simulator's view: the first group's table, freed as -1.
 
-Not here: prefix caching with windows (shared prompt blocks whose window moved on), swapping to
-host memory (`can_swap_out` is False: victims are recomputed), real decoding of a vLLM layout
-whose layer straddles pages (groups whose layers differ in bytes so that a group's pages do not
-split into whole layers: `EqualPages.layout` refuses it) and under tensor parallelism.
+Prefix caching (`hybrid-prefix`, `jenga-prefix`) is `engines.hybrid_prefix`: every group caches
+its computed prompt blocks by content, a window group needing only the blocks of its window.
+
+Not here: swapping to host memory (`can_swap_out` is False: victims are recomputed), real
+decoding of a vLLM layout whose layer straddles pages (groups whose layers differ in bytes so
+that a group's pages do not split into whole layers: `EqualPages.layout` refuses it) and under
+tensor parallelism.
 """
 
 from __future__ import annotations
@@ -137,6 +140,10 @@ class _Pool:
     def spare_bytes(self) -> int:
         """Bytes in pages handed out that no block holds (partly used pages)."""
         return 0
+
+    def fits(self, need: Seq[int], reserve: int) -> bool:
+        """Whether `need[g]` more blocks of each group g fit, `reserve` pages left over."""
+        return self.pages_for(need) <= len(self.free) - reserve
 
     def check(self, live: dict[int, int]) -> None:
         """Assert the pool agrees with `live` (block id -> its group)."""
@@ -346,7 +353,7 @@ class _GroupedAllocator:
         return [len(t) - s for t, s in zip(self._tables[seq], self._skipped[seq], strict=True)]
 
     def _fits(self, need: Seq[int], reserve: int) -> bool:
-        return self.pool.pages_for(need) <= self.num_free_pages - reserve
+        return self.pool.fits(need, reserve)
 
     # --- admission -----------------------------------------------------------------------------
     def can_ever_hold(self, request: Request) -> bool:
@@ -456,14 +463,15 @@ class _GroupedAllocator:
             return None  # copy-on-write is decided sequence by sequence
         for seq in seqs:
             self._slide(seq)
-        need = [0] * self.num_groups
-        for seq in seqs:
-            need = [a + b for a, b in zip(need, self._append_need(seq), strict=True)]
-        if not self._fits(need, 0):
+        if not self._fits_each([self._append_need(seq) for seq in seqs]):
             return None
         for seq in seqs:
             self.append(seq)
         return []
+
+    def _fits_each(self, needs: Seq[Seq[int]]) -> bool:
+        """Room for `needs[i][g]` blocks of group g for sequence i, taken in that order."""
+        return self._fits([sum(column) for column in zip(*needs, strict=True)] or [0] * self.num_groups, 0)
 
     def free(self, seq: Sequence) -> None:
         tables = self._tables.pop(seq)
@@ -641,8 +649,12 @@ class _GroupedAllocator:
             assert self._memory.keys() == self._tables.keys(), "memory tables of other sequences"
             for seq, tables in self._tables.items():
                 assert self._memory[seq] == self._memory_rows(tables), f"seq {seq.seq_id}: stale memory"
-        assert self._num_shared == sum(r > 1 for r in refs.values()), "shared-block count wrong"
+        self._check_shared(refs)
         self.pool.check(self._group_of)
+
+    def _check_shared(self, refs: dict[int, int]) -> None:
+        """The copy-on-write count agrees with `refs` (block -> references from the tables)."""
+        assert self._num_shared == sum(r > 1 for r in refs.values()), "shared-block count wrong"
 
     # --- blocks --------------------------------------------------------------------------------
     def _take(self, g: int) -> int:

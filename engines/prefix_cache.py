@@ -26,7 +26,7 @@ from 0.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 
 class PrefixCache:
@@ -62,6 +62,18 @@ class PrefixCache:
             hits.append(block)
         return hits
 
+    def find(self, key: int) -> int | None:
+        """The block cached under `key`, if any."""
+        return self._block_of.get(key)
+
+    def oldest(self) -> Iterator[int]:
+        """Unreferenced cached blocks, least recently released first (the eviction order).
+
+        Why: an allocator whose pages hold blocks of several groups (`engines.hybrid_prefix`)
+        cannot always use the oldest block; it picks the oldest one that frees what it needs.
+        Do not `drop` while iterating."""
+        return iter(self._lru)
+
     def is_evictable(self, block: int) -> bool:
         return block in self._lru
 
@@ -89,6 +101,14 @@ class PrefixCache:
         del self._block_of[key]
         self.evictions += 1
         return block, key
+
+    def drop(self, block: int) -> int:
+        """Evict this unreferenced cached block (not necessarily the oldest): the key it held."""
+        del self._lru[block]
+        key = self._key_of.pop(block)
+        del self._block_of[key]
+        self.evictions += 1
+        return key
 
     def restore(self, block: int, key: int) -> None:
         """Undo the latest `evict` (a multi-step segment trimmed): back at the LRU's front."""

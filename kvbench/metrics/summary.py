@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -181,10 +182,13 @@ def summarize(
     *,
     percentiles: Seq[float] = DEFAULT_PERCENTILES,
     slo: Slo = Slo(),
+    hits_by_group: Mapping[str, int] | None = None,
 ) -> dict:
     """The run-level numbers of summary.json (engine and model names are added by the caller).
 
     `itls`: the run's inter-token latencies (`ItlTable.of(run.sequences)`), if already built.
+    `hits_by_group`: an allocator caching per KV group (`hybrid-prefix`, `jenga-prefix`): the
+    tokens each group reused for the completed requests (`prefix_hits_by_group`).
     """
     start = min((r.arrival_s for r in done), default=0.0)
     makespan = max((r.finish_s for r in done), default=0.0) - start
@@ -206,7 +210,7 @@ def summarize(
         "mean_batched_requests_saturated": sat.running_seconds / sat.seconds if sat.seconds else None,
         "peak_batched_requests": run.peak_running,
         **latency_summary(done, itls, makespan, percentiles, slo),
-        **prefix_cache_summary(done),
+        **prefix_cache_summary(done, hits_by_group),
         "num_preemptions": sum(r.num_preemptions for r in done),
         "preempted_requests": sum(r.num_preemptions > 0 for r in done),
         "num_slots": run.num_slots,
@@ -227,16 +231,23 @@ def sharing_saved_fraction(totals: OccupancyTotals) -> float:
     return totals.saved / without if without else 0.0
 
 
-def prefix_cache_summary(done: Seq[RequestRecord]) -> dict:
+def prefix_cache_summary(done: Seq[RequestRecord], hits_by_group: Mapping[str, int] | None = None) -> dict:
     """Prompt tokens served from the prefix cache at first admission, and their share of all.
 
     Only full blocks are cached, so the hit tokens are whole blocks; a re-admission after a
     recompute preemption finding its own blocks is not counted (it is not reuse between
     requests). 0 for engines without a prefix cache.
+
+    `prefix_hit_tokens_by_group` (allocators with a cache per KV group): the tokens each group
+    reused. A full-attention group's equal `prefix_hit_tokens`; a sliding-window group's are the
+    hit blocks inside its window only (the ones below it it never reads, nor takes).
     """
     prompt = sum(r.prompt_len for r in done)
     hits = sum(r.prefix_hit_tokens for r in done)
-    return {"prefix_hit_tokens": hits, "prefix_cache_hit_rate": hits / prompt if prompt else 0.0}
+    out = {"prefix_hit_tokens": hits, "prefix_cache_hit_rate": hits / prompt if prompt else 0.0}
+    if hits_by_group is not None:
+        out["prefix_hit_tokens_by_group"] = dict(hits_by_group)
+    return out
 
 
 def check_metric_options(percentiles: Seq[float], slo: Slo) -> None:
