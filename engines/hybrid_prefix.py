@@ -98,15 +98,11 @@ class _PrefixGroupedAllocator(_GroupedAllocator):
     def _hit(self, seq: Sequence) -> Hit:
         """The longest hit every group serves (module docstring), before the sequence's last token."""
         keys = self._keys_of(seq)[: (seq.num_tokens - 1) // self.block_size]
-        found: list[list[int | None]] = []
-        limit = len(keys)
+        limit = len(keys)  # the full groups' shortest leading run bounds the hit
         for g, shape in enumerate(self.shapes):
-            if shape.window:
-                found.append([self.cache.find(self._key(g, k)) for k in keys])
-            else:
-                leading = self.cache.match(self._key(g, k) for k in keys[:limit])
-                limit = len(leading)
-                found.append(list(leading))
+            if not shape.window:
+                limit = len(self.cache.match(self._key(g, k) for k in keys[:limit]))
+        found = [[self.cache.find(self._key(g, k)) for k in keys[:limit]] for g in range(self.num_groups)]
         for blocks in range(limit, -1, -1):
             firsts = [blocks_behind_window(s, self.block_size, blocks * self.block_size) for s in self.shapes]
             if all(window_serves(f, first, blocks) for f, first in zip(found, firsts, strict=True)):

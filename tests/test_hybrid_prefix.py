@@ -338,6 +338,7 @@ def test_coalesced_segments_equal_step_by_step_with_the_cache(engine):
     config = RunConfig(engine, model="gemma-3-1b", workload=prefix_workload(1), kv_cache_gib=0.06)
     slow, fast = simulate(config, coalesce=False), simulate(config)
     assert len(fast.run.steps) < len(slow.run.steps)
+    assert slow.summary["prefix_hit_tokens"] > 0 and slow.summary["num_preemptions"] > 0
     for a, b in zip(slow.requests, fast.requests, strict=True):
         assert (a.admitted_s, a.finish_s, a.num_preemptions, a.prefix_hit_tokens) == pytest.approx(
             (b.admitted_s, b.finish_s, b.num_preemptions, b.prefix_hit_tokens)
