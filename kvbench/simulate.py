@@ -39,6 +39,8 @@ def execute(
     run = Engine(scheduler, make_runner(scheduler), coalesce=coalesce, windows=windows).run(prepared.trace)
     itls = ItlTable.of(run.sequences)
     records = [request_record(seq, m) for seq, m in zip(run.sequences, itls.maxima.tolist(), strict=True)]
+    by_group = getattr(scheduler.allocator, "prefix_hits_by_group", None)  # caching per KV group
+    hits = by_group([record.request_id for record in records]) if by_group else None
     summary = {
         "engine": config.engine,
         "model": config.model,
@@ -50,7 +52,7 @@ def execute(
         "kv_bytes_per_token": prepared.model.kv_bytes_per_token,
         **dropped(prepared.trace),  # what --max-total-len removed from the trace
         **(extra or {}),
-        **summarize(run, records, itls, percentiles=config.percentiles, slo=config.slo),
+        **summarize(run, records, itls, percentiles=config.percentiles, slo=config.slo, hits_by_group=hits),
     }
     return RunResult(prepared, run, records, summary)
 

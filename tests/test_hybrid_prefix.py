@@ -325,6 +325,11 @@ def test_simulated_runs_partition_the_arena_at_every_step(engine):
         assert min(values) >= -1e-6 and sum(values) == pytest.approx(slots)
     assert cached.summary["num_preemptions"] > 0  # the budget is tight: eviction and recompute
     assert cached.summary["prefix_hit_tokens"] > 0 and plain.summary["prefix_hit_tokens"] == 0
+    # simulate's summary carries the hits per group: an 80-token prefix lies inside gemma-3-1b's
+    # 512-token window, so its window group reuses every hit token as the full group does
+    hits = cached.summary["prefix_hit_tokens"]
+    assert cached.summary["prefix_hit_tokens_by_group"] == {"window-512": hits, "full": hits}
+    assert "prefix_hit_tokens_by_group" not in plain.summary
     assert cached.summary["completed"] == plain.summary["completed"] == len(cached.requests)
     assert prefill_tokens(cached.run) < prefill_tokens(plain.run)
 

@@ -124,6 +124,8 @@ RELEASES = [
     # one KV group (every layer full attention): blocks as paged's
     ("hybrid", [4, 8, 16, 24, 16]),
     ("jenga", [4, 8, 16, 24, 16]),
+    ("hybrid-prefix", [4, 8, 16, 24, 16]),  # nothing cached to share: held as hybrid's
+    ("jenga-prefix", [4, 8, 16, 24, 16]),
     # pages of 4 as the tokens need them; r1's two go back mapped idle (deferred reclamation)
     ("vmm", [4, 8, 16, 24, 16]),
     # static: r0's extent is held through 3-4, then r1's is held after it finished (6-7)

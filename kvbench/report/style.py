@@ -28,6 +28,8 @@ ENGINE_COLORS = {
     "vmm": "#17BECF",
     "hybrid": "#BCBD22",
     "jenga": "#8C564B",
+    "hybrid-prefix": "#7B7C11",  # a darker hybrid: the same pool, prompt blocks shared by content
+    "jenga-prefix": "#5E3A32",
 }
 _SPARE = ("#CCB974", "#64B5CD", "#937860", "#DD8452", "#8C613C", "#1B9E77", "#7570B3", "#E7298A")
 ENGINE_ORDER = tuple(ENGINE_COLORS)
