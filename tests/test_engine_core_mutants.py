@@ -244,7 +244,7 @@ def test_an_unknown_engine_is_refused_naming_the_choices():
         get_engine("pagd")
     assert str(error.value) == (
         "unknown --engine 'pagd'; choose one of: static, orca-max, orca-pow2, orca-oracle, paged, "
-        "paged-static, paged-prefix, vmm, hybrid, jenga"
+        "paged-static, paged-prefix, vmm, hybrid, jenga, hybrid-prefix, jenga-prefix"
     )
 
 

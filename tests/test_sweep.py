@@ -40,7 +40,7 @@ from workloads.spec import WorkloadSpec
 ROOT = Path(__file__).resolve().parent.parent
 EVERY = (
     "static", "orca-max", "orca-pow2", "orca-oracle", "paged", "paged-static", "paged-prefix", "vmm",
-    "hybrid", "jenga",
+    "hybrid", "jenga", "hybrid-prefix", "jenga-prefix",
 )  # fmt: skip
 
 
