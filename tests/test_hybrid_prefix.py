@@ -13,7 +13,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -33,14 +32,12 @@ from kvbench.engine import Engine
 from kvbench.kvspec.layers import FullAttention, SlidingWindow, kv_groups
 from kvbench.metrics.occupancy import Footprint
 from kvbench.metrics.summary import request_record, summarize
-from kvbench.modeling.weights import random_model
-from kvbench.real.grouped_arena import GroupedKVArena
 from kvbench.requests import Request, Trace
 from kvbench.sequence import Sequence
 from kvbench.simulate import simulate
-from tests.support import VIRTUAL_CLOCK, steps
-from tests.test_hybrid_real import GEMMA3, PoisoningRunner
-from tests.test_modeling import engine_options
+from tests.support import steps
+from tests.test_hybrid_real import GEMMA3
+from tests.test_hybrid_real import decode as real_decode
 from workloads.spec import WorkloadSpec
 
 BS = 4
@@ -405,20 +402,10 @@ def burst_trace() -> Trace:
 
 def decode(engine: str, trace: Trace, slots: int, attention: str = "torch"):
     """Greedy tokens of every request through `engine` on the tiny Gemma 3 on the CPU, the grouped
-    arena poisoned with NaN where no block is held (`PoisoningRunner`): a hit on a block whose
-    K/V was never written, or dropped, would poison the tokens."""
-    spec = GEMMA3
-    model = random_model(spec, torch.float32, torch.device("cpu"), seed=3)
-    sched = ENGINES[engine].build(replace(engine_options(slots, block_size=BS), kv_groups=spec.groups))
-    arena = GroupedKVArena.for_allocator(spec, sched.allocator, torch.float32, torch.device("cpu"))
-    arena.fill(float("nan"))
-    runner = PoisoningRunner(
-        model, arena, sched.allocator, max_batch=8, max_len=64, seed=5, attention=attention,
-        clock=VIRTUAL_CLOCK,
-    )  # fmt: skip
-    run = Engine(sched, runner).run(trace)
-    assert runner.checked
-    return [tuple(seq.output_ids) for seq in run.sequences], run
+    arena poisoned with NaN where no block is held (`tests.test_hybrid_real.decode`): a hit on a
+    block whose K/V was never written, or dropped, would poison the tokens."""
+    tokens, run, _ = real_decode(GEMMA3, engine, attention=attention, slots=slots, requests=trace)
+    return tokens, run
 
 
 @pytest.mark.parametrize(("make", "slots"), [(spaced_trace, 256), (burst_trace, 72)], ids=["spaced", "burst"])

@@ -105,16 +105,20 @@ def owners(allocator, arena: GroupedKVArena) -> np.ndarray:
     return owner
 
 
+GROUPED = ("hybrid", "jenga", "hybrid-prefix", "jenga-prefix")  # a table per KV group
+
+
 def decode(
     spec: ModelSpec, engine: str, *, attention: str = "torch", slots: int = SLOTS, requests=None,
     temperature: float = 0.0,
 ):  # fmt: skip
     model = random_model(spec, torch.float32, CPU, seed=3)
     options = engine_options(slots, block_size=4)
-    if engine in ("hybrid", "jenga"):
+    grouped = engine in GROUPED
+    if grouped:
         options = replace(options, kv_groups=spec.groups)
     sched = ENGINES[engine].build(options)
-    if engine in ("hybrid", "jenga"):
+    if grouped:
         arena = GroupedKVArena.for_allocator(spec, sched.allocator, torch.float32, CPU)
     else:
         arena = KVArena(spec, slots, torch.float32, CPU)
@@ -127,7 +131,7 @@ def decode(
     work = requests or trace()
     run = Engine(sched, runner).run(work)
     assert [len(seq.output_ids) for seq in run.sequences] == [r.output_len for r in work.requests]
-    assert runner.checked or engine not in ("hybrid", "jenga")
+    assert runner.checked or not grouped
     members = [seq.group.members if seq.group else (seq,) for seq in run.sequences]
     return [tuple(tuple(m.output_ids) for m in group) for group in members], run, runner
 
