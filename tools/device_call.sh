@@ -1,0 +1,54 @@
+#!/bin/bash
+# One time-limited call on a GPU machine that runs kvbench's committed GPU measurements by name,
+# each resumable: a call cut short loses only the run in progress, and the next call (with the
+# folder carried back) goes on from there. Run from the repository root of the copied tree:
+#
+#     LIMIT=280 bash tools/device_call.sh JOB [JOB...]
+#
+# Jobs (the folder each writes is what README.md of that folder describes):
+#   fig12-seed-<s>   Figure 12 at OPT-13B, seed s (results/reproduce/opt-13b-h200)
+#   vmm-real         vmm sync and ahead beside orca-oracle and paged (results/reference/vmm-real)
+#   hybrid-arxiv     Gemma 3 12B on arxiv-sum, four allocators, 3 seeds (results/reference/hybrid-real)
+#   mla-dense        DeepSeek-V2-Lite beside Llama-3.1-8B at one KV budget (results/reference/mla-vs-dense)
+#   gpu-tests        the GPU-marked tests (their report: $OUT/gpu-tests.log)
+# Traces are read from .carry/shared/traces (copy ../shared/traces there; carry ".carry/shared").
+# Every job's folder comes back as $OUT/<job>.tgz (paths relative to the repository root: unpack
+# with `tar -xzf <job>.tgz` there), its log as $OUT/<job>.log.
+set -u
+export PYTHONPATH=. KVBENCH_TRACE_DIR=${KVBENCH_TRACE_DIR:-$PWD/.carry/shared/traces}
+LIMIT=${LIMIT:-280}
+end=$((SECONDS + LIMIT))
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+for job in "$@"; do
+  left=$((end - SECONDS))
+  [ $left -gt 30 ] || { echo "$job: no time left" >> "$OUT/calls.log"; continue; }
+  echo "== $job ($left s left) $(date -u +%T)" >> "$OUT/calls.log"
+  case $job in
+    fig12-seed-*)
+      folder=results/reproduce/opt-13b-h200
+      timeout $left python -m kvbench reproduce fig12 --mode real --model opt-13b \
+        --place-with $folder/calibration/cost.json --seed "${job#fig12-seed-}" --repeats 3 --out $folder ;;
+    vmm-real)
+      folder=results/reference/vmm-real
+      timeout $left python benchmarks/vmm_real.py --out $folder \
+        --variants orca-oracle,paged,vmm:per-layer:sync,vmm:per-layer:ahead,vmm:per-request:sync ;;
+    hybrid-arxiv)
+      folder=results/reference/hybrid-real/arxiv-sum
+      timeout $left python -m kvbench sweep --real --engines paged,hybrid,jenga,orca-oracle \
+        --model gemma-3-12b --trace arxiv-sum --kv-cache-gib 12 --seeds 0,1,2 --rates 12 \
+        --num-requests 40 --latency-threshold 1 --resume --continue-on-error --collectors torch,nvml \
+        --out $folder ;;
+    mla-dense)
+      folder=results/reference/mla-vs-dense
+      mkdir -p $folder
+      timeout $left python benchmarks/mla_vs_dense.py --out $folder/mla_vs_dense.json ;;
+    gpu-tests)
+      folder=
+      timeout $left python -m pytest -p no:xdist -q -rA -m gpu tests ;;
+    *)
+      echo "unknown job $job" >> "$OUT/calls.log"; continue ;;
+  esac > "$OUT/$job.log" 2>&1
+  echo "== $job rc $? $(date -u +%T)" >> "$OUT/calls.log"
+  [ -z "$folder" ] || tar -czf "$OUT/$job.tgz" "$folder"
+done
+cat "$OUT/calls.log"
