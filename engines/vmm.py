@@ -297,11 +297,15 @@ class VirtualAllocator:
         self.unmaps += 1
         return pages.pop()
 
-    def held_ranges(self) -> np.ndarray:
-        """`[max_requests]` True where a sequence or a group holds the range (not free)."""
-        held = np.ones(self.max_requests, dtype=bool)
-        held[list(self._free_ranges)] = False
-        return held
+    def range_limits(self) -> np.ndarray:
+        """`[max_requests]` the pages each held range's holder may ever need (its request's
+        final length; a group's pooled ranges, the group's); 0 for a free range."""
+        limits = np.zeros(self.max_requests, dtype=np.int64)
+        for seq, r in self._owner.items():
+            limits[r] = self.pages_for(seq.request.kv_len)
+        for group, pool in self._pools.items():
+            limits[pool] = self.pages_for(group.members[0].request.kv_len)
+        return limits
 
     def reclaim_order(self, count: int) -> list[int]:
         """The ranges the next `count` pages taken beyond the unmapped pool would be reclaimed

@@ -429,7 +429,7 @@ class VirtualMachine(RuleBasedStateMachine):
     def predicts_its_reclaims(self):
         """`reclaim_order` names the ranges the model's next takes beyond the pool empty, in
         order (what a real arena unmaps early when mapping ahead), without changing anything;
-        `held_ranges` are the ranges a sequence holds."""
+        `range_limits` are the pages each held range's request may ever need."""
         if self.alloc is None:
             return
         counts = [len(pages) for pages in self.mapped]
@@ -444,8 +444,10 @@ class VirtualMachine(RuleBasedStateMachine):
         assert self.alloc.reclaim_order(len(want) + 1) == want
         assert self.alloc.reclaim_order(1) == want[:1]
         assert self.alloc._mapped == self.mapped  # asking changed nothing
-        held = set(self.owner.values())
-        assert self.alloc.held_ranges().tolist() == [r in held for r in range(self.alloc.max_requests)]
+        limits = [0] * self.alloc.max_requests
+        for seq, r in self.owner.items():
+            limits[r] = self.pages_for(seq.request.kv_len)
+        assert self.alloc.range_limits().tolist() == limits
 
     def teardown(self):
         if self.alloc is None:

@@ -38,6 +38,14 @@ class SyncCheckingRunner(_Recording):
         mapped = enumerate(arena.mapped.tolist())
         assert arena.driver_pages == {p for r, n in mapped for j in range(n) for p in arena.group(r, j)}
 
+    def _map_ahead(self, seqs, steps):
+        """Ahead never maps a page past a request's final length: no step would write it."""
+        super()._map_ahead(seqs, steps)
+        floor = self.virtual.backed(self.allocator.mapped_counts())
+        for seq in seqs:
+            r = self._range(seq)
+            assert self.virtual.mapped[r] <= max(self.allocator.pages_for(seq.request.kv_len), floor[r])
+
 
 def decode(engine: str, model_name: str, num_slots: int, *, layout="per-layer", vmm_map="sync"):
     spec = get_model(model_name)
@@ -70,6 +78,29 @@ def test_vmm_over_the_virtual_arena_gives_orca_oracles_tokens(model_name, layout
         assert [seq.output_ids for seq in run.sequences] == want
         assert arena.maps > 0 and alloc.reused > 0  # pages were mapped, finished ranges reused
         assert (arena.ahead_maps > 0) == (vmm_map == "ahead")
+
+
+def test_a_prefill_batch_keeps_the_pages_decoding_sequences_mapped_ahead():
+    """`sync` for a batch of new prompts keeps every held range's early pages, not only the
+    batch's: a decoding sequence's next page, mapped while its segment ran, is still there for
+    its next segment; once it finishes, its range is idle and the early page goes."""
+    from tests.test_vmm import admit, seq_of, small
+
+    spec = get_model("tiny-llama")
+    alloc = small(max_len=12)  # 5 pages of 4 slots, 3 ranges of 12
+    arena = VirtualKVArena.for_allocator(spec, alloc, "per-layer", torch.float32, CPU)
+    a = seq_of(1, 4, 8)
+    admit(alloc, a)  # range 0, one page
+    arena.sync(alloc.mapped_counts())
+    arena.prefetch({0: 2})  # a's second page, early
+    b = seq_of(2, 4, 1)
+    admit(alloc, b)  # a prefill batch of b alone: range 1
+    arena.sync(alloc.mapped_counts(), keep=[1])
+    assert arena.mapped.tolist() == [2, 1, 0]  # a's early page kept
+    alloc.free(a)
+    arena.sync(alloc.mapped_counts(), keep=[1])
+    assert arena.mapped.tolist() == [1, 1, 0]  # a finished: its range is idle, the early page unmapped
+    arena.close()
 
 
 def critical_calls(arena: VirtualKVArena) -> int:

@@ -84,7 +84,8 @@ def real_run(engine: str, device: str, **options):
     from kvbench.real.run import run_real
     from workloads.spec import WorkloadSpec
 
-    workload = WorkloadSpec("uniform:prompt=4..60,output=2..40", num_requests=12, rate=100.0, seed=2)
+    # every request arrives within the first step: segments end at finishes, not at wall-clock arrivals
+    workload = WorkloadSpec("uniform:prompt=4..60,output=2..40", num_requests=12, rate=1e6, seed=2)
     config = RunConfig(
         engine=engine, model="tiny-llama", workload=workload, kv_cache_gib=1 / 1024, max_num_seqs=8,
         device=device, dtype="float32", attention="torch" if device == "cpu" else "triton",

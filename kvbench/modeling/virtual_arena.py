@@ -54,13 +54,14 @@ from kvbench.vmm.pages import LAYOUTS
 
 class Reclaimer(Protocol):
     """What mapping ahead asks the allocator (`engines.vmm.VirtualAllocator`): which ranges its
-    next reclaims take, the pages it counts under each, and which ranges it holds."""
+    next reclaims take, the pages it counts under each, and the most each held range's holder
+    may ever need (0: a free range)."""
 
     def reclaim_order(self, count: int) -> list[int]: ...
 
     def mapped_counts(self) -> np.ndarray: ...
 
-    def held_ranges(self) -> np.ndarray: ...
+    def range_limits(self) -> np.ndarray: ...
 
 
 class _HostPages:
@@ -233,17 +234,21 @@ class VirtualKVArena:
 
     def sync(self, need: np.ndarray, keep: Iterable[int] = ()) -> None:
         """Map exactly `need[r]` pages under each range `r` (the allocator's counts; range 0
-        keeps its pinned ones), unmapping first; ranges in `keep` (and, with a reclaimer, every
-        range the allocator holds: a prefill batch must not undo what decoding sequences mapped
-        ahead) keep pages mapped ahead beyond theirs while the budget allows, those furthest
-        ahead given up first when it does not."""
+        keeps its pinned ones), unmapping first; ranges in `keep` keep pages mapped ahead beyond
+        theirs while the budget allows, those furthest ahead given up first when it does not.
+        With a reclaimer (mapping ahead), every held range keeps them, not only `keep`'s (a
+        prefill batch must not undo what decoding sequences mapped ahead), up to what its
+        holder may ever need (a range given to a shorter request gives back the rest)."""
         start = time.perf_counter()
         need = self.backed(need)  # [ranges]
         target = need.copy()
         kept = np.fromiter(keep, dtype=np.int64)
         if len(kept) and self._reclaimer is not None:
-            kept = np.union1d(kept, np.flatnonzero(self._reclaimer.held_ranges()))
-        if len(kept):
+            limits = self._reclaimer.range_limits()  # [ranges] 0 where free
+            ahead = np.minimum(self.mapped, limits)
+            target = np.maximum(need, np.where(limits > 0, ahead, 0))
+            self._fit_budget(target, need)
+        elif len(kept):
             target[kept] = np.maximum(need[kept], self.mapped[kept])
             self._fit_budget(target, need)
         shrink = np.flatnonzero(self.mapped > target)
