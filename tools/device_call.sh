@@ -10,6 +10,10 @@
 #   vmm-real         vmm sync and ahead beside orca-oracle and paged (results/reference/vmm-real)
 #   hybrid-arxiv     Gemma 3 12B on arxiv-sum, four allocators, 3 seeds (results/reference/hybrid-real)
 #   mla-dense        DeepSeek-V2-Lite beside Llama-3.1-8B at one KV budget (results/reference/mla-vs-dense)
+#   vmm-occupancy    OPT-13B at the paper's 15,728 slots, ShareGPT at 9 and Alpaca at 110 req/s (above
+#                    every engine's sustained rate, so every engine queues), 60 s of arrivals, 3 seeds:
+#                    paged, orca-oracle and vmm per-layer, then vmm per-request
+#                    (results/reference/vmm-occupancy-real)
 #   gpu-tests        the GPU-marked tests (their report: $OUT/gpu-tests.log)
 # Traces are read from .carry/shared/traces (copy ../shared/traces there; carry ".carry/shared").
 # Every job's folder comes back as $OUT/<job>.tgz (paths relative to the repository root: unpack
@@ -42,6 +46,16 @@ for job in "$@"; do
       folder=results/reference/mla-vs-dense
       mkdir -p $folder
       timeout $left python benchmarks/mla_vs_dense.py --out $folder/mla_vs_dense.json ;;
+    vmm-occupancy)
+      folder=results/reference/vmm-occupancy-real
+      for setting in "sharegpt-paper 9 per-layer paged,orca-oracle,vmm" "alpaca-paper 110 per-layer paged,orca-oracle,vmm" \
+                     "sharegpt-paper 9 per-request vmm" "alpaca-paper 110 per-request vmm"; do
+        set -- $setting
+        left=$((end - SECONDS)); [ $left -gt 30 ] || break
+        timeout $left python -m kvbench sweep --real --engines $4 --vmm-layout $3 --model opt-13b \
+          --trace $1 --rates $2 --duration 60 --seeds 0,1,2 --latency-threshold 1 --resume \
+          --continue-on-error --collectors torch,nvml --out $folder/$1-$3
+      done ;;
     gpu-tests)
       folder=
       timeout $left python -m pytest -p no:xdist -q -rA -m gpu tests ;;
