@@ -14,6 +14,9 @@
 #                    every engine's sustained rate, so every engine queues), 60 s of arrivals, 3 seeds:
 #                    paged, orca-oracle and vmm per-layer, then vmm per-request
 #                    (results/reference/vmm-occupancy-real)
+#   mooncake-window  the first 30 s of Mooncake's conversation trace, replayed at its own timestamps, on
+#                    Llama-3.1-8B with what an H200 leaves it: paged, orca-oracle, vmm
+#                    (results/reference/mooncake-window-real)
 #   gpu-tests        the GPU-marked tests (their report: $OUT/gpu-tests.log)
 # Traces are read from .carry/shared/traces (copy ../shared/traces there; carry ".carry/shared").
 # Every job's folder comes back as $OUT/<job>.tgz (paths relative to the repository root: unpack
@@ -56,6 +59,11 @@ for job in "$@"; do
           --trace $1 --rates $2 --duration 60 --seeds 0,1,2 --latency-threshold 1 --resume \
           --continue-on-error --collectors torch,nvml --out $folder/$1-$3
       done ;;
+    mooncake-window)
+      folder=results/reference/mooncake-window-real
+      timeout $left python -m kvbench sweep --real --engines paged,orca-oracle,vmm --model llama-3.1-8b \
+        --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --seeds 0 --resume \
+        --continue-on-error --collectors torch,nvml --out $folder ;;
     gpu-tests)
       folder=
       timeout $left python -m pytest -p no:xdist -q -rA -m gpu tests ;;
