@@ -14,6 +14,7 @@ from kvbench.modeling.weights import random_model
 from kvbench.models import get_model
 from kvbench.real.model_runner import ModelRunner
 from kvbench.requests import Request, Trace
+from tests.support import VIRTUAL_CLOCK
 
 CPU = torch.device("cpu")
 
@@ -38,13 +39,17 @@ def trace_of(lengths, *, n: int = 1, beam: int = 1, spacing: float = 0.02, vocab
 def decode(engine: str, model, spec, trace: Trace, *, num_slots: int = 600, temperature=0.0, seed=5,
            device=CPU, max_batch: int = 2, cuda_graphs: bool = False, attention: str = "torch",
            keep_logits: bool = False):  # fmt: skip
-    """max_batch 2 (the default): the groups' outputs outgrow the decode buffers, which regrow."""
+    """max_batch 2 (the default): the groups' outputs outgrow the decode buffers, which regrow.
+
+    Steps last what the virtual clock prices: requests 20 ms apart meet running groups, and
+    which join which batch is the same in every run of a comparison (eager or graphed, every
+    machine under any load), so compared tokens differ only by what the compared paths compute."""
     arena = KVArena(spec, num_slots, torch.float32, device)
     arena.fill(float("nan"))  # a read of anything not copied or computed would show
     sched = ENGINES[engine].build(EngineOptions(num_slots=num_slots, max_len=64, block_size=4))
     runner = ModelRunner(
         model, arena, sched.allocator, max_batch=max_batch, max_len=64, temperature=temperature, seed=seed,
-        attention=attention, cuda_graphs=cuda_graphs, keep_logits=keep_logits,
+        attention=attention, cuda_graphs=cuda_graphs, keep_logits=keep_logits, clock=VIRTUAL_CLOCK,
     )  # fmt: skip
     return Engine(sched, runner).run(trace)
 
