@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from engines.block_keys import block_keys
 from engines.caching_pages import CachingEqualPages, CachingLcmPages
 from engines.hybrid import GroupShape, Table, _GroupedAllocator, blocks_behind_window
-from engines.prefix_cache import PrefixCache
+from engines.prefix_cache import PrefixCache, take_computed
 from kvbench.kvspec.layers import KVGroup
 from kvbench.metrics.occupancy import Footprint
 from kvbench.sequence import Sequence
@@ -187,20 +187,12 @@ class _PrefixGroupedAllocator(_GroupedAllocator):
     # --- registration ----------------------------------------------------------------------------
     def _register_computed(self) -> None:
         """Cache the keyed blocks that resident sequences have computed since the last call."""
-        if not self._pending:
-            return
-        bs = self.block_size
-        for seq, start in list(self._pending.items()):
-            keys, tables = self._keys[seq], self._tables[seq]
-            end = min(len(keys), seq.num_computed // bs)
-            for g, table in enumerate(tables):
+        for seq, start, end in take_computed(self._pending, self._keys, self.block_size):
+            keys = self._keys[seq]
+            for g, table in enumerate(self._tables[seq]):
                 for index in range(start, end):
                     if table[index] is not None:
                         self._register(g, table[index], keys[index])
-            if end == len(keys):
-                del self._pending[seq]
-            elif end > start:
-                self._pending[seq] = end
 
     def _register(self, group: int, block: int, key: int) -> None:
         if self.cache.holds(block) or not self.cache.register(block, self._key(group, key)):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from engines.block_keys import block_keys
 from engines.paged import PagedAllocator
-from engines.prefix_cache import PrefixCache
+from engines.prefix_cache import PrefixCache, take_computed
 from kvbench.metrics.occupancy import Footprint
 from kvbench.sequence import Sequence
 
@@ -125,18 +125,10 @@ class PrefixCachingAllocator(PagedAllocator):
 
     def _register_computed(self) -> None:
         """Cache the keyed blocks that resident sequences have computed since the last call."""
-        if not self._pending:
-            return
-        bs = self.block_size
-        for seq, start in list(self._pending.items()):
+        for seq, start, end in take_computed(self._pending, self._keys, self.block_size):
             keys, table = self._keys[seq], self._tables[seq]
-            end = min(len(keys), seq.num_computed // bs)
             for index in range(start, end):
                 self._register(table[index], keys[index])
-            if end == len(keys):
-                del self._pending[seq]
-            elif end > start:
-                self._pending[seq] = end
 
     def _register(self, block: int, key: int) -> None:
         if self.cache.holds(block) or not self.cache.register(block, key):

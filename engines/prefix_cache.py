@@ -27,6 +27,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+S = TypeVar("S")  # a sequence (anything with `num_computed`)
 
 
 class PrefixCache:
@@ -125,3 +128,21 @@ class PrefixCache:
             assert self._key_of.get(block) == key, f"block {block} does not map back to its key"
         unreferenced = {block for block in self._key_of if refs[block] == 0}
         assert set(self._lru) == unreferenced, "the LRU is not the unreferenced cached blocks"
+
+
+def take_computed(pending: dict[S, int], keys: dict[S, tuple], block_size: int) -> list[tuple[S, int, int]]:
+    """The keyed blocks `[start, end)` each pending sequence has computed since the last call,
+    `pending` (sequence -> first block not yet registered) moved past them: a sequence whose
+    keyed blocks are all computed leaves it. `keys`: each sequence's block keys. What both
+    prefix-caching allocators register after a step (one table, or one per KV group)."""
+    ranges = []
+    for seq, start in list(pending.items()):
+        count = len(keys[seq])
+        end = min(count, seq.num_computed // block_size)
+        if end == count:
+            del pending[seq]
+        elif end > start:
+            pending[seq] = end
+        if end > start:
+            ranges.append((seq, start, end))
+    return ranges
