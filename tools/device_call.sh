@@ -7,6 +7,8 @@
 #
 # Jobs (the folder each writes is what README.md of that folder describes):
 #   fig12-seed-<s>   Figure 12 at OPT-13B, seed s (results/reproduce/opt-13b-h200)
+#   fig19            Figure 19 at OPT-13B (recompute vs swap at block sizes 1, 16, 256), 3 seeds
+#                    (results/reproduce/opt-13b-h200/fig19)
 #   vmm-real         vmm sync and ahead beside orca-oracle and paged (results/reference/vmm-real)
 #   hybrid-arxiv     Gemma 3 12B on arxiv-sum, four allocators, 3 seeds (results/reference/hybrid-real)
 #   mla-dense        DeepSeek-V2-Lite beside Llama-3.1-8B at one KV budget (results/reference/mla-vs-dense)
@@ -35,6 +37,10 @@ for job in "$@"; do
       folder=results/reproduce/opt-13b-h200
       timeout $left python -m kvbench reproduce fig12 --mode real --model opt-13b \
         --place-with $folder/calibration/cost.json --seed "${job#fig12-seed-}" --repeats 3 --out $folder ;;
+    fig19)
+      folder=results/reproduce/opt-13b-h200
+      timeout $left python -m kvbench reproduce fig19 --mode real --model opt-13b --num-requests 200 \
+        --repeats 3 --out $folder ;;
     vmm-real)
       folder=results/reference/vmm-real
       timeout $left python benchmarks/vmm_real.py --out $folder \
