@@ -10,11 +10,11 @@ holds S = budget // bytes-per-token slots, so floor(S / C) requests of C tokens 
 layout, is timed alone (median of 30 after warm-up):
 
 - `eager`: both models, the same Python forward launched kernel by kernel;
-- `graphs`: the dense model replayed from a CUDA graph (the default of a real run).
-  V2-Lite cannot be: its routed experts are dispatched on the host one at a time
-  (`kvbench.modeling.mla.MoE`), so its step time is bounded by that loop, not by MLA; the
-  attention's own cost is in results/reference/kernels-window-mla (MLA at 0.31-0.36x the GQA
-  layer's time at batch 64, 32K context).
+- `graphs`: replayed from a CUDA graph (the default of a real run). V2-Lite's decode step runs
+  every routed expert over every row, weighted 0 where not chosen (`kvbench.modeling.mla.MoE`):
+  at these batches nearly every expert's weights are read anyway, and its compute is 64 / 6 of
+  the routed experts' own. The attention's own cost is in results/reference/kernels-window-mla
+  (MLA at 0.31-0.36x the GQA layer's time at batch 64, 32K context).
 
 Output tokens per second at the fitted batch are batch / step. The ratio of batches is exact
 (arena arithmetic); the step times are one run each.
@@ -65,7 +65,7 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> list[d
             print(f"{name} at {context}: not one request fits in {args.kv_cache_gib} GiB", flush=True)
             continue
         arena = KVArena(spec, batch * (context + 8), next(model.parameters()).dtype, device)
-        graphs = spec.moe is None and device.type == "cuda"
+        graphs = device.type == "cuda"
         row = {
             "model": name, "kv_bytes_per_token": spec.kv_bytes_per_token, "context": context, "slots": slots,
             "batch": batch, "eager_ms": step_ms(model, arena, batch, context, False, device),

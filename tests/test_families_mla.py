@@ -146,3 +146,25 @@ def test_an_arena_of_k_and_v_per_head_is_refused_in_one_line():
     with pytest.raises(KvbenchError, match=r"^--model tiny-mla: MLA needs an arena of latent") as caught:
         model(torch.tensor([1, 2, 3]), torch.arange(3), meta, arena)
     assert "\n" not in str(caught.value)
+
+
+def test_dense_expert_dispatch_gives_what_the_routed_dispatch_gives():
+    """A decode step on a GPU runs every expert over every row, weighted 0 where the router did
+    not choose it (capturable in a CUDA graph); a prefill dispatches each expert over its own
+    rows. Both give the same output, every row having chosen a different mix of experts, one
+    expert chosen by no row at all."""
+    from kvbench.modeling.mla import MoE
+    from kvbench.modeling.weights import random_model
+
+    model = random_model(MLA_TINY, torch.float32, CPU, seed=4)
+    moe = next(m for m in model.modules() if isinstance(m, MoE))
+    x = torch.rand(6, MLA_TINY.hidden, generator=torch.Generator().manual_seed(1))  # [T, hidden], > 0
+    with torch.no_grad():
+        moe.gate.weight[3] = -1.0  # expert 3 scores -sum(x) < -10 for every row: never chosen
+        chosen = torch.nn.functional.linear(x, moe.gate.weight).topk(2, dim=-1).indices
+        assert 3 not in chosen.tolist() and len({tuple(sorted(row)) for row in chosen.tolist()}) > 1
+        dense, routed = moe(x, dense=True), moe(x, dense=False)
+        assert torch.allclose(dense, routed, rtol=1e-5, atol=1e-9)
+        assert moe(x).equal(routed)  # on the CPU the default is the routed dispatch
+        alone = moe(x, dense=True) - moe.shared_experts(x)
+        assert alone.abs().max() > 1e-6  # the routed experts contribute: the check is not vacuous

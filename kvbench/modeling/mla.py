@@ -18,15 +18,18 @@ What runs where: with `--attention triton` (or `auto` on a GPU) decode runs the 
 capture it) and the new tokens' vectors are stored by `kernels/kv_store.py`; with `--attention
 torch`, decode runs `kernels.reference.mla_decode_attention_ref`. Prefill runs the PyTorch
 reference `extend_attention_ref` on every backend (no latent prefill kernel yet), so a CUDA
-graph may hold MLA decode steps only; the experts below are dispatched on the host, so a model
-with experts runs without CUDA graphs (`--no-cuda-graphs`, refused in one line otherwise).
+graph may hold MLA decode steps only. The experts of a small step on a GPU (a decode step: at
+most `DENSE_DISPATCH_ROWS` tokens) run densely, every expert over every row weighted 0 where the
+router did not choose it: no host sync, so CUDA graphs capture it, and for decode batches the
+bytes are the same (a step of a few dozen rows touches nearly every expert's weights anyway).
 
 Rotary embeddings rotate adjacent pairs (DeepSeek's layout, as transformers' `apply_rotary_emb`
 does), not halves, with the YaRN scaling the published
 checkpoints set (frequencies, cos/sin factor, softmax mscale: `rope.py`). The feed-forward part
 is a dense SwiGLU MLP in the first `first_k_dense_replace` layers, then shared experts plus the
-top-k of the routed ones (softmax router, greedy top-k, weights x routed_scaling_factor), one
-expert at a time: correct, not fast. Parameter names are Hugging Face's (`DeepseekV2ForCausalLM`).
+top-k of the routed ones (softmax router, greedy top-k, weights x routed_scaling_factor); a
+large step (a prefill) dispatches each expert over the rows that chose it, on the host: correct,
+not fast. Parameter names are Hugging Face's (`DeepseekV2ForCausalLM`).
 """
 
 from __future__ import annotations
@@ -146,6 +149,9 @@ class MLAttention(nn.Module):
         return self.o_proj(o.reshape(t, -1))
 
 
+DENSE_DISPATCH_ROWS = 512  # the largest decode graph bucket (kvbench.real.decode_loop.MAX_GRAPH_BATCH)
+
+
 class MoE(nn.Module):
     """Shared experts (always on) plus the top-k routed experts of each token."""
 
@@ -158,22 +164,39 @@ class MoE(nn.Module):
         if e.shared_experts:  # one MLP as wide as all shared experts together (as the checkpoints)
             self.shared_experts = LlamaMLP(replace(spec, ffn=e.expert_ffn * e.shared_experts), **factory)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and torch.cuda.is_current_stream_capturing():  # the dispatch below reads the host
-            raise KvbenchError(
-                "--cuda-graphs: the experts (MoE) of MLA (DeepSeek) models are dispatched on the host, "
-                "which CUDA graphs cannot capture; run with --no-cuda-graphs"
-            )
+    def forward(self, x: torch.Tensor, *, dense: bool | None = None) -> torch.Tensor:
+        """`x` `[T, hidden]`. `dense`: every expert over every row (None: on a GPU for a step of
+        at most `DENSE_DISPATCH_ROWS` rows, which CUDA graphs capture); else each expert over
+        the rows that chose it (host-side dispatch). Both add the experts in the same order."""
         scores = torch.nn.functional.linear(x.float(), self.gate.weight.float()).softmax(dim=-1)  # [T, E]
         weights, chosen = scores.topk(self.moe.top_k, dim=-1)  # [T, k] each
         weights = weights * self.moe.routed_scale
+        if dense is None:
+            dense = x.is_cuda and x.shape[0] <= DENSE_DISPATCH_ROWS
+        out = self._dense(x, chosen, weights) if dense else self._sparse(x, chosen, weights)
+        if self.moe.shared_experts:
+            out = out + self.shared_experts(x)
+        return out
+
+    def _dense(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        gates = torch.zeros(x.shape[0], self.moe.experts, dtype=weights.dtype, device=x.device)  # [T, E]
+        gates.scatter_(1, chosen, weights)  # a token's weight for each expert, 0 where not chosen
+        out = torch.zeros_like(x)  # [T, hidden]
+        for index, expert in enumerate(self.experts):
+            out += (expert(x) * gates[:, index, None]).to(x.dtype)
+        return out
+
+    def _sparse(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():  # the dispatch below reads the host
+            raise KvbenchError(
+                f"--cuda-graphs: a step of {x.shape[0]} tokens dispatches the experts (MoE) of MLA "
+                "(DeepSeek) models on the host, which CUDA graphs cannot capture; run with --no-cuda-graphs"
+            )
         out = torch.zeros_like(x)  # [T, hidden]
         for index in chosen.unique().tolist():  # one expert at a time, over the tokens that chose it
             rows, rank = (chosen == index).nonzero(as_tuple=True)
             y = self.experts[index](x[rows]) * weights[rows, rank, None]
             out.index_add_(0, rows, y.to(x.dtype))
-        if self.moe.shared_experts:
-            out = out + self.shared_experts(x)
         return out
 
 
