@@ -183,8 +183,9 @@ def _step_s(summary: dict) -> float:
 
 
 def _order(trace: str, engine: str) -> tuple[int, int]:
-    traces = [t for t, _ in TRACES]
-    return (traces.index(trace) if trace in traces else len(traces), ENGINES.index(engine))
+    traces = [t for t, _ in TRACES]  # the benchmark's traces and engines first, others after
+    order = traces.index(trace) if trace in traces else len(traces)
+    return order, ENGINES.index(engine) if engine in ENGINES else len(ENGINES)
 
 
 def _ci(values: list[float], digits: int = 1) -> str:

@@ -153,8 +153,11 @@ def test_dense_expert_dispatch_gives_what_the_routed_dispatch_gives():
     not choose it (capturable in a CUDA graph); a prefill dispatches each expert over its own
     rows. Both give the same output, every row having chosen a different mix of experts, one
     expert chosen by no row at all."""
-    from kvbench.modeling.mla import MoE
+    from kvbench.modeling.mla import DENSE_DISPATCH_ROWS, MoE
     from kvbench.modeling.weights import random_model
+    from kvbench.real.decode_loop import MAX_GRAPH_BATCH
+
+    assert DENSE_DISPATCH_ROWS >= MAX_GRAPH_BATCH  # every graph bucket's step dispatches densely
 
     model = random_model(MLA_TINY, torch.float32, CPU, seed=4)
     moe = next(m for m in model.modules() if isinstance(m, MoE))
