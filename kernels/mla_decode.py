@@ -18,6 +18,9 @@ per head; the kernel is built to read them once for many heads:
   ranges of whole tiles per split, the same block-table tile addressing (`tile_slots`) or extent
   start, the same `DecodeWorkspace` and the same merges (`kernels/split_merge.py`, a second
   launch or the fused last-split merge), with a head group where that kernel has a KV head.
+- **More splits**: a head group's grid is batch x splits alone (no KV heads to multiply it), so
+  `choose_mla_splits` allows up to `MLA_MAX_SPLITS` (128) where the K/V kernels stop at 16, and a
+  small batch fills the GPU as theirs does.
 - Launch shapes depend only on the batch, the heads and `num_splits`, never on context lengths
   (read on the device), so the kernel replays inside CUDA graphs when `num_splits` is given.
 
@@ -41,9 +44,8 @@ from kernels.decode_attention import (
     tile_slots,
 )
 from kernels.split_merge import finish_split, launch_merge_kernel
-from kernels.splits import DecodeWorkspace, choose_launch, choose_num_splits
+from kernels.splits import HEADS_PER_PROGRAM, DecodeWorkspace, choose_launch, choose_mla_splits, head_groups
 
-HEADS_PER_PROGRAM = 16  # query heads sharing each loaded tile; tl.dot pads a group to 16 rows anyway
 LARGE_LATENT = 256  # from this latent tile on, a context tile of 32 positions (shared memory)
 
 
@@ -118,11 +120,6 @@ def _mla_decode_kernel(
     )  # fmt: skip
 
 
-def head_groups(heads: int) -> int:
-    """Programs per (sequence, split) along the heads: what `DecodeWorkspace` counts as KV heads."""
-    return -(-heads // HEADS_PER_PROGRAM)
-
-
 def mla_launch(programs: int, latent: int, device: torch.device) -> tuple[int, int, int]:
     """`choose_launch`'s (positions per tile, warps, stages), with 32-position tiles from a latent
     of 256 on: a `[128, 576]` bf16 tile is 144 KiB a pipeline stage, more than shared memory holds."""
@@ -159,7 +156,7 @@ def mla_decode_attention(
         return out
     groups = head_groups(heads)
     if num_splits is None:
-        num_splits = choose_num_splits(batch, groups, int(context_lens.max()), q.device)
+        num_splits = choose_mla_splits(batch, heads, int(context_lens.max()), q.device)
     fused = merge == "fused" and num_splits > 1
     launch = launch or mla_launch(batch * groups * num_splits, latent, q.device)
     part, lse, tickets, cap = DecodeWorkspace.buffers(

@@ -37,6 +37,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# splits one merge step holds: the K/V kernels' most (all of them at once, unrolled); beyond, a loop
+MERGE_SPLITS = tl.constexpr(16)
+MERGE_COLUMNS = 256  # output columns of one merge-kernel program: every K/V head dim, half of MLA's latent
+
 
 @triton.jit
 def finish_split(
@@ -77,26 +81,44 @@ def merge_if_last(
     d, g_mask, out_mask,  # [D], [G], [G, D]
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """Called by every split program after storing its partial; the last to arrive merges."""
+    """Called by every split program after storing its partial; the last to arrive merges.
+
+    It unrolls `MERGE_SPLITS` splits at a time: the MLA kernel's 64 and 128 splits unrolled whole
+    spilled 8 and 19 KB a thread (ptxas for sm_90), in chunks about 130 bytes; up to 16 splits
+    the loop of one step folds away (the K/V kernels compile to the same instructions). The
+    merger is one program reading every split's partials (2 MiB for MLA at 64 splits), where
+    the merge kernel spreads them over a program per (sequence, head, column block).
+    """
     tl.debug_barrier()  # every thread's partial stores precede the ticket (1.)
     ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")  # (1., 2.)
     if ticket == NUM_SPLITS - 1:
+        CHUNK: tl.constexpr = NUM_SPLITS if NUM_SPLITS < MERGE_SPLITS else MERGE_SPLITS  # splits unrolled
         top = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        for split in tl.static_range(NUM_SPLITS):
-            lse = tl.load(lse_ptr + rows + split, mask=g_mask, other=float("-inf"), cache_modifier=".cg")
-            top = tl.maximum(top, lse)
+        for first in range(0, NUM_SPLITS, CHUNK):  # one iteration up to MERGE_SPLITS (folded away)
+            for i in tl.static_range(CHUNK):
+                inside = first + i < NUM_SPLITS  # false only past a count that is no multiple of CHUNK
+                lse = tl.load(
+                    lse_ptr + rows + first + i, mask=g_mask & inside, other=float("-inf"),
+                    cache_modifier=".cg",
+                )  # fmt: skip  # [G]
+                top = tl.maximum(top, lse)
         base = tl.where(top > float("-inf"), top, 0.0)  # all -inf (an empty context): every weight 0
         norm = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        for split in tl.static_range(NUM_SPLITS):
-            lse = tl.load(lse_ptr + rows + split, mask=g_mask, other=float("-inf"), cache_modifier=".cg")
-            weight = tl.exp(lse - base)  # [G] 0 for a split that saw nothing (its partial is 0)
-            part = tl.load(
-                part_ptr + (rows[:, None] + split) * HEAD_DIM + d[None, :], mask=out_mask, other=0.0,
-                cache_modifier=".cg",
-            )  # fmt: skip  # [G, D]
-            norm += weight
-            acc += weight[:, None] * part
+        for first in range(0, NUM_SPLITS, CHUNK):
+            for i in tl.static_range(CHUNK):
+                inside = first + i < NUM_SPLITS
+                lse = tl.load(
+                    lse_ptr + rows + first + i, mask=g_mask & inside, other=float("-inf"),
+                    cache_modifier=".cg",
+                )  # fmt: skip
+                weight = tl.exp(lse - base)  # [G] 0 for a split that saw nothing (its partial is 0)
+                part = tl.load(
+                    part_ptr + (rows[:, None] + first + i) * HEAD_DIM + d[None, :], mask=out_mask & inside,
+                    other=0.0, cache_modifier=".cg",
+                )  # fmt: skip  # [G, D]
+                norm += weight
+                acc += weight[:, None] * part
         result = acc / tl.where(norm > 0.0, norm, 1.0)[:, None]
         tl.store(out_rows[:, None] + d[None, :], result.to(out_rows.dtype.element_ty), mask=out_mask)
         tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")  # (4.)
@@ -106,37 +128,52 @@ def merge_if_last(
 def merge_splits_kernel(
     part_ptr, lse_ptr, out_ptr,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_ALL: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """Program (b, head): weight each split's partial output by its share of the softmax mass."""
+    """Program (b, head, column block): weight each split's partial output by its share of the
+    softmax mass, `BLOCK_S` splits at a time (every split's log-sum-exp first, for the max)."""
     b = tl.program_id(0)
     head = tl.program_id(1)
-    s = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, BLOCK_D)
-    s_mask = s < NUM_SPLITS
-    lse = tl.load(lse_ptr + b * stride_lb + head * stride_lh + s, mask=s_mask, other=float("-inf"))  # [S]
-    top = tl.max(lse, axis=0)
+    d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)  # [D] this program's columns
+    d_mask = d < HEAD_DIM
+    lse_row = lse_ptr + b * stride_lb + head * stride_lh
+    every = tl.arange(0, BLOCK_ALL)
+    top = tl.max(tl.load(lse_row + every, mask=every < NUM_SPLITS, other=float("-inf")), axis=0)
     any_mass = top > float("-inf")  # false only for an empty context: every split is -inf
-    weights = tl.exp(lse - tl.where(any_mass, top, 0.0))  # [S] 0 for empty or masked splits
-    parts = tl.load(
-        part_ptr + b * stride_pb + head * stride_ph + s[:, None] * stride_ps + d[None, :],
-        mask=s_mask[:, None] & (d[None, :] < HEAD_DIM),
-        other=0.0,
-    )  # [S, D]
-    norm = tl.where(any_mass, tl.sum(weights, axis=0), 1.0)
-    result = tl.sum(parts * weights[:, None], axis=0) / norm  # [D]
-    tl.store(
-        out_ptr + b * stride_ob + head * stride_oh + d, result.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM
-    )
+    base = tl.where(any_mass, top, 0.0)
+    norm = tl.zeros([BLOCK_S], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    part_row = part_ptr + b * stride_pb + head * stride_ph
+    for first in range(0, NUM_SPLITS, BLOCK_S):  # one iteration up to MERGE_SPLITS splits
+        s = first + tl.arange(0, BLOCK_S)
+        s_mask = s < NUM_SPLITS
+        lse = tl.load(lse_row + s, mask=s_mask, other=float("-inf"))  # [S]
+        weights = tl.exp(lse - base)  # [S] 0 for empty or masked splits
+        parts = tl.load(
+            part_row + s[:, None] * stride_ps + d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0
+        )  # [S, D]
+        norm += weights
+        acc += tl.sum(parts * weights[:, None], axis=0)
+    result = acc / tl.where(any_mass, tl.sum(norm, axis=0), 1.0)  # [D]
+    tl.store(out_ptr + b * stride_ob + head * stride_oh + d, result.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 def launch_merge_kernel(part, lse, out, num_splits: int) -> None:
-    """The merge as its own launch: part `[B, H, >=S, D]`, lse `[B, H, >=S]` -> out `[B, H, D]`."""
+    """The merge as its own launch: part `[B, H, >=S, D]`, lse `[B, H, >=S]` -> out `[B, H, D]`.
+
+    A program holds `MERGE_SPLITS` splits of `MERGE_COLUMNS` columns at most: every K/V layout
+    (16 splits, head dims to 256) in one step as before; the MLA kernel's up to 128 splits of a
+    512-wide latent in a loop over the splits and two programs per head, not a `[128, 512]` tile
+    (254 registers, spills).
+    """
     batch, heads, head_dim = out.shape
-    merge_splits_kernel[(batch, heads)](
+    block_all = triton.next_power_of_2(num_splits)
+    block_d = min(triton.next_power_of_2(head_dim), MERGE_COLUMNS)
+    merge_splits_kernel[(batch, heads, triton.cdiv(head_dim, block_d))](
         part, lse, out,
         *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_ALL=block_all, BLOCK_S=min(block_all, MERGE_SPLITS.value), BLOCK_D=block_d,
         num_warps=4,
     )  # fmt: skip

@@ -12,7 +12,9 @@ import torch
 
 PROGRAMS_PER_SM = 4  # (batch, KV head, split) programs per SM a small grid is split up to
 MIN_SPLIT_TOKENS = 128  # two tiles of the small grid's launch: below, a split is mostly overhead
-MAX_SPLITS = 16
+MAX_SPLITS = 16  # the K/V kernels' cap (`choose_num_splits`)
+MLA_MAX_SPLITS = 128  # the MLA kernel's cap (`choose_mla_splits`)
+HEADS_PER_PROGRAM = 16  # MLA query heads sharing each loaded tile (tl.dot pads a group to 16 rows anyway)
 # (context positions per loop iteration, warps, pipeline stages), by grid size; tuned on an H200
 # (benchmarks/tune_decode.py, results/reference/kernel-tuning/README.md)
 SMALL_GRID_LAUNCH = (64, 4, 2)  # up to PROGRAMS_PER_SM programs per SM
@@ -24,9 +26,11 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def choose_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
-    """The largest power of two of splits that keeps the grid within 4 programs per SM, none
-    under 128 tokens.
+def choose_num_splits(
+    batch: int, kv_heads: int, max_context: int, device: torch.device, *, cap: int = MAX_SPLITS
+) -> int:
+    """The largest power of two of splits, at most `cap`, that keeps the grid within 4 programs
+    per SM, none under 128 tokens.
 
     Why 4 with 64-position tiles: on an H200 every cell of the benchmark's 64K-token band
     ((8, 8192) to (64, 1024)) read fastest at 512 programs of 64-position tiles (0.81-0.87 of
@@ -36,15 +40,41 @@ def choose_num_splits(batch: int, kv_heads: int, max_context: int, device: torch
     On CPU (the interpreter) a few splits keep the merge path exercised.
     """
     if device.type != "cuda":
-        return min(4, max(1, max_context // MIN_SPLIT_TOKENS))
-    return split_count(batch * kv_heads, max_context, _sm_count(device))
+        return min(4, cap, max(1, max_context // MIN_SPLIT_TOKENS))
+    return split_count(batch * kv_heads, max_context, _sm_count(device), cap)
 
 
-def split_count(rows: int, max_context: int, sms: int) -> int:
+def split_count(rows: int, max_context: int, sms: int, cap: int = MAX_SPLITS) -> int:
     """`choose_num_splits` on a GPU of `sms` multiprocessors for `rows` (sequence, KV head) pairs."""
     longest = max(1, max_context // MIN_SPLIT_TOKENS)
     room = PROGRAMS_PER_SM * sms // max(rows, 1)
-    return 1 << (max(1, min(room, longest, MAX_SPLITS)).bit_length() - 1)  # round down to a power of two
+    return 1 << (max(1, min(room, longest, cap)).bit_length() - 1)  # round down to a power of two
+
+
+def head_groups(heads: int) -> int:
+    """MLA programs per (sequence, split) along the query heads: what `DecodeWorkspace` counts
+    as KV heads for the MLA kernel."""
+    return -(-heads // HEADS_PER_PROGRAM)
+
+
+def choose_mla_splits(batch: int, heads: int, max_context: int, device: torch.device) -> int:
+    """`choose_num_splits` for the MLA kernel (`heads` query heads): the same rule, capped at
+    `MLA_MAX_SPLITS` instead of `MAX_SPLITS`.
+
+    Why its own cap: one MLA program serves a whole head group (all 16 heads of V2-Lite), so
+    its grid is batch x splits alone. Capped at 16, a batch of 8 launched 128 programs on the
+    H200's 132 SMs and read at 28-43 % of the bandwidth (results/reference/kernels-window-mla),
+    where the K/V kernel's batch of 8 runs 8 KV heads x 8 splits. With 128, batches of 4 to 32
+    split up to 4 programs per SM wherever the context gives every split 128 tokens (a batch of
+    8: 64 splits, 512 programs, from 8,192 tokens on), and 1 or 2 sequences to 1 or 2 programs
+    per SM; from 33 sequences on no more than 16 splits fit, and the count is the K/V rule's.
+
+    The workspace does not grow with the cap: rows x splits stay within 4 x SMs, so a launch's
+    partials within 4 x SMs x 16 heads x latent floats (16.5 MiB at 132 SMs and a latent of
+    512). The price is merge work: each split leaves a `[16, latent]` float32 partial (32 KiB at
+    512), about a fifth of the bytes a split of 128 tokens reads (147 KiB), mostly through L2.
+    """
+    return choose_num_splits(batch, head_groups(heads), max_context, device, cap=MLA_MAX_SPLITS)
 
 
 def choose_launch(programs: int, device: torch.device) -> tuple[int, int, int]:
