@@ -39,6 +39,16 @@ takes the H200's measured driver costs on 2 MiB pages, a reused handle
 (results/reference/vmm-probe: 35.5 us map + set access, 22.3 us unmap, medians); a model built
 by hand charges none unless given them.
 
+A real runner on a GPU replays each decode step from a CUDA graph captured for a bucket of
+rows (1, 2, 4, then every multiple of 8: `kvbench.real.decode_loop`), so a batch of 9 runs 16
+rows through the GEMMs and the sampler. A model fitted to such runs prices decode rows as the
+rows the graph runs (`pads_decode`, `graph_rows`), not the batch: fitted on the batch, the
+per-row cost of small padded batches (ShareGPT's Figure 2 runs: 1-36 rows) was spread over
+fewer rows than ran and overpriced large ones (Alpaca's 60-130 rows, padded by 3 % or less).
+OPT-13B on the H200 (results/reference/calibration-opt13b/orca-queueing.md): a decode step of
+57 to 64 rows at 60 tokens of context takes 9.58-9.64 ms, one of 65 rows 9.98 ms. The roofline
+prices the batch.
+
 `assumed` names the constants of a calibrated model that no run measured (no run swapped, so
 the swap cost is the roofline's): verdicts that rest on them say so.
 
@@ -72,6 +82,8 @@ HOST_LINK_BANDWIDTH = 25e9  # bytes/s, PCIe 4 x16 in practice
 # CUDA driver, per 2 MiB page, H200 (results/reference/vmm-probe, medians of 1,000 remaps)
 MAP_PAGE_S = 35.5e-6  # cuMemMap + cuMemSetAccess, handle reused
 UNMAP_PAGE_S = 22.3e-6  # cuMemUnmap
+GRAPH_BUCKET = 8  # decode graphs past 4 rows are captured every 8 rows (kvbench.real.decode_loop)
+GRAPH_BATCH_LIMIT = 512  # larger decode batches run eagerly, unpadded (kvbench.real.decode_loop)
 DEFAULT_SOURCES = {  # where the roofline's constants come from, for a fit that could not measure one
     "per_swap_block_s": f"roofline: {SWAP_LATENCY_S * 1e6:g} us + a block's bytes at "
     f"{HOST_LINK_BANDWIDTH / 1e9:g} GB/s",
@@ -105,6 +117,9 @@ class CostModel:
     # the launch, the sync at its end). OPT-13B on the H200: about 0.6 ms, which a run of short
     # segments (arrivals every few steps, as at Alpaca's rates) pays nearly every step
     per_segment_s: float = 0.0
+    # decode rows priced as the CUDA graph's bucket the batch pads to (`graph_rows`): a model
+    # fitted to real GPU runs that replay graphs; False (the roofline, CPU runs): the batch
+    pads_decode: bool = False
     assumed: tuple[str, ...] = ()  # fields no run measured (a calibrated model's; see DEFAULT_SOURCES)
 
     def above_knee(self, rows: int) -> float:
@@ -112,6 +127,10 @@ class CostModel:
         if self.knee_batch is None:
             return 0.0
         return self.per_row_above_knee_s * max(rows - self.knee_batch, 0)
+
+    def decode_rows(self, batch: int) -> int:
+        """The rows a decode step of `batch` sequences runs: its graph's bucket under `pads_decode`."""
+        return graph_rows(batch) if self.pads_decode else batch
 
     def per_token(self, prefill: bool) -> float:
         """The cost of one token fed in a prefill step (`prefill`) or one decode row."""
@@ -138,6 +157,17 @@ class CostModel:
             per_map_page_s=MAP_PAGE_S,
             per_unmap_page_s=UNMAP_PAGE_S,
         )
+
+
+def graph_rows(batch: int) -> int:
+    """The rows a decode step of `batch` sequences runs when replayed from a CUDA graph: 1, 2 or
+    4, else the next multiple of `GRAPH_BUCKET`; past `GRAPH_BATCH_LIMIT` it runs eagerly, as is.
+    The padding rows read no K/V (context 0), so only the per-row term counts them."""
+    if batch > GRAPH_BATCH_LIMIT:
+        return batch
+    if batch <= 4:
+        return 1 << max(batch - 1, 0).bit_length()  # 1, 2, 4 (3 -> 4)
+    return -(-batch // GRAPH_BUCKET) * GRAPH_BUCKET
 
 
 @dataclass(frozen=True)
@@ -199,7 +229,10 @@ class CostModelRunner:
         context = batch.num_context  # K/V positions attended in step 0, every layer as full
         skipped = self.reads.skipped(batch, max_steps)  # [k] slots the window layers do not read
         swaps = len(batch.swaps)
-        first = c.fixed_s + c.per_token(batch.is_prefill) * tokens + c.per_kv_token_s * context
+        n = len(batch.seqs)
+        rows = c.decode_rows(n)  # a decode step's rows (its graph's, padded); a prefill's tokens below
+        fed = tokens if batch.is_prefill else rows
+        first = c.fixed_s + c.per_token(batch.is_prefill) * fed + c.per_kv_token_s * context
         first -= c.per_kv_token_s * skipped[0]
         first += c.per_swap_block_s * swaps
         first += c.per_copy_slot_s * batch.copied_slots
@@ -207,13 +240,13 @@ class CostModelRunner:
         maps_in_steps = batch.is_prefill or not self.maps_ahead
         if maps_in_steps:
             first += c.per_map_page_s * batch.mapped_pages + c.per_unmap_page_s * batch.unmapped_pages
-        n = len(batch.seqs)
-        first += 0.0 if batch.is_prefill else c.above_knee(n) + c.per_segment_s
+        first += 0.0 if batch.is_prefill else c.above_knee(rows) + c.per_segment_s
         if max_steps == 1:
             return StepResult(np.array([first]))
         # later steps are decodes: one token per sequence, context one longer each step
         growth = c.per_kv_token_s * n * np.arange(max_steps)  # (k,)
-        durations = c.fixed_s + c.per_token_s * n + c.above_knee(n) + c.per_kv_token_s * context + growth
+        per_step = c.fixed_s + c.per_token_s * rows + c.above_knee(rows) + c.per_kv_token_s * context
+        durations = per_step + growth
         durations -= c.per_kv_token_s * skipped
         durations[0] = first  # step 0 also pays the swaps, copies and page maps scheduled with it
         if batch.map_plan is not None and c.per_map_page_s and maps_in_steps:

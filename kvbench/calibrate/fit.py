@@ -69,6 +69,19 @@ segments every step or two (Alpaca at Figure 13's rates): on the H200's OPT-13B 
 rows of one step were 0.45-1.7 ms slower than the fit, rows of 16 or more 0.1-0.2 ms a step
 faster.
 
+A real runner on a GPU replays each decode step from a CUDA graph of a bucket of rows (1, 2, 4,
+then multiples of 8), so a batch of 9 runs 16 rows. A run whose summary says it replayed graphs
+(`cuda_graphs`) counts a decode row's tokens and its knee's rows as the rows its steps ran
+(`kvbench.cost_model.graph_rows`), and the fitted model prices them so (`pads_decode`). Counted
+as the batch, Figure 2's OPT-13B runs on the H200 (1-36 rows, many padded by half or more) priced
+a decode row at 24.9 us where the rows that ran cost 15.2, and the held-out Alpaca cells'
+decode steps of 80-130 rows (orca-oracle, orca-pow2) 10-11 % above their measured time (5 %
+with the rows counted as they ran, as at 1-7 rows: those cells ran faster than the fitting
+runs at every batch size); their queueing near the knee, which a few per cent of step time
+moves by half, came out up to three times the real one
+(results/reference/calibration-opt13b/orca-queueing.md). Runs with and without graphs are not
+fitted together: their decode rows cost differently.
+
 Terms no row can measure are *assumed*: no run swapped (the swap cost), copied inside the arena
 (steps.csv does not count copies), mapped or unmapped pages (the vmm driver costs) or
 prefilled. Their values are written as used (the roofline's or the H200's driver measurement)
@@ -87,7 +100,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvbench.cost_model import CostModel
+from kvbench.cost_model import CostModel, graph_rows
 from kvbench.errors import KvbenchError
 from kvbench.results.files import read_json
 from kvbench.results.shape import STEP_TEXT, check_summary
@@ -104,7 +117,7 @@ FITTED = ("fixed_s", "per_token_s", "per_kv_token_s", "per_swap_block_s", "per_p
           "per_prefill_token_s", "per_map_page_s", "per_unmap_page_s", "per_segment_s")  # fmt: skip
 # terms added after files were written: left out of a file's digest while absent or 0, so a file
 # that does not use one keeps the digest it had (and the runs priced with it stay current)
-UNPRICED_WHEN_ZERO = ("per_segment_s",)
+UNPRICED_WHEN_ZERO = ("per_segment_s", "pads_decode")
 KNEE_GAIN = 0.5  # a knee is kept when it at least halves the linear fit's squared (scaled) error
 KNEE_SIDES = 2  # batch sizes a knee needs on each side
 KNEE_CANDIDATES = 32  # knees tried at most (evenly spaced among the sizes seen): each is a full fit
@@ -138,6 +151,8 @@ def shape_lines(calibration: Calibration) -> list[str]:
     and each assumed term with its value and where it comes from (printed by `kvbench calibrate`)."""
     c = calibration.cost
     lines = []
+    if c.pads_decode:
+        lines.append("decode rows: as the CUDA graph's bucket a batch pads to (1, 2, 4, then multiples of 8)")
     if c.per_segment_s:
         lines.append(f"decode segment: {1e3 * c.per_segment_s:.3f} ms more per runner call (a decode row)")
     if c.knee_batch is not None:
@@ -160,6 +175,9 @@ class Rows:
     durations: np.ndarray  # [R]
     batch: np.ndarray  # [R] rows of each step (0 for prefill rows: no knee there)
     config: dict  # the run's config.json (block size and GPU for assumed terms)
+    # decode steps replayed CUDA graphs (the summary's `cuda_graphs`): `counts`' decode tokens and
+    # `batch` are the rows the graphs ran (`graph_rows`), not the batch
+    padded: bool = False
 
 
 def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
@@ -206,14 +224,18 @@ def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
     zeros = np.zeros(len(data))
     prefill = (table["kind"].astype(str).to_numpy() == PREFILL).astype(np.float64)  # [R] 1 for a prefill row
     tokens = column["num_tokens"]
+    padded = bool(facts.get("cuda_graphs")) and "batch_size" in column
+    if padded:  # a decode row's tokens are its batch x its steps; the graphs ran their bucket's rows
+        rows = np.array([graph_rows(int(b)) for b in column["batch_size"]], dtype=np.float64)  # [R]
+        tokens = np.where(prefill > 0, tokens, rows * column["num_steps"])
     counts = np.column_stack([
         column["num_steps"], tokens * (1 - prefill), column.get(READS, column["context_tokens"]),
         column["swapped_blocks"],
         prefill, tokens * prefill, *(column.get(m, zeros) for m in MAPS), 1 - prefill,
     ])  # fmt: skip
-    batch = column.get("batch_size", zeros) * (1 - prefill)
+    batch = (rows if padded else column.get("batch_size", zeros)) * (1 - prefill)
     config = read_json(run / "config.json") if (run / "config.json").is_file() else {}
-    return Rows(model, counts, data[:, -1], batch, config)
+    return Rows(model, counts, data[:, -1], batch, config, padded)
 
 
 def _has_windows(model: str) -> bool:
@@ -322,6 +344,14 @@ def calibrate(
     if len(models) > 1:
         names = ", ".join(sorted(models))
         raise KvbenchError(f"kvbench calibrate: the runs are of different models ({names})")
+    padded = {rows.padded for rows in read}
+    if len(padded) > 1:
+        graphed = next(run for run, rows in zip(runs, read, strict=True) if rows.padded)
+        eager = next(run for run, rows in zip(runs, read, strict=True) if not rows.padded)
+        raise KvbenchError(
+            f"kvbench calibrate: {graphed} replayed CUDA graphs and {eager} did not; their decode steps "
+            "cost differently, fit them apart"
+        )
     c = np.concatenate([rows.counts for rows in read])
     d = np.concatenate([rows.durations for rows in read])
     batch = np.concatenate([rows.batch for rows in read])
@@ -335,7 +365,8 @@ def calibrate(
     fitted = dict(zip(FITTED, map(float, constants), strict=False))
     if fitted["per_prefill_token_s"] == 0 and not c[:, 5].any():
         fitted["per_prefill_token_s"] = None  # no prefill row: prompt tokens cost a decode row's
-    cost = CostModel(**fitted, per_row_above_knee_s=float(constants[-1]), knee_batch=knee)
+    knee_cost = float(constants[-1])
+    cost = CostModel(**fitted, per_row_above_knee_s=knee_cost, knee_batch=knee, pads_decode=padded.pop())
     cost, sources = _assume(cost, c, model, read[0].config)
     return Calibration(
         cost, model, tuple(str(r) for r in runs), len(d),
@@ -420,7 +451,10 @@ def load_cost_model(path: str, model: str) -> CostModel:
     knee = data.get("knee_batch")
     if knee is not None and (isinstance(knee, bool) or not isinstance(knee, int) or knee < 1):
         raise KvbenchError(f"{where}: 'knee_batch' must be a whole number >= 1 or null, got {knee}")
-    terms = {f.name for f in fields(CostModel) if f.name not in ("knee_batch", "assumed")}
+    pads = data.get("pads_decode", False)  # absent in files fitted before it existed: the batch
+    if not isinstance(pads, bool):
+        raise KvbenchError(f"{where}: 'pads_decode' must be true or false, got {json.dumps(pads)}")
+    terms = {f.name for f in fields(CostModel) if f.name not in ("knee_batch", "assumed", "pads_decode")}
     assumed = data.get("assumed")
     if assumed is None:  # an older file: what it could not fit is what it lacks or left at 0
         lacks = ("per_swap_block_s", "per_copy_slot_s", "per_map_page_s", "per_unmap_page_s")
@@ -428,4 +462,4 @@ def load_cost_model(path: str, model: str) -> CostModel:
     elif not isinstance(assumed, list) or not all(str(name) in terms for name in assumed):
         raise KvbenchError(f"{where}: 'assumed' must be a list of cost terms ({', '.join(sorted(terms))}), "
                            f"got {json.dumps(assumed)}")  # fmt: skip
-    return replace(CostModel(**values), knee_batch=knee, assumed=tuple(assumed))
+    return replace(CostModel(**values), knee_batch=knee, pads_decode=pads, assumed=tuple(assumed))
