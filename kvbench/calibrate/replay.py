@@ -11,7 +11,7 @@ or decode, batch size, start time, no more steps than the engine allows); the fi
 is the divergence, named by its row. A replay that never diverges rebuilds the run's rows and
 its summary, so every difference between the run and its simulation is the cost model's.
 
-On the H200's OPT-13B runs (results/reference/calibration-opt13b/orca-queueing.md) all 79 real
+On the H200's OPT-13B runs (results/reference/calibration-opt13b/orca-queueing.md) all 76 real
 runs of Figures 2, 12 and 13 replay without divergence, their summaries to six digits: the
 calibrated simulator's queueing errors there are errors in step times, not in scheduling.
 
