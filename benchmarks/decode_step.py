@@ -42,11 +42,22 @@ from kvbench.requests import Request, Trace
 BLOCK = 16
 
 
+def step_slots(batch: int, max_len: int) -> int:
+    """Slots `gpu_step_s` addresses: `batch` sequences of `max_len` rounded up to whole blocks."""
+    return batch * (-(-max_len // BLOCK) * BLOCK)
+
+
 def gpu_step_s(
     model, arena, batch: int, context: int, paged: bool, max_len: int, repeats: int = 30, graphs: bool = True
 ) -> float:
     """Median time of one decode step at `batch` x `context` (nothing else), replayed from a CUDA
-    graph (`graphs`) or run eagerly."""
+    graph (`graphs`) or run eagerly.
+
+    The kernels index the arena unchecked, so a smaller arena than `step_slots` is refused here
+    rather than read and written past its end."""
+    needed = step_slots(batch, max_len)
+    if arena.num_slots < needed:
+        raise ValueError(f"arena of {arena.num_slots} slots; a {batch} x {max_len} step addresses {needed}")
     loop = DecodeLoop(
         model, arena, max_batch=batch, max_len=max_len, block_size=BLOCK, paged=paged, backend="triton",
         temperature=0.0, seed=0,

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable without PYTHONPATH too
 
-from benchmarks.decode_step import gpu_step_s
+from benchmarks.decode_step import gpu_step_s, step_slots
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.weights import random_model
 from kvbench.models import get_model
@@ -64,7 +64,7 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> list[d
         if batch < 1:
             print(f"{name} at {context}: not one request fits in {args.kv_cache_gib} GiB", flush=True)
             continue
-        arena = KVArena(spec, batch * (context + 8), next(model.parameters()).dtype, device)
+        arena = KVArena(spec, step_slots(batch, context + 8), next(model.parameters()).dtype, device)
         graphs = device.type == "cuda"
         row = {
             "model": name, "kv_bytes_per_token": spec.kv_bytes_per_token, "context": context, "slots": slots,

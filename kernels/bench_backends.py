@@ -47,10 +47,10 @@ def _build_kvbench(addressing: str):
 
 def _build_mla(cell: Cell, layout: Layout, inputs: list[Copy], context: Context, addressing, where) -> Built:
     """The MLA decode kernel over the one cache of each copy (`Copy.k`; `v` is the same tensor)."""
-    from kernels.mla_decode import head_groups, mla_decode_attention
-    from kernels.splits import choose_num_splits
+    from kernels.mla_decode import mla_decode_attention
+    from kernels.splits import choose_mla_splits
 
-    splits = choose_num_splits(cell.batch, head_groups(cell.q_heads), layout.max_len, context.device)
+    splits = choose_mla_splits(cell.batch, cell.q_heads, layout.max_len, context.device)
     run = partial(
         mla_decode_attention, context_lens=layout.lens, scale=scale_of(cell), latent=cell.latent,
         num_splits=splits, **where,

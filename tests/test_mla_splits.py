@@ -140,3 +140,22 @@ def test_merge_kernel_weighs_every_split_of_a_wide_row(device, splits, head_dim)
     launch_merge_kernel(part, lse, out, splits)
     torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
     assert not out[1, 1].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_the_decode_loop_splits_an_mla_model_by_the_mla_rule():
+    """A real decode loop (whose graphs freeze the split count per bucket) takes the MLA rule for an
+    MLA model: on an H200, 64 splits at a batch of 8 and 8,192 tokens, not the K/V rule's 16."""
+    from kvbench.modeling.arena import KVArena
+    from kvbench.modeling.weights import random_model
+    from kvbench.real.decode_loop import DecodeLoop
+    from tests.test_families_mla import MLA_TINY
+
+    cuda = torch.device("cuda")
+    model = random_model(MLA_TINY, torch.bfloat16, cuda, seed=0)
+    arena = KVArena(MLA_TINY, 8 * 8192, torch.bfloat16, cuda)
+    loop = DecodeLoop(model, arena, max_batch=8, max_len=8192, block_size=16, paged=True, backend="triton",
+                      temperature=0.0, seed=0)  # fmt: skip
+    assert loop._splits[8] == choose_mla_splits(8, MLA_TINY.num_heads, 8192, cuda)
+    assert loop._splits[8] > choose_num_splits(8, 1, 8192, cuda)

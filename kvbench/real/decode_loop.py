@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from engines.allocator import BlockTable, Extent
-from kernels.splits import choose_num_splits
+from kernels.splits import choose_mla_splits, choose_num_splits
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata
 from kvbench.modeling.causal_lm import CausalLM
@@ -82,8 +82,12 @@ class DecodeLoop:
         self.block_tables = self.group_tables[0] if paged else None
         self.tables = self.block_tables.table if paged else None  # [N, W]
         self.starts = None if paged else torch.zeros(rows, dtype=torch.int64, device=dev)  # [N]
-        kv_heads = self.arena.k[0].shape[-2]
-        self._splits = {n: choose_num_splits(n, kv_heads, self.max_len, dev) for n in range(1, rows + 1)}
+        spec, kv_heads = self.model.spec, self.arena.k[0].shape[-2]
+        if spec.mla is not None:  # one program per (sequence, split) serves every head: its own cap
+            splits = {n: choose_mla_splits(n, spec.num_heads, self.max_len, dev) for n in range(1, rows + 1)}
+        else:
+            splits = {n: choose_num_splits(n, kv_heads, self.max_len, dev) for n in range(1, rows + 1)}
+        self._splits = splits
 
     def reserve(self, batch: int) -> None:
         """Room for `batch` rows. A batch beyond the buffers (a group's outputs can outnumber the
@@ -153,9 +157,15 @@ class DecodeLoop:
                 slots = starts + positions
             metas.append(
                 AttentionMetadata(
-                    False, torch.where(valid, slots, -1), self.cu_seqlens[: rows + 1], context,
-                    block_tables=tables, block_size=self.block_size, starts=starts,
-                    num_splits=self._splits[rows], backend=self.backend,
+                    False,
+                    torch.where(valid, slots, -1),
+                    self.cu_seqlens[: rows + 1],
+                    context,
+                    block_tables=tables,
+                    block_size=self.block_size,
+                    starts=starts,
+                    num_splits=self._splits[rows],
+                    backend=self.backend,
                 )
             )
         meta = metas[0] if len(metas) == 1 else replace(metas[0], per_table=tuple(metas))
