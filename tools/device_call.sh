@@ -13,8 +13,9 @@
 #   hybrid-arxiv     Gemma 3 12B on arxiv-sum, four allocators, 3 seeds (results/reference/hybrid-real)
 #   mla-dense        DeepSeek-V2-Lite beside Llama-3.1-8B at one KV budget (results/reference/mla-vs-dense)
 #   vmm-occupancy    OPT-13B at the paper's 15,728 slots, ShareGPT at 9 and Alpaca at 110 req/s (above
-#                    every engine's sustained rate, so every engine queues), 60 s of arrivals, 3 seeds:
-#                    paged, orca-oracle and vmm per-layer, then vmm per-request
+#                    every engine's sustained rate, so every engine queues), 30 s of arrivals, seeds
+#                    $SEEDS (default 0,1,2; SEEDS=0 runs one seed of every setting first): paged,
+#                    orca-oracle and vmm per-layer, then vmm per-request
 #                    (results/reference/vmm-occupancy-real)
 #   mooncake-window  the first 30 s of Mooncake's conversation trace, replayed at its own timestamps, on
 #                    Llama-3.1-8B with what an H200 leaves it: paged, orca-oracle, vmm
@@ -62,7 +63,7 @@ for job in "$@"; do
         set -- $setting
         left=$((end - SECONDS)); [ $left -gt 30 ] || break
         timeout $left python -m kvbench sweep --real --engines $4 --vmm-layout $3 --model opt-13b \
-          --trace $1 --rates $2 --duration 60 --seeds 0,1,2 --latency-threshold 1 --resume \
+          --trace $1 --rates $2 --duration 30 --seeds ${SEEDS:-0,1,2} --latency-threshold 1 --resume \
           --continue-on-error --collectors torch,nvml --out $folder/$1-$3
       done ;;
     mooncake-window)
