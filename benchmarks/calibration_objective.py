@@ -24,6 +24,7 @@ import numpy as np
 from kvbench.calibrate.check import fit_and_check, format_checks, summarize
 from kvbench.calibrate.fit import OBJECTIVES, fit_shape, predict, read_rows
 from kvbench.results.files import write_text
+from kvbench.results.load import runs_below
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "results/reproduce/opt-13b-h200"
@@ -31,7 +32,7 @@ OUT = ROOT / "results/reference/calibration-objective"
 
 
 def runs(folder: str) -> list[Path]:
-    return [summary.parent for summary in sorted((RUNS / folder).glob("**/steps.csv"))]
+    return runs_below(RUNS / folder, steps=True)
 
 
 def counts(checks) -> list[str]:

@@ -5,6 +5,7 @@ files refused with one line; env.json's commit is kvbench's own checkout's."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import re
@@ -22,6 +23,7 @@ from kvbench.errors import KvbenchError
 from kvbench.metrics.occupancy import CATEGORIES
 from kvbench.results.files import checkout_sha, environment
 from kvbench.results.load import read_csv, runs_below
+from kvbench.results.packed import table_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL = ROOT / "results" / "reproduce" / "quick-real"  # committed: a real reproduction on an H200
@@ -292,9 +294,10 @@ def _undocumented(keys, names: set[str], patterns: list[re.Pattern]) -> list[str
 def _keys(folder: Path) -> set[str]:
     """Every column and key a run folder's files hold (headers and JSON keys, read plainly)."""
     keys = set()
-    for name in ("steps.csv", "requests.csv"):
-        if (folder / name).is_file():
-            keys |= set(next(csv.reader((folder / name).open(newline=""))))
+    for name in ("steps.csv", "requests.csv"):  # plain or packed (committed results pack large ones)
+        data = table_bytes(folder / name)
+        if data:
+            keys |= set(next(csv.reader(io.StringIO(data.decode()))))
     summary, config = (json.loads((folder / name).read_text()) for name in ("summary.json", "config.json"))
     keys |= set(summary) | set(config) | set(config["workload"])
     keys |= {f"{a}.{b}" for a, v in summary.items() if isinstance(v, dict) and a != "slo" for b in v}

@@ -20,6 +20,12 @@
 #   mooncake-window  the first 30 s of Mooncake's conversation trace, replayed at its own timestamps, on
 #                    Llama-3.1-8B with what an H200 leaves it: paged, orca-oracle, vmm
 #                    (results/reference/mooncake-window-real)
+#   fig12-alpaca-eager  Figure 12's Alpaca panel at OPT-13B for paged and orca-oracle with every step
+#                    run eagerly (`--no-cuda-graphs`, as the paper's vLLM and Orca ran), seed 0, the
+#                    shared bound 4 x the lower unloaded latency, bisected to a 10 % bracket
+#                    (results/reference/fig12-alpaca-eager)
+#   kernels-mla      decode attention of full, windowed and MLA layers at batches 1-64
+#                    (results/reference/kernels-window-mla/h200-splits)
 #   gpu-tests        the GPU-marked tests (their report: $OUT/gpu-tests.log)
 # Traces are read from .carry/shared/traces (copy ../shared/traces there; carry ".carry/shared").
 # Every job's folder comes back as $OUT/<job>.tgz (paths relative to the repository root: unpack
@@ -71,6 +77,16 @@ for job in "$@"; do
       timeout $left python -m kvbench sweep --real --engines paged,orca-oracle,vmm --model llama-3.1-8b \
         --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --seeds 0 --resume \
         --continue-on-error --collectors torch,nvml --out $folder ;;
+    fig12-alpaca-eager)
+      folder=results/reference/fig12-alpaca-eager
+      timeout $left python -m kvbench sweep --real --no-cuda-graphs --engines paged,orca-oracle --model opt-13b \
+        --trace alpaca-paper --rates 38,48,60,75,94 --duration 60 --seeds 0 --baseline-requests 5 \
+        --threshold-multiple 4 --bisect 3 --bracket 0.1 --resume --continue-on-error --collectors torch \
+        --out $folder ;;
+    kernels-mla)
+      folder=results/reference/kernels-window-mla/h200-splits
+      timeout $left python -m kvbench kernels --batch 1,4,8,64 --context 8192,32768 --window 0 --mla \
+        --backends kvbench-paged,kvbench-contiguous --repeats 30 --out $folder ;;
     gpu-tests)
       folder=
       timeout $left python -m pytest -p no:xdist -q -rA -m gpu tests ;;
@@ -78,6 +94,8 @@ for job in "$@"; do
       echo "unknown job $job" >> "$OUT/calls.log"; continue ;;
   esac > "$OUT/$job.log" 2>&1
   echo "== $job rc $? $(date -u +%T)" >> "$OUT/calls.log"
-  [ -z "$folder" ] || tar -czf "$OUT/$job.tgz" "$folder"
+  # large step and request tables come back packed (tools/pack_results.py): the tree a call
+  # carries stays within the device's size limit as runs accumulate
+  [ -z "$folder" ] || { python tools/pack_results.py "$folder" >> "$OUT/calls.log"; tar -czf "$OUT/$job.tgz" "$folder"; }
 done
 cat "$OUT/calls.log"

@@ -103,6 +103,7 @@ import numpy as np
 from kvbench.cost_model import CostModel, graph_rows
 from kvbench.errors import KvbenchError
 from kvbench.results.files import read_json
+from kvbench.results.packed import table_path
 from kvbench.results.shape import STEP_TEXT, check_summary
 
 TERMS = ("num_steps", "num_tokens", "context_tokens", "swapped_blocks")  # steps.csv columns
@@ -188,7 +189,7 @@ def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
     and says nothing about a GPU. Every count and duration must be a finite number >= 0.
     """
     steps, summary = run / "steps.csv", run / "summary.json"
-    if not steps.is_file() or not summary.is_file():
+    if table_path(steps) is None or not summary.is_file():
         raise KvbenchError(f"{run}: not a kvbench run folder (no steps.csv and summary.json)")
     facts = check_summary(summary, read_json(summary))
     if facts.get("external"):

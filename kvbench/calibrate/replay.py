@@ -32,6 +32,7 @@ from engines.scheduler import Batch
 from kvbench.calibrate.check import read_config
 from kvbench.errors import KvbenchError
 from kvbench.results.files import read_json
+from kvbench.results.packed import table_path
 from kvbench.runner import StepResult
 from kvbench.simulate import execute
 
@@ -108,7 +109,7 @@ def recorded_rows(run: Path) -> list[Row]:
     from kvbench.results.shape import STEP_TEXT
 
     steps = run / "steps.csv"
-    if not steps.is_file():
+    if table_path(steps) is None:
         raise KvbenchError(f"{run}: no steps.csv to replay")
     table = read_csv(steps, text=STEP_TEXT)
     columns = zip(

@@ -30,6 +30,7 @@ from kvbench.demo import DEMO_ENGINES
 from kvbench.reproduce.rows import seed_folder
 from kvbench.results.files import read_json, write_json, write_run_atomically
 from kvbench.results.load import runs_below
+from kvbench.results.packed import table_path
 
 FIT_FIGURE = "fig2"
 HELD_OUT = {
@@ -50,7 +51,7 @@ def calibrate_reproduction(out: Path) -> list[HeldOutSet] | None:
     """Fit on `out`'s Figure 2 runs and check the real runs of Figures 12-17; None (nothing
     written) unless all five Figure 2 runs are real runs with step rows."""
     fit = [seed_folder(out / FIT_FIGURE) / engine for engine in DEMO_ENGINES]  # its first seed's
-    if not all(_real(run) and (run / "steps.csv").is_file() for run in fit):
+    if not all(_real(run) and table_path(run / "steps.csv") is not None for run in fit):
         return None
     sets = {name: (label, _real_runs(out, figures)) for name, (label, figures) in HELD_OUT.items()}
     report: list[HeldOutSet] = []

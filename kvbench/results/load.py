@@ -27,6 +27,7 @@ import pandas as pd
 
 from kvbench.errors import KvbenchError
 from kvbench.results.files import read_json
+from kvbench.results.packed import table_bytes, table_path
 from kvbench.results.shape import (
     FIGURE_TEXT,
     STEP_TEXT,
@@ -46,22 +47,22 @@ EXACT = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) <
 
 
 def read_csv(path: Path, text: Collection[str] | None = None) -> pd.DataFrame:
-    """A CSV file kvbench wrote, as a DataFrame; a missing or empty file is an empty one.
+    """A CSV file kvbench wrote (or its packed copy, `kvbench.results.packed`), as a DataFrame; a
+    missing or empty file is an empty one.
 
     `text`: the columns that hold words (kept as strings, "" where empty); every other column
     must hold numbers (int64, or float64 where a cell is empty or `nan`: NaN), or the file is
     refused naming its column and line. None: a column is numbers where every cell is one,
     words otherwise.
     """
-    path = Path(path)
-    if not path.is_file():
+    data = table_bytes(path)
+    if data is None:
         return pd.DataFrame()
+    path = table_path(path)  # errors name the file read: the CSV or its packed copy
     try:
-        content = path.read_bytes().decode("utf-8")
+        content = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise KvbenchError(f"{path}: not UTF-8 text (byte {error.start}): not a file kvbench wrote") from None
-    except OSError as error:
-        raise KvbenchError(f"{path}: cannot read it ({error.strerror})") from None
     header = _check_lines(path, content)
     if header is None:
         return pd.DataFrame()
@@ -210,7 +211,7 @@ def runs_below(path: Path, *, steps: bool = False) -> list[Path]:
 
     def is_run(folder: Path) -> bool:
         need = ("summary.json", "config.json", "steps.csv") if steps else ("summary.json", "config.json")
-        return all((folder / name).is_file() for name in need)
+        return all(table_path(folder / name) is not None for name in need)
 
     if is_run(path):
         return [path]
