@@ -25,7 +25,7 @@ from kvbench.requests import Trace
 from kvbench.vmm.pages import DEFAULT_PAGE_KIB, page_geometry
 from workloads.spec import WorkloadSpec, build_trace
 
-VMM_MAPS = ("sync", "ahead")  # --vmm-map (kvbench.real.model_runner)
+VMM_MAPS = ("sync", "ahead")  # --vmm-map (kvbench.real.model_runner; simulated: CostModelRunner)
 DEFAULT_GPU = "a100-40gb"  # the paper's GPU: budgets and step times are emulated on it
 
 
@@ -46,6 +46,7 @@ class RunConfig:
     swap_space_gib: float = 4.0  # paged engines: host memory for swapped blocks (vLLM's default)
     vmm_layout: str = "per-layer"  # vmm: vAttention's tensor per layer, or one range per request
     vmm_page_kib: int = DEFAULT_PAGE_KIB  # vmm: physical page size (the driver's granularity)
+    vmm_map: str = "sync"  # vmm: map pages just before the step needing them, or one segment ahead
     cost_model: str | None = None  # a `kvbench calibrate` file; None: the roofline of the GPU
     cost_fixed_s: float | None = None  # cost-model overrides (of the calibrated or roofline model)
     cost_per_token_s: float | None = None
@@ -58,7 +59,6 @@ class RunConfig:
     weights_seed: int = 0  # real runs: seed of a preset's random weights
     attention: str = "auto"  # real runs: triton kernels, torch reference, or auto (triton on CUDA)
     cuda_graphs: bool = True  # real runs: replay decode steps as CUDA graphs (needs the kernels)
-    vmm_map: str = "sync"  # real vmm runs: map pages just before the step needing them, or one segment ahead
     tensor_parallel: int = 1  # real runs: GPUs one model is split across; budgets stay the model's
     collectors: str = "torch,nvml,roofline"  # real runs on CUDA: what to measure beside the steps
     hf_batch_size: int = 32  # hf-generate: requests per padded generate() batch
@@ -198,7 +198,8 @@ def prepare(
 
 
 def check_real_options(config: RunConfig) -> None:
-    """Real-run flags that contradict one another: checked before a model is loaded."""
+    """Real-run flags that contradict one another: checked before a model is loaded (and by
+    `prepare`, so a simulation refuses a bad --vmm-map too, which it prices as a real run maps)."""
     on_cuda = config.device.startswith("cuda")
     if config.attention == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise KvbenchError(

@@ -71,7 +71,6 @@ class RealOptions:
     weights_seed: int = 0
     attention: str = "auto"
     cuda_graphs: bool = True
-    vmm_map: str = "sync"
     tensor_parallel: int = 1
     collectors: str = "torch,nvml,roofline"
     hf_batch_size: int = 32
@@ -92,7 +91,6 @@ REAL_FLAGS = (
         "Replay decode steps as CUDA graphs (CUDA with the Triton kernels).",
         "--cuda-graphs/--no-cuda-graphs",
     ),
-    Flag("vmm_map", str, "vmm: map pages just before the step needing them (sync) or a segment ahead."),
     Flag("tensor_parallel", int, "Split the model across this many GPUs of the host (budget: the model's)."),
     Flag("collectors", str, "CUDA runs: torch (allocator), nvml (memory, power), roofline; or none."),
     Flag("hf_batch_size", int, "hf-generate: requests per padded generate() batch."),

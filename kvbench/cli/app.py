@@ -91,6 +91,13 @@ def _job(
     vmm_page_kib: Annotated[
         int, typer.Option(help="vmm: physical page in KiB (2048: the driver's page; smaller is simulated).")
     ] = 2048,
+    vmm_map: Annotated[
+        str,
+        typer.Option(
+            help="vmm: map pages just before the step needing them (sync), or a segment ahead while steps "
+            "run (ahead; simulated, decode steps then pay no maps)."
+        ),
+    ] = "sync",
     cost_model: Annotated[
         str | None, typer.Option(help="Cost model fitted to real runs (kvbench calibrate's JSON).")
     ] = None,
@@ -126,8 +133,8 @@ def _job(
         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, contiguous_fit=contiguous_fit, watermark=watermark,
         preemption=preemption, swap_space_gib=swap_space_gib,
-        vmm_layout=vmm_layout, vmm_page_kib=vmm_page_kib, cost_model=cost_model, cost_fixed_s=cost_fixed_s,
-        cost_per_token_s=cost_per_token_s, cost_per_kv_token_s=cost_per_kv_token_s,
+        vmm_layout=vmm_layout, vmm_page_kib=vmm_page_kib, vmm_map=vmm_map, cost_model=cost_model,
+        cost_fixed_s=cost_fixed_s, cost_per_token_s=cost_per_token_s, cost_per_kv_token_s=cost_per_kv_token_s,
         percentiles=parse_percentiles(percentiles), slo=parse_slo(slo), **(asdict(real) if real else {}),
     )  # fmt: skip
     prepare_out(out, "run", overwrite)  # before the work: a bad --out fails now, not after it
