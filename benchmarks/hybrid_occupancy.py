@@ -13,6 +13,17 @@ the engine integrates every category exactly over them. The traces are read thro
 
     python benchmarks/hybrid_occupancy.py [--num-requests 600] [--seeds 0,1,2] [--out table.md]
 
+With `--long` the setting is long-context instead, where window layers matter most (a 1,024-token
+window against prompts of 12K tokens on average and up to 126K): Gemma 3 12B with the KV budget
+an H200 leaves it beside the weights (`emulate_gpu="h200-141gb"`, no fixed budget), on Mooncake's
+conversation trace (`mooncake-conv`) replayed at its own timestamps, whole or its first
+`--window-duration` seconds. One replay (no seed varies it), so no interval. Requests longer
+than the model's 131,072-token context are dropped and counted (`max_total_len`; without it a
+run refuses the trace, naming the first one); the header says how many (none in this trace). A
+fifth row runs paged with 8 times the budget: what more memory alone would buy.
+
+    python benchmarks/hybrid_occupancy.py --long [--window-duration 30] [--out table-long.md]
+
 With `--real SWEEP` (repeatable: `kvbench sweep --real` folders of these engines on one model)
 the rows are the real cells' summaries instead, grouped by trace and engine over their seeds,
 and every cell is also simulated from its own config.json on the H200 cost model, so the table
@@ -34,6 +45,7 @@ from pathlib import Path
 from kvbench.calibrate.check import read_config
 from kvbench.config import RunConfig
 from kvbench.metrics.occupancy import CATEGORIES
+from kvbench.models import get_model
 from kvbench.simulate import simulate
 from kvbench.sweep.stats import mean_ci95
 from workloads.spec import WorkloadSpec
@@ -49,10 +61,26 @@ WEIGHTINGS = {
 }
 
 
+LONG_TRACE = "mooncake-conv"  # its own timestamps: 12,031 requests over 3,537 s
+LONG_GPU = "h200-141gb"
+MORE_MEMORY = 8  # the counterfactual row: paged with this many times the budget
+
+
 def cell(engine: str, trace: str, rate: float, seed: int, requests: int) -> dict:
     workload = WorkloadSpec(trace, num_requests=requests, seed=seed, rate=rate)
     config = RunConfig(
         engine=engine, model=MODEL, kv_cache_gib=GIB, emulate_gpu="h200-141gb", workload=workload
+    )
+    return simulate(config).summary
+
+
+def long_cell(engine: str, window_s: float | None = None, kv_cache_gib: float | None = None) -> dict:
+    """One replay of `LONG_TRACE` (its first `window_s` seconds; None: all of it) with what an
+    H200 leaves the model (`kv_cache_gib` None); requests past the context dropped and counted."""
+    context = get_model(MODEL).max_len
+    workload = WorkloadSpec(LONG_TRACE, window_duration_s=window_s, max_total_len=context)
+    config = RunConfig(
+        engine=engine, model=MODEL, kv_cache_gib=kv_cache_gib, emulate_gpu=LONG_GPU, workload=workload
     )
     return simulate(config).summary
 
@@ -63,9 +91,11 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--real", type=Path, action="append", default=[], help="a real sweep folder")
+    parser.add_argument("--long", action="store_true", help="Mooncake's conversations, H200 budget")
+    parser.add_argument("--window-duration", type=float, default=None, help="--long: seconds replayed")
     args = parser.parse_args()
-    if args.real:
-        text = real_tables(args.real)
+    if args.real or args.long:
+        text = real_tables(args.real) if args.real else long_tables(args.window_duration)
         print(text)
         if args.out:
             args.out.write_text(text)
@@ -106,6 +136,52 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text)
+
+
+def long_tables(window_s: float | None) -> str:
+    """Every engine on one replay of the long-context trace, then paged with `MORE_MEMORY` times
+    its budget; the same columns as the short traces' tables (one run each: no interval)."""
+    runs = {engine: long_cell(engine, window_s) for engine in ENGINES}
+    first = runs["paged"]
+    more = f"paged, {MORE_MEMORY}x the budget"
+    runs[more] = long_cell("paged", window_s, MORE_MEMORY * first["kv_budget_bytes"] / 2**30)
+    span = "whole" if window_s is None else f"its first {window_s:g} s"
+    lines = [
+        f"{MODEL}, {first['kv_budget_bytes'] / 2**30:.2f} GiB of KV ({first['num_slots']:,} slots;"
+        f" {first['kv_budget_source']}), H200 cost model; {LONG_TRACE} replayed {span} at its own"
+        f" timestamps: {first['num_requests']:,} requests ({first['dropped_requests']} of the trace's"
+        f" {first['dropped_of']:,} dropped as longer than {first['dropped_longer_than']:,} tokens)."
+        " One replay, so no interval. `saturated %`: the share of busy time during which a request"
+        " waited; `behind window %` busy-weighted.",
+        "",
+        "| engine | requests done | batched req. | req/s | output tok/s | behind window % | saturated %"
+        " | preemptions | mean TTFT s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for engine, r in runs.items():
+        values = [
+            f"{r['completed']:,}",
+            f"{r['mean_batched_requests']:.1f}",
+            f"{r['request_throughput']:.3f}",
+            f"{r['output_token_throughput']:.0f}",
+            f"{100 * r['occupancy']['outside_window']:.1f}",
+            f"{100 * r['saturated_s'] / r['busy_s']:.1f}",
+            f"{r['num_preemptions']}",
+            f"{r['mean_ttft_s']:.0f}",
+        ]
+        lines.append(f"| {engine} | " + " | ".join(values) + " |")
+    parts = ["\n".join(lines)]
+    for key, weighting in WEIGHTINGS.items():
+        lines = [f"Occupancy {weighting} (`{key}`), one run:", ""]
+        lines += [
+            "| engine | " + " | ".join(f"{c} %" for c in COLUMNS) + " |",
+            "|" + "---|" * (1 + len(COLUMNS)),
+        ]
+        for engine, r in runs.items():  # a run that never saturated has no such share: NaN
+            values = [f"{100 * (r[key] or {}).get(c, math.nan):.1f}" for c in COLUMNS]
+            lines.append(f"| {engine} | " + " | ".join(values) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
 
 
 def real_tables(sweeps: list[Path]) -> str:
