@@ -15,11 +15,13 @@
 #   vmm-occupancy    OPT-13B at the paper's 15,728 slots, ShareGPT at 9 and Alpaca at 110 req/s (above
 #                    every engine's sustained rate, so every engine queues), 30 s of arrivals, seeds
 #                    $SEEDS (default 0,1,2; SEEDS=0 runs one seed of every setting first): paged,
-#                    orca-oracle and vmm per-layer, then vmm per-request
-#                    (results/reference/vmm-occupancy-real)
+#                    orca-oracle and vmm per-layer, then vmm per-request, then vmm per-request
+#                    mapping ahead (`--vmm-map ahead`) (results/reference/vmm-occupancy-real)
 #   mooncake-window  the first 30 s of Mooncake's conversation trace, replayed at its own timestamps, on
 #                    Llama-3.1-8B with what an H200 leaves it: paged, orca-oracle, vmm
 #                    (results/reference/mooncake-window-real)
+#   hybrid-long      Gemma 3 12B with what an H200 leaves it on the first 30 s of Mooncake's conversation
+#                    trace, unfiltered: paged, hybrid, jenga, orca-oracle (results/reference/hybrid-long-real)
 #   fig12-alpaca-eager  Figure 12's Alpaca panel at OPT-13B for paged and orca-oracle with every step
 #                    run eagerly (`--no-cuda-graphs`, as the paper's vLLM and Orca ran), seed 0, the
 #                    shared bound 4 x the lower unloaded latency, bisected to a 10 % bracket
@@ -64,19 +66,27 @@ for job in "$@"; do
       timeout $left python benchmarks/mla_vs_dense.py --out $folder/mla_vs_dense.json ;;
     vmm-occupancy)
       folder=results/reference/vmm-occupancy-real
-      for setting in "sharegpt-paper 9 per-layer paged,orca-oracle,vmm" "alpaca-paper 110 per-layer paged,orca-oracle,vmm" \
-                     "sharegpt-paper 9 per-request vmm" "alpaca-paper 110 per-request vmm"; do
+      for setting in "sharegpt-paper 9 per-layer paged,orca-oracle,vmm sync" \
+                     "alpaca-paper 110 per-layer paged,orca-oracle,vmm sync" "sharegpt-paper 9 per-request vmm sync" \
+                     "alpaca-paper 110 per-request vmm sync" "sharegpt-paper 9 per-request vmm ahead" \
+                     "alpaca-paper 110 per-request vmm ahead"; do
         set -- $setting
         left=$((end - SECONDS)); [ $left -gt 30 ] || break
-        timeout $left python -m kvbench sweep --real --engines $4 --vmm-layout $3 --model opt-13b \
+        suffix=$([ "$5" = sync ] || echo "-$5")
+        timeout $left python -m kvbench sweep --real --engines $4 --vmm-layout $3 --vmm-map $5 --model opt-13b \
           --trace $1 --rates $2 --duration 30 --seeds ${SEEDS:-0,1,2} --latency-threshold 1 --resume \
-          --continue-on-error --collectors torch,nvml --out $folder/$1-$3
+          --continue-on-error --collectors torch,nvml --out $folder/$1-$3$suffix
       done ;;
     mooncake-window)
       folder=results/reference/mooncake-window-real
       timeout $left python -m kvbench sweep --real --engines paged,orca-oracle,vmm --model llama-3.1-8b \
         --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --seeds 0 --resume \
         --continue-on-error --collectors torch,nvml --out $folder ;;
+    hybrid-long)
+      folder=results/reference/hybrid-long-real
+      timeout $left python -m kvbench sweep --real --engines paged,hybrid,jenga,orca-oracle --model gemma-3-12b \
+        --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --max-total-len 131072 --seeds 0 \
+        --resume --continue-on-error --collectors torch,nvml --out $folder ;;
     fig12-alpaca-eager)
       folder=results/reference/fig12-alpaca-eager
       timeout $left python -m kvbench sweep --real --no-cuda-graphs --engines paged,orca-oracle --model opt-13b \
