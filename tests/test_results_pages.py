@@ -107,3 +107,24 @@ def test_check_mode_names_the_command(pages_module, tmp_path, monkeypatch, capsy
     assert pages_module.main(["--check"]) == 1
     assert f"run {pages_module.REGENERATE}" in capsys.readouterr().out
     assert not (ROOT / "nowhere").exists()
+
+
+def test_a_number_in_a_benchmark_table_reaches_its_doc(pages_module, tmp_path, monkeypatch):
+    """docs/HYBRID.md's tables read the rows their benchmarks wrote: a changed mean shows up."""
+    import results_pages_docs as docs
+
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT / "results/reference", copy / "results/reference", copy_function=os.symlink)
+    table = copy / "results/reference/hybrid-occupancy-sim/table.md"
+    text = table.read_text(encoding="utf-8")
+    table.unlink()  # the link only: the committed file stays as it is
+    assert "| arxiv-sum (12) | paged | 12.5 ± 0.0 |" in text
+    table.write_text(
+        text.replace("| arxiv-sum (12) | paged | 12.5 ± 0.0 |", "| arxiv-sum (12) | paged | 99.9 ± 0.0 |")
+    )
+    monkeypatch.setattr(pages_module.common, "ROOT", copy)
+    rows = docs.hybrid_sim_table().splitlines()
+    assert "| arxiv-sum (12 req/s) | paged | 99.9 | 3.09 | 43.0 |" in rows
+    assert "| arxiv-sum (12 req/s) | hybrid | 22.3 | 3.91 | 2.6 |" in rows  # the others as committed
+    real = docs.hybrid_real_table()  # another folder of the copy, untouched
+    assert "| arxiv-sum (40 req.) | hybrid | 2 | 21.7 | 87.5 | 1.093 ± 0.031 |" in real

@@ -128,3 +128,24 @@ def csv(path: Path) -> pd.DataFrame:
 
 def json_file(path: Path) -> dict:
     return json.loads((ROOT / path).read_text(encoding="utf-8"))
+
+
+def markdown_tables(path: Path) -> list[pd.DataFrame]:
+    """Every `| a | b |` table of a Markdown file a benchmark wrote, in order, cells as text.
+
+    For folders whose only table is the Markdown their script printed: a doc reads its rows
+    rather than retyping them (columns may repeat, as in `| sim | ... | sim |`).
+    """
+    tables, block = [], []
+    for line in [*(ROOT / path).read_text(encoding="utf-8").splitlines(), ""]:
+        if line.startswith("|"):
+            block.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif block:
+            tables.append(pd.DataFrame([row for row in block[2:]], columns=block[0]))
+            block = []
+    return tables
+
+
+def mean_of(cell: str) -> str:
+    """A `mean ± CI` cell, its mean as written."""
+    return cell.split(" ± ")[0]

@@ -1,6 +1,8 @@
 """Generated blocks inside hand-written docs: the numbers docs/REPRODUCTION.md states about the
 committed reproductions, read from their folders, and its table of real-run settings, read
-from `kvbench.reproduce.run.GPU_SETTINGS`.
+from `kvbench.reproduce.run.GPU_SETTINGS`; the measured tables of the other docs (HYBRID.md, ...),
+each read from its results folder (the machine-readable files where the folder has them, else the
+rows of the `table.md` its benchmark wrote).
 
 A block sits between `<!-- generated: NAME ... -->` and `<!-- end generated: NAME -->` lines;
 `tools/results_pages.py` rewrites what lies between them (and `--check` fails where it differs),
@@ -10,12 +12,12 @@ the prose around them stays hand-written.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
 import results_pages_common as common
-from results_pages_common import REGENERATE, num, table
+from results_pages_common import REGENERATE, markdown_tables, mean_of, num, table
 from results_pages_figures import REPRODUCTIONS, figure_rows
 
 START = "<!-- generated: {name} by `" + REGENERATE + "`; do not edit -->"
@@ -90,12 +92,83 @@ def near_best_block_sizes() -> str:
     return "Block sizes within 5 % of the best (Figure 18b, normalized latency):\n\n" + "\n".join(parts)
 
 
+HYBRID_SIM = Path("results/reference/hybrid-occupancy-sim")
+HYBRID_REAL = Path("results/reference/hybrid-real")
+HYBRID_ENGINES = ("paged", "hybrid", "jenga")
+
+
+def joined(cells: Sequence[str]) -> str:
+    """Several engines' cells in one: the one value where they agree, else each, `a / b`."""
+    return cells[0] if len(set(cells)) == 1 else " / ".join(cells)
+
+
+def spread(cells: Sequence[str]) -> str:
+    """Several engines' cells in one, as their range `lo-hi`."""
+    ordered = sorted(cells, key=float)
+    return ordered[0] if ordered[0] == ordered[-1] else f"{ordered[0]}-{ordered[-1]}"
+
+
+def engine_rows(
+    frame: pd.DataFrame, label: str, groups: Sequence[Sequence[str]], columns: dict[str, Callable]
+) -> list[list[str]]:
+    """One row per group of engines: `label`, the engines, each column's cells joined its way."""
+    by_engine = frame.set_index("engine")
+    return [
+        [
+            label,
+            " / ".join(group),
+            *(join([by_engine.at[e, c] for e in group]) for c, join in columns.items()),
+        ]
+        for group in groups
+    ]
+
+
+def hybrid_sim_table() -> str:
+    """docs/HYBRID.md's simulated table: both of the benchmark's runs, means over seeds."""
+    seeds = markdown_tables(HYBRID_SIM / "table.md")[0]
+    seeds["trace"] = seeds.pop("trace (req/s)").str.replace(")", " req/s)")
+    long = markdown_tables(HYBRID_SIM / "table-long.md")[0]
+    gib = re.search(r"([\d.]+) GiB of KV", (common.ROOT / HYBRID_SIM / "table-long.md").read_text())
+    columns = {"batched req.": joined, "req/s": joined, "behind window %": joined}
+    rows = []
+    for trace, group in seeds.groupby("trace", sort=False):
+        frame = group.map(mean_of)
+        if trace.startswith("sharegpt"):
+            rows += engine_rows(frame, trace, [HYBRID_ENGINES], {**columns, "req/s": spread})
+        else:
+            rows += engine_rows(frame, trace, [[e] for e in frame.engine], columns)
+    rows.sort(key=lambda row: not row[0].startswith("arxiv"))  # long prompts first: the point
+    label = f"mooncake-conv, whole, {float(gib.group(1)):.1f} GiB (`--long`)"
+    rows += engine_rows(long, label, [[*HYBRID_ENGINES, "orca-oracle"]], columns)
+    return table(["trace", "engine", "batched req.", "req/s", "`outside_window` % (busy)"], rows)
+
+
+def hybrid_real_table() -> str:
+    """docs/HYBRID.md's H200 table: the real cells' means, the throughput paired by seed."""
+    cells, paired = markdown_tables(HYBRID_REAL / "table.md")[:2]
+    frame = cells.loc[:, ~cells.columns.duplicated()].map(mean_of)  # the real columns, not `sim`
+    frame["runs"] = frame.runs.replace("1 (one run)", "one run")
+    ratio = {(t, e): r for t, e, r in zip(paired.trace, paired.engine, paired["req/s"], strict=True)}
+    frame["over paged"] = [
+        "1" if e == "paged" else ratio[(t.split(" (")[0], e)]
+        for t, e in zip(frame.trace, frame.engine, strict=True)
+    ]
+    columns = dict.fromkeys(["runs", "batched req. (sat.)", "token states % (sat.)", "over paged"], joined)
+    rows = []
+    for trace, group in frame.groupby("trace", sort=False):
+        groups = [[e] for e in HYBRID_ENGINES] if trace.startswith("arxiv") else [HYBRID_ENGINES]
+        rows = engine_rows(group, trace, groups, columns) + rows  # long prompts first
+    header = ["trace", "engine", "runs", "batched req. (saturated)", "token states % (saturated)"]
+    return table([*header, "req/s, over paged (paired by seed)"], rows)
+
+
 BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     "docs/REPRODUCTION.md": {
         "real-settings": settings_table,
         "static-brackets": static_brackets,
         "near-best-block-sizes": near_best_block_sizes,
     },
+    "docs/HYBRID.md": {"simulated-table": hybrid_sim_table, "h200-table": hybrid_real_table},
 }
 
 
