@@ -149,3 +149,10 @@ def markdown_tables(path: Path) -> list[pd.DataFrame]:
 def mean_of(cell: str) -> str:
     """A `mean ± CI` cell, its mean as written."""
     return cell.split(" ± ")[0]
+
+
+def aligned_table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str) -> str:
+    """`table` with each column aligned as `align` says, one letter a column: `l` or `r`."""
+    lines = table(header, rows).split("\n")
+    lines[1] = "|" + "".join("---:|" if a == "r" else "---|" for a in align)
+    return "\n".join(lines)
