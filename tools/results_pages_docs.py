@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import results_pages_common as common
-from results_pages_common import REGENERATE, aligned_table, markdown_tables, mean_of, num, table
+from results_pages_common import REGENERATE, aligned_table, fixed, markdown_tables, mean_of, num, table
 from results_pages_figures import REPRODUCTIONS, figure_rows
 
 START = "<!-- generated: {name} by `" + REGENERATE + "`; do not edit -->"
@@ -191,6 +191,70 @@ def objective_table() -> str:
     return aligned_table(header, rows, "lrrr")
 
 
+SHARING_REAL = Path("results/reproduce/quick-real-opt-1.3b")
+
+
+def sharing_figures_table() -> str:
+    """docs/SHARING.md's H200 table: Figures 14-17 of the real OPT-1.3B reproduction."""
+    figures = {f: figure_rows(SHARING_REAL, f) for f in ("fig14", "fig15", "fig16", "fig17")}
+
+    def ratio(value) -> str:
+        return "-" if pd.isna(value) else f"{value:.2f}x"
+
+    def saved(workload: str, column: str) -> str:
+        frame = figures["fig15"]
+        rows = frame[(frame.workload == workload) & frame.metric.str.startswith("saved_%@")].set_index(
+            "metric"
+        )
+        widths = [[f"saved_%@{p}{w}" for w in (2, 4, 6)] for p in "nk"]
+        return "; ".join("/".join(fixed(rows.at[m, column], 1) for m in ws) for ws in widths)
+
+    def capacity(figure: str, engine: str = "paged/orca-oracle") -> pd.DataFrame:
+        frame = figures[figure]
+        return frame[(frame.metric == "capacity_ratio") & (frame.engine == engine)]
+
+    def width(workload: str) -> str:  # `alpaca-paper k=6`: the width as the table writes it
+        return workload.split()[-1].replace("=", " = ")
+
+    fig14, fig16, fig17 = capacity("fig14"), capacity("fig16", "paged-prefix/orca-oracle"), capacity("fig17")
+    shots = [w.split("-")[-1] + "-shot" for w in fig16.workload]
+    reuse = capacity("fig17", "paged-prefix/paged").kvbench.iloc[0]
+    rows = [
+        [
+            "15, Alpaca, saved % (n = 2/4/6; k = 2/4/6)",
+            saved("alpaca-paper", "paper"),
+            saved("alpaca-paper", "kvbench"),
+        ],
+        [
+            "15, ShareGPT, saved % (n = 2/4/6; k = 2/4/6)",
+            saved("sharegpt-paper", "paper"),
+            saved("sharegpt-paper", "kvbench"),
+        ],
+        [
+            "14, capacity paged / Orca (Oracle), Alpaca",
+            ", ".join(
+                f"{p:g}x at {width(w)}"
+                for w, p in zip(fig14.workload, fig14.paper, strict=True)
+                if not pd.isna(p)
+            ),
+            ", ".join(
+                f"{ratio(v)} at {width(w)}" for w, v in zip(fig14.workload, fig14.kvbench, strict=True)
+            ),
+        ],
+        [
+            "16, capacity paged-prefix / Orca (Oracle)",
+            ", ".join(f"{p:g}x ({s})" for s, p in zip(shots, fig16.paper, strict=True)),
+            ", ".join(map(ratio, fig16.kvbench)),
+        ],
+        [
+            "17, capacity paged / Orca (Oracle), chat",
+            f"{fig17.paper.iloc[0]:g}x (text), ~1.5x (figure)",  # the figure's bars, read by eye
+            f"{ratio(fig17.kvbench.iloc[0])}; reusing the last turn's blocks {100 * (reuse - 1):+.0f} %",
+        ],
+    ]
+    return table(["figure", "paper", "H200"], rows)
+
+
 BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     "docs/REPRODUCTION.md": {
         "real-settings": settings_table,
@@ -198,6 +262,7 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
         "near-best-block-sizes": near_best_block_sizes,
     },
     "docs/CALIBRATION.md": {"objective-table": objective_table},
+    "docs/SHARING.md": {"h200-figures": sharing_figures_table},
     "docs/HYBRID.md": {"simulated-table": hybrid_sim_table, "h200-table": hybrid_real_table},
 }
 
