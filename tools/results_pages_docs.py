@@ -255,6 +255,26 @@ def sharing_figures_table() -> str:
     return table(["figure", "paper", "H200"], rows)
 
 
+TEST_REPEATS = Path("results/reference/test-repeats")
+
+
+def test_repeats_sentence() -> str:
+    """docs/TESTING.md's repeats of every timing-sensitive selection at once, from runs.csv."""
+    runs = common.csv(TEST_REPEATS / "runs.csv")
+    folder, parts, lanes = TEST_REPEATS.as_posix(), [], []
+    for loaded, group in runs.groupby("loaded"):
+        state = "loaded" if loaded else "idle"
+        lanes.append(f"{group.lane.nunique()} " + ("beside two busy loops each" if loaded else "idle"))
+        seconds = f"{group.seconds.min():.0f}-{group.seconds.max():.0f} s a run"
+        parts.append(f"{state} {int(group.ok.sum())}/{len(group)} green ({seconds})")
+    return (
+        "Every selection of `tools/repeat_tests.py` together (one run = six pytest processes, the "
+        'selections above plus `test_stats.py -m "not slow"` and `test_tensor_parallel.py`), on 2-core '
+        f"lanes of a 16-core host, {' and '.join(lanes)}, at once: {', '.join(parts)} "
+        f"([{folder}](../{folder}/README.md): `runs.csv`, command and commit)."
+    )
+
+
 BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     "docs/REPRODUCTION.md": {
         "real-settings": settings_table,
@@ -263,6 +283,7 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     },
     "docs/CALIBRATION.md": {"objective-table": objective_table},
     "docs/SHARING.md": {"h200-figures": sharing_figures_table},
+    "docs/TESTING.md": {"test-repeats": test_repeats_sentence},
     "docs/HYBRID.md": {"simulated-table": hybrid_sim_table, "h200-table": hybrid_real_table},
 }
 
