@@ -128,3 +128,24 @@ def test_a_number_in_a_benchmark_table_reaches_its_doc(pages_module, tmp_path, m
     assert "| arxiv-sum (12 req/s) | hybrid | 22.3 | 3.91 | 2.6 |" in rows  # the others as committed
     real = docs.hybrid_real_table()  # another folder of the copy, untouched
     assert "| arxiv-sum (40 req.) | hybrid | 2 | 21.7 | 87.5 | 1.093 ± 0.031 |" in real
+
+
+def test_a_failed_repeat_reaches_the_testing_doc(pages_module, tmp_path, monkeypatch):
+    """docs/TESTING.md's repeat counts are runs.csv's: one run marked failed is one green fewer."""
+    import results_pages_docs as docs
+
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT / "results/reference", copy / "results/reference", copy_function=os.symlink)
+    runs = copy / "results/reference/test-repeats/runs.csv"
+    lines = runs.read_text(encoding="utf-8").splitlines()
+    runs.unlink()  # the link only: the committed file stays as it is
+    first_idle = next(i for i, line in enumerate(lines) if ",False," in line and line.endswith(",True"))
+    lines[first_idle] = lines[first_idle].removesuffix(",True") + ",False"
+    runs.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    committed = docs.test_repeats_sentence()
+    monkeypatch.setattr(pages_module.common, "ROOT", copy)
+    changed = docs.test_repeats_sentence()
+    idle = sum(",False," in line for line in lines[1:])
+    assert f"idle {idle}/{idle} green" in committed
+    assert f"idle {idle - 1}/{idle} green" in changed
+    assert changed.split("loaded ")[1] == committed.split("loaded ")[1]  # the loaded lanes as committed
