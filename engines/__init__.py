@@ -36,6 +36,7 @@ from fractions import Fraction
 from engines.allocator import KVAllocator
 from engines.arena import BuddyArena, FirstFitArena, SlotArena
 from engines.batch import DEFAULT_MAX_NUM_SEQS
+from engines.chunked import ChunkedScheduler
 from engines.contiguous import (
     ContiguousAllocator,
     MaxReservation,
@@ -129,7 +130,15 @@ class EngineSpec:
     scheduler: Callable[[KVAllocator, SchedulerConfig], Scheduler]
 
     def build(self, options: EngineOptions) -> Scheduler:
-        return self.scheduler(self.allocator(options), options.scheduler)
+        scheduler = self.scheduler
+        if options.scheduler.chunked_prefill:  # a continuous engine's admission and release, chunked
+            if scheduler is not IterationScheduler:
+                raise KvbenchError(
+                    f"--chunked-prefill: engine {self.name} batches statically; it applies to continuous "
+                    "engines only"
+                )
+            scheduler = ChunkedScheduler
+        return scheduler(self.allocator(options), options.scheduler)
 
 
 _max = _contiguous(lambda o: MaxReservation(o.max_len))

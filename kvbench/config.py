@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from engines import ARENAS, EngineOptions, get_engine
+from engines.batch import DEFAULT_MAX_NUM_SEQS
 from engines.scheduler import SchedulerConfig
 from kvbench.budget import GIB, MAX_SLOTS, KVBudget, budget_emulating, budget_from_gib, get_gpu
 from kvbench.cost_model import CostModel
@@ -40,6 +41,7 @@ class RunConfig:
     block_size: int = 16
     max_num_seqs: int | None = None  # None: 256 for continuous batching, memory-bound for static
     max_num_batched_tokens: int | None = None  # None: max(model max length, 2048), as vLLM
+    chunked_prefill: bool = False  # continuous engines: the budget per step, prompts in chunks
     contiguous_fit: str = "buddy"
     watermark: float = 0.01
     preemption: str = "recompute"  # paged engines: recompute or swap
@@ -114,7 +116,9 @@ def prepare(
     if config.tensor_parallel > 1 and spec is None:
         raise KvbenchError(f"--tensor-parallel {config.tensor_parallel}: external engines run in one process")
     tokens = batched_tokens(config, model)
-    if tokens < model.max_len:
+    if config.chunked_prefill:
+        check_chunked(config, tokens)
+    elif tokens < model.max_len:
         raise KvbenchError(
             f"--max-num-batched-tokens {tokens} is below {model.name}'s maximum length "
             f"{model.max_len}: a long prompt could never be scheduled"
@@ -177,6 +181,11 @@ def prepare(
         raise KvbenchError(
             f"--engine {config.engine}: external engines run one output per request (no --n, --beam-width)"
         )
+    if config.chunked_prefill and any(r.n > 1 or r.beam_width > 1 for r in trace.requests):
+        raise KvbenchError(
+            "--chunked-prefill: requests with several outputs (--n, --beam-width) fork after a single "
+            "prefill step; run them without it"
+        )
     pages = page_geometry(model, budget.budget_bytes, config.vmm_layout, config.vmm_page_kib)
     options = EngineOptions(
         num_slots=budget.num_slots,
@@ -190,11 +199,24 @@ def prepare(
         num_pages=pages.num_pages,
         driver_pages=pages.page_bytes // pages.driver_page_bytes,
         kv_groups=model.groups,
-        scheduler=SchedulerConfig(config.max_num_seqs, tokens, config.preemption),
+        scheduler=SchedulerConfig(config.max_num_seqs, tokens, config.preemption, config.chunked_prefill),
     )
     if spec is not None:
         spec.build(options)  # fail now, not mid-sweep, if the engine cannot be built
     return Prepared(config, model, budget, options, cost, trace)
+
+
+def check_chunked(config: RunConfig, tokens: int) -> None:
+    """Chunked prefill splits prompts, so the budget may be below the model's length, but every
+    running decode must fit in a step with a token to spare for a chunk (`engines.chunked`)."""
+    if is_external(config.engine):
+        raise KvbenchError(f"--chunked-prefill: external engine {config.engine} schedules itself")
+    seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    if tokens < seqs:
+        raise KvbenchError(
+            f"--max-num-batched-tokens {tokens} is below --max-num-seqs {seqs}: with --chunked-prefill "
+            "every running request's decode token must fit in each step's budget"
+        )
 
 
 def check_real_options(config: RunConfig) -> None:

@@ -5,6 +5,12 @@
 (a calibrated model may price a prefill step's tokens apart, `per_prefill_token_s`, and add
 `per_prefill_s` per prefill step; the roofline does neither).
 
+A chunked-prefill mixed step (`Batch.chunks`: prompt chunks beside 1-token decode rows) is priced
+as a prefill step of all its tokens: a real runner runs it through the prefill path, eagerly,
+every row's tokens in one packed batch, so its decode rows are prefill tokens too (no graph
+padding, no knee, no per-segment host cost), and its context is each row's length after the
+step (a chunk's end, not its prompt's).
+
 Default constants are a roofline of the model on the emulated GPU's datasheet numbers:
 
 - `fixed_s`: every step reads all weights once: weight bytes / HBM bandwidth.
@@ -193,7 +199,7 @@ class KvReads:
         skipped = np.zeros(steps)
         if not self.windows:
             return skipped
-        context = np.array([seq.num_tokens for seq in batch.seqs], dtype=np.int64)  # [n] after step 0
+        context = np.array(batch.computed_to(), dtype=np.int64)  # [n] after step 0 (a chunk's end)
         fed = context - np.array([seq.num_computed for seq in batch.seqs], dtype=np.int64)  # [n]
         later = np.arange(1, steps)  # [k - 1]
         for window, share in self.windows:

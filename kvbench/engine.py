@@ -43,7 +43,7 @@ class StepRecord:
     num_steps: int
     start_s: float
     duration_s: float
-    kind: str  # "prefill" | "decode"
+    kind: str  # "prefill" | "decode" | "mixed" (chunked prefill: prompt chunks beside the decodes)
     batch_size: int
     num_tokens: int  # tokens fed through the model over the row's steps
     context_tokens: int  # K/V positions attended over the row's steps (what attention reads)
@@ -186,11 +186,14 @@ class Engine:
             ends = step_ends(log.clock, durations)  # (k,) as a step-by-step clock would read
             end = float(ends[-1])
             tokens = result.tokens or [None] * len(batch.seqs)
-            finished = [
-                seq
-                for seq, ids in zip(batch.seqs, tokens, strict=True)
-                if seq.advance(k, end, log.clock, ids, ends)
-            ]
+            if batch.chunks is None:
+                finished = [
+                    seq
+                    for seq, ids in zip(batch.seqs, tokens, strict=True)
+                    if seq.advance(k, end, log.clock, ids, ends)
+                ]
+            else:
+                finished = _advance_chunks(batch, tokens, end, log.clock, ends)
             if batch.has_groups:  # parallel samples fork after their prompt, beams after every step
                 sched.branch(batch, result.branches)
             fp = measure(alloc, sched.waiting[0] if sched.waiting else None)
@@ -228,6 +231,18 @@ class Engine:
             return fp, None
         held = window_integral(moving.scale, moving.behind, durations)
         return fp, held + still.slots * float(durations.sum())
+
+
+def _advance_chunks(batch: Batch, tokens: list, end: float, start: float, ends: np.ndarray) -> list[Sequence]:
+    """Advance a mixed step's sequences (one step): a chunk short of its prompt's end only
+    computes; decode rows and last chunks sample their token. Returns those that finished."""
+    finished = []
+    for seq, ids, samples, hi in zip(batch.seqs, tokens, batch.samples(), batch.computed_to(), strict=True):
+        if not samples:
+            seq.compute(hi - seq.num_computed, start)
+        elif seq.advance(1, end, start, ids, ends):
+            finished.append(seq)
+    return finished
 
 
 class _RunLog:
@@ -275,7 +290,7 @@ class _RunLog:
         context = k * batch.num_context + len(batch.seqs) * k * (k - 1) // 2
         self.rows.append(
             StepRecord(
-                self.step, k, self.clock, seconds, "prefill" if batch.is_prefill else "decode",
+                self.step, k, self.clock, seconds, batch.kind,
                 len(batch.seqs), batch.num_tokens + (k - 1) * len(batch.seqs),
                 context, context - skipped if skipped else context, len(batch.swaps),
                 len(sched.waiting) + late,

@@ -135,6 +135,14 @@ class Sequence:
         self.finish_s = end_s
         return True
 
+    def compute(self, num_tokens: int, start_s: float) -> None:
+        """A prompt chunk that is not the prompt's last (chunked prefill): `num_tokens` more
+        positions computed, no token sampled. Its first chunk's start ends its queueing."""
+        if self.admitted_s is None:
+            self.admitted_s = start_s
+        self.num_computed += num_tokens
+        assert self.num_computed < self.num_tokens, "the last chunk samples: advance, not compute"
+
     def copy_progress(self, parent: Sequence) -> None:
         """Become a fork of `parent`: its tokens (outputs included), times and score.
 

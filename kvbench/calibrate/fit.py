@@ -109,6 +109,7 @@ from kvbench.results.shape import STEP_TEXT, check_summary
 TERMS = ("num_steps", "num_tokens", "context_tokens", "swapped_blocks")  # steps.csv columns
 PREFILL = "prefill"  # steps.csv `kind` of a prefill row: the fifth term counts them, the sixth
 # its tokens (taken out of the second term, which then counts decode rows alone)
+MIXED = "mixed"  # steps.csv `kind` of a chunked-prefill step: fitted as a prefill row
 MAPS = ("mapped_pages", "unmapped_pages")  # optional steps.csv columns: vmm driver pages per row
 # optional steps.csv column: slots of K/V read (context_tokens less what window layers skip);
 # the K/V term's count where present, else context_tokens (the same count without window layers)
@@ -223,7 +224,8 @@ def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
         )
     column = dict(zip(names, data.T, strict=True))  # name -> [R]
     zeros = np.zeros(len(data))
-    prefill = (table["kind"].astype(str).to_numpy() == PREFILL).astype(np.float64)  # [R] 1 for a prefill row
+    # [R] 1 for a prefill row; a chunked-prefill mixed row is priced as one (kvbench.cost_model)
+    prefill = np.isin(table["kind"].astype(str).to_numpy(), (PREFILL, MIXED)).astype(np.float64)
     tokens = column["num_tokens"]
     padded = bool(facts.get("cuda_graphs")) and "batch_size" in column
     if padded:  # a decode row's tokens are its batch x its steps; the graphs ran their bucket's rows

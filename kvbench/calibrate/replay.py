@@ -43,7 +43,7 @@ START_TOLERANCE = 1e-9  # relative: a row's start summed from spread steps may d
 class Row:
     """What the engine loop decides for one steps.csv row, and what it took."""
 
-    kind: str  # "prefill" | "decode"
+    kind: str  # "prefill" | "decode" | "mixed"
     batch_size: int
     num_steps: int
     start_s: float
@@ -85,7 +85,7 @@ class RecordedSteps:
         self.next = 0
 
     def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
-        kind = "prefill" if batch.is_prefill else "decode"
+        kind = batch.kind
         scheduled = Row(kind, len(batch.seqs), max_steps, start_s, math.nan)
         if self.next >= len(self.rows):
             raise _Diverged(Divergence(self.next, "none", f"{scheduled.describe()} (at most)"))

@@ -71,8 +71,18 @@ def _job(
     ] = None,
     max_num_batched_tokens: Annotated[
         int | None,
-        typer.Option(help="Continuous engines: prompt tokens per prefill step (default max(max len, 2048))."),
+        typer.Option(
+            help="Continuous engines: prompt tokens per prefill step, or every step's token budget under "
+            "--chunked-prefill (default max(max len, 2048))."
+        ),
     ] = None,
+    chunked_prefill: Annotated[
+        bool,
+        typer.Option(
+            help="Continuous engines: chunked prefill (Sarathi-Serve): each step runs every decode and fills "
+            "the rest of --max-num-batched-tokens with prompt chunks (docs/CHUNKED_PREFILL.md)."
+        ),
+    ] = False,
     contiguous_fit: Annotated[str, typer.Option(help="Contiguous engines: buddy or first-fit.")] = "buddy",
     watermark: Annotated[
         float, typer.Option(help="Paged engines: share of blocks kept free at admission.")
@@ -131,7 +141,8 @@ def _job(
     config = RunConfig(
         engine=engine, model=model, workload=workload, kv_cache_gib=kv_cache_gib, emulate_gpu=emulate_gpu,
         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, contiguous_fit=contiguous_fit, watermark=watermark,
+        max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked_prefill,
+        contiguous_fit=contiguous_fit, watermark=watermark,
         preemption=preemption, swap_space_gib=swap_space_gib,
         vmm_layout=vmm_layout, vmm_page_kib=vmm_page_kib, vmm_map=vmm_map, cost_model=cost_model,
         cost_fixed_s=cost_fixed_s, cost_per_token_s=cost_per_token_s, cost_per_kv_token_s=cost_per_kv_token_s,

@@ -123,37 +123,52 @@ class ModelRunner(ArenaCopies):
         self._copy_slots(batch.slot_copies)
         if batch.is_prefill:
             tokens, branches = self._prefill(batch)
-            return StepResult(np.array([time.perf_counter() - start]), [[t] for t in tokens], branches)
+            # a mixed step's non-final chunks sample nothing (None), the other rows one token each
+            rows = [[] if t is None else [t] for t in tokens]
+            return StepResult(np.array([time.perf_counter() - start]), rows, branches)
         if batch.has_groups and wants_logits(batch.seqs):
             return self._decode_with_logits(batch, start)
         return self._decode(batch, max_steps, start, budget_s)
 
     # ------------------------------------------------------------------ prefill
-    def _prefill(self, batch: Batch) -> tuple[list[int], dict | None]:
+    def _prefill(self, batch: Batch) -> tuple[list[int | None], dict | None]:
+        """Compute each sequence's positions [num_computed, hi) against its context and sample a
+        token for every row that reaches its end (hi = num_tokens; a mixed step's non-final
+        chunks stop short: their entry is None). The prefix-aware kernels attend each row's
+        queries over everything computed before them, so chunks and 1-token decode rows run
+        here as they would alone."""
         ids, positions, seqlens = [], [], []
         tables = self._tables(batch.seqs)  # [table][seq]: one table, or one per KV group
-        for seq in batch.seqs:
-            lo, hi = seq.num_computed, seq.num_tokens
+        ends = batch.computed_to()  # [B] hi: num_tokens, or a chunk's end
+        for seq, hi in zip(batch.seqs, ends, strict=True):
+            lo = seq.num_computed
             ids.append(self._token_ids(seq, lo, hi))
             positions.append(np.arange(lo, hi))  # [n] positions computed in this step
             seqlens.append(hi - lo)
         dev = self.device
         cu = torch.tensor(np.concatenate([[0], np.cumsum(seqlens)]), device=dev)  # [B + 1]
         # [T] slots per table, stacked so every table's mapping is padded and uploaded in one go
-        slots = np.stack([
-            np.concatenate([_slots(where, pos) for where, pos in zip(table, positions, strict=True)])
-            for table in tables
-        ])  # [tables, T]
+        slots = np.stack(
+            [
+                np.concatenate([_slots(where, pos) for where, pos in zip(table, positions, strict=True)])
+                for table in tables
+            ]
+        )  # [tables, T]
         input_ids, pos, slot_mapping = pad_prefill(
             *(torch.from_numpy(np.concatenate(parts)).to(dev) for parts in (ids, positions)),
             torch.from_numpy(slots).to(dev),
         )  # [T + pad], [T + pad], [tables, T + pad]
         slot_maps = slot_mapping.unbind(0)
-        context = torch.tensor([seq.num_tokens for seq in batch.seqs], dtype=torch.int32, device=dev)  # [B]
+        context = torch.tensor(ends, dtype=torch.int32, device=dev)  # [B]
         metas = [
             AttentionMetadata(
-                True, slot_mapping, cu, context,
-                max_new=max(seqlens), backend=self.backend, **_addressing(table, dev),
+                True,
+                slot_mapping,
+                cu,
+                context,
+                max_new=max(seqlens),
+                backend=self.backend,
+                **_addressing(table, dev),
             )
             for slot_mapping, table in zip(slot_maps, tables, strict=True)
         ]
@@ -162,10 +177,24 @@ class ModelRunner(ArenaCopies):
             logits = self.model(input_ids, pos, meta, self.arena)  # [B, V]
             last = pos[cu[1:] - 1]  # [B] position of each sampled token's input
             keys = torch.tensor([seq.sample_key for seq in batch.seqs], device=dev)
+            if batch.chunks is not None:
+                return self._sample_rows(batch, logits, keys, last), None
             tokens = sample(logits, self.temperature, self.seed, keys, last).tolist()
             if not batch.has_groups:
                 return tokens, None
             return tokens, branches_of(batch.seqs, logits, last, self.temperature, self.seed)
+
+    def _sample_rows(
+        self, batch: Batch, logits: torch.Tensor, keys: torch.Tensor, last: torch.Tensor
+    ) -> list[int | None]:
+        """Sample only the rows of a mixed step that produce a token (logits `[B, V]`, keys and
+        positions `[B]`); None for the non-final chunks."""
+        samples = batch.samples()
+        rows = torch.tensor([i for i, s in enumerate(samples) if s], dtype=torch.int64, device=logits.device)
+        if len(rows) == 0:
+            return [None] * len(samples)
+        drawn = iter(sample(logits[rows], self.temperature, self.seed, keys[rows], last[rows]).tolist())
+        return [next(drawn) if s else None for s in samples]
 
     def warm_up(self) -> None:
         """Run the prefill path once before any step is timed: one sequence of 16 padding tokens

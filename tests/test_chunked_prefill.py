@@ -1,0 +1,219 @@
+"""Chunked prefill (`--chunked-prefill`, engines/chunked.py): the budget rules of every step, the
+tokens a real model decodes, the latency it buys in simulation, and the inputs it refuses."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from engines import ENGINES, EngineOptions
+from engines.chunked import ChunkedScheduler
+from engines.scheduler import Batch, SchedulerConfig
+from kvbench.cli.app import app
+from kvbench.config import RunConfig
+from kvbench.cost_model import CostModel, CostModelRunner
+from kvbench.engine import Engine
+from kvbench.requests import Request, Trace
+from kvbench.runner import StepResult
+from kvbench.sequence import SeqStatus
+from kvbench.simulate import simulate
+from tests.support import INTERPRETED
+from workloads.spec import WorkloadSpec
+
+STEP = CostModel(fixed_s=0.01, per_token_s=1e-4, per_kv_token_s=1e-6)
+CONTINUOUS = [name for name, spec in ENGINES.items() if spec.scheduler.__name__ == "IterationScheduler"]
+
+
+class Recorder:
+    """A cost-model runner that keeps, for each step it runs, the batch and what every running
+    sequence still had to compute when it was scheduled (the rules are about that moment)."""
+
+    allocates_ahead = False
+
+    def __init__(self, scheduler: ChunkedScheduler) -> None:
+        self.scheduler = scheduler
+        self.inner = CostModelRunner(STEP)
+        self.steps: list[tuple[Batch, dict[int, int], list[int]]] = []
+
+    def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
+        # uncomputed tokens, 0 for a running decode (a prompt's last 1-token chunk counts 1)
+        todo = {
+            seq.seq_id: 0 if seq.num_generated and seq.num_tokens - seq.num_computed == 1 else
+            seq.num_tokens - seq.num_computed for seq in self.scheduler.running
+        }  # fmt: skip
+        waiting = [seq.seq_id for seq in self.scheduler.waiting]
+        self.steps.append((batch, todo, waiting))
+        return self.inner.run(batch, max_steps, start_s, until_s)
+
+
+def trace_of(*lengths: tuple[int, int], gap: float = 0.004) -> Trace:
+    return Trace("hand", tuple(Request(i, i * gap, p, o) for i, (p, o) in enumerate(lengths)))
+
+
+def chunked_run(engine: str, trace: Trace, budget: int, seqs: int = 4, slots: int = 4096):
+    config = SchedulerConfig(seqs, budget, chunked_prefill=True)
+    scheduler = ENGINES[engine].build(
+        EngineOptions(num_slots=slots, max_len=256, block_size=4, scheduler=config)
+    )
+    assert isinstance(scheduler, ChunkedScheduler)
+    recorder = Recorder(scheduler)
+    return Engine(scheduler, recorder, coalesce=False).run(trace), recorder
+
+
+@pytest.mark.parametrize("engine", CONTINUOUS)
+def test_every_step_keeps_the_budget_runs_every_decode_and_chunks_in_arrival_order(engine):
+    lengths = [(40, 6), (9, 12), (70, 3), (5, 9), (33, 5), (21, 7), (64, 4), (3, 8)]
+    budget = 16
+    run, recorder = chunked_run(engine, trace_of(*lengths), budget)
+    chunks_of: dict[int, list[tuple[int, int]]] = {}  # request -> [(step, chunk)]
+    for index, (batch, todo, waiting) in enumerate(recorder.steps):
+        ids = [seq.seq_id for seq in batch.seqs]
+        chunks = batch.chunks or (1,) * len(ids)
+        assert sum(chunks) == batch.num_tokens <= budget
+        decoding = {sid for sid, left in todo.items() if left == 0}
+        assert decoding <= set(ids), f"step {index} stalls a running decode"
+        prompts = [(sid, chunk) for sid, chunk in zip(ids, chunks, strict=True) if todo[sid]]
+        # FCFS: prompt chunks go to the oldest first, and only the last one may stop short
+        assert [sid for sid, _ in prompts] == sorted(sid for sid, _ in prompts)
+        for sid, chunk in prompts[:-1]:
+            assert chunk == todo[sid]
+        for sid, chunk in prompts:
+            chunks_of.setdefault(sid, []).append((index, chunk))
+        if prompts:  # nobody older waits for a chunk, in the queue or running, while this one gets one
+            newest = prompts[-1][0]
+            assert all(sid in ids for sid, left in todo.items() if sid < newest and left)
+            assert all(sid > newest for sid in waiting)
+    for sid, (prompt, output) in enumerate(lengths):
+        seq = next(s for s in run.sequences if s.seq_id == sid)
+        assert seq.status is SeqStatus.FINISHED and seq.num_generated == output
+        assert seq.num_preemptions == 0
+        steps = [index for index, _ in chunks_of[sid]]
+        assert sum(chunk for _, chunk in chunks_of[sid]) == prompt  # every prompt token, once
+        assert steps == list(range(steps[0], steps[0] + len(steps)))  # consecutive steps
+        assert len(steps) >= -(-prompt // budget)
+        first, last = run.steps[steps[0]], run.steps[steps[-1]]  # one row per step: not coalesced
+        assert seq.first_token_s == last.start_s + last.duration_s  # the last chunk samples it
+        assert seq.admitted_s == first.start_s
+    # the rows say what ran: mixed steps carry the chunks, and tokens add up
+    kinds = {row.kind for row in run.steps}
+    assert kinds == {"mixed", "decode"}
+    assert sum(row.num_tokens for row in run.steps) == sum(p + o - 1 for p, o in lengths)
+
+
+def test_a_first_token_comes_with_the_last_chunk():
+    # one request alone: 50 prompt tokens in chunks of 16, 16, 16, 2; then its decodes
+    run, recorder = chunked_run("paged", trace_of((50, 3)), budget=16)
+    assert [batch.chunks for batch, _, _ in recorder.steps[:4]] == [(16,), (16,), (16,), (2,)]
+    assert [row.kind for row in run.steps] == ["mixed"] * 4 + ["decode"] * 2
+    seq = run.sequences[0]
+    fourth_end = run.steps[3].start_s + run.steps[3].duration_s
+    assert seq.first_token_s == pytest.approx(fourth_end)
+    assert seq.admitted_s == 0.0
+    assert seq.token_times[0] == pytest.approx(fourth_end)
+
+
+def test_coalesced_runs_match_step_by_step_runs():
+    workload = WorkloadSpec("sharegpt-paper", num_requests=120, rate=6.0, seed=4)
+    config = RunConfig(
+        engine="paged", model="opt-13b", workload=workload, kv_cache_gib=2,
+        max_num_batched_tokens=512, chunked_prefill=True,
+    )  # fmt: skip
+    fast, slow = simulate(config), simulate(config, coalesce=False)
+    assert len(fast.run.steps) < len(slow.run.steps)
+    pairs = zip(fast.run.sequences, slow.run.sequences, strict=True)
+    for a, b in pairs:
+        # the same steps; summed in another order, times may differ in their last bit
+        times = (a.admitted_s, a.first_token_s, a.finish_s)
+        assert times == pytest.approx((b.admitted_s, b.first_token_s, b.finish_s), rel=1e-12)
+        assert a.num_preemptions == b.num_preemptions
+
+
+@pytest.mark.parametrize("rate", [20.0, 30.0])
+def test_chunked_prefill_lowers_the_decode_latency_of_a_prefill_heavy_trace(rate):
+    """Alpaca on OPT-13B at a high rate: unchunked, every admission stops the running decodes for
+    a prefill step; chunked, they run beside the prompts, so tokens come faster between steps."""
+    workload = WorkloadSpec("alpaca-paper", num_requests=400, rate=rate, seed=0)
+    runs = {}
+    for chunked in (False, True):
+        config = RunConfig(
+            engine="paged", model="opt-13b", workload=workload, kv_cache_gib=12, chunked_prefill=chunked,
+            max_num_batched_tokens=512 if chunked else None,
+        )  # fmt: skip
+        runs[chunked] = simulate(config)
+    plain, chunked = runs[False].summary, runs[True].summary
+    assert plain["completed"] == chunked["completed"] == 400
+    assert chunked["mean_tpot_s"] < 0.8 * plain["mean_tpot_s"]
+    assert chunked["mean_itl_s"] < 0.8 * plain["mean_itl_s"]
+    steps = runs[True].run.steps
+    assert {row.kind for row in steps} == {"mixed", "decode"}
+    requests = runs[True].prepared.trace.requests
+    assert sum(row.num_tokens for row in steps) == sum(r.prompt_len + r.output_len - 1 for r in requests)
+
+
+@INTERPRETED
+@pytest.mark.parametrize(
+    ("engine", "attention"), [("paged", "auto"), ("orca-oracle", "auto"), ("paged", "torch")]
+)
+def test_the_real_model_decodes_the_same_tokens_with_prompts_in_chunks(engine, attention):
+    """Prefix-aware prefill is exact: a prompt computed in chunks of at most 16 tokens, beside
+    other requests' decodes, gives every request the greedy tokens it gets prefilled whole (the
+    Triton kernels, interpreted, over blocks and extents; and the PyTorch reference)."""
+    from kvbench.real.run import run_real
+
+    workload = WorkloadSpec("uniform:prompt=20..48,output=4..10", num_requests=6, rate=50.0, seed=2)
+    outputs, kinds = {}, {}
+    for chunked in (False, True):
+        config = RunConfig(
+            engine=engine, model="tiny-llama", workload=workload, kv_cache_gib=0.01, block_size=4,
+            max_num_seqs=4, max_num_batched_tokens=16 if chunked else None, chunked_prefill=chunked,
+            attention=attention,
+        )  # fmt: skip
+        run = run_real(config).run
+        outputs[chunked] = {seq.seq_id: list(seq.output_ids) for seq in run.sequences}
+        kinds[chunked] = [row.kind for row in run.steps]
+        assert all(len(seq.output_ids) == seq.request.output_len for seq in run.sequences)
+    assert outputs[True] == outputs[False]
+    assert "mixed" in kinds[True] and "mixed" not in kinds[False]
+    assert kinds[True].count("mixed") >= 12  # six prompts of 20-48 tokens: at least two chunks each
+
+
+# --- refused inputs -----------------------------------------------------------------------------
+
+
+def refused(*args: str) -> str:
+    result = CliRunner().invoke(app, ["simulate", *args, "--num-requests", "4", "--chunked-prefill"])
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("engine", ["static", "paged-static"])
+def test_static_engines_refuse_chunked_prefill(engine, tmp_path):
+    line = refused("--engine", engine, "--out", str(tmp_path / "out"))
+    assert "--chunked-prefill" in line and engine in line
+
+
+def test_a_budget_below_the_running_decodes_is_refused(tmp_path):
+    line = refused(
+        "--engine", "paged", "--max-num-seqs", "64", "--max-num-batched-tokens", "32", "--out", str(tmp_path)
+    )
+    assert "--max-num-batched-tokens 32" in line and "--max-num-seqs 64" in line
+
+
+def test_requests_with_several_outputs_are_refused(tmp_path):
+    line = refused("--engine", "paged", "--n", "2", "--out", str(tmp_path / "out"))
+    assert "--chunked-prefill" in line and "--n" in line
+
+
+def test_a_budget_below_the_model_length_is_taken_when_chunked(tmp_path):
+    result = CliRunner().invoke(app, [
+        "simulate", "--engine", "paged", "--num-requests", "20", "--max-num-seqs", "32",
+        "--max-num-batched-tokens", "64", "--chunked-prefill", "--out", str(tmp_path / "out"),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    without = CliRunner().invoke(app, [
+        "simulate", "--engine", "paged", "--num-requests", "20", "--max-num-batched-tokens", "64",
+        "--out", str(tmp_path / "other"),
+    ])  # fmt: skip
+    assert without.exit_code == 2
