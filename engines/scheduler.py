@@ -11,6 +11,8 @@ the allocator cannot. They differ in *when* they admit and *when* memory comes b
 - `RequestScheduler` (FasterTransformer-style static batching): admits only when idle, up
   to B earliest arrivals; the batch runs until all of them finish, and their memory is
   freed together then.
+- `ChunkedScheduler` (`engines.chunked`, `--chunked-prefill`): `IterationScheduler`'s admission
+  and release, but each step runs every decode and fills a token budget with prompt chunks.
 
 A request with several outputs (`engines.groups`) is admitted through its leader, counting
 all its outputs against `max_num_seqs`; after its prompt's prefill the other members join

@@ -112,14 +112,20 @@ def test_a_first_token_comes_with_the_last_chunk():
     assert seq.token_times[0] == pytest.approx(fourth_end)
 
 
-def test_coalesced_runs_match_step_by_step_runs():
+@pytest.mark.parametrize(
+    ("engine", "preemption"), [("paged", "recompute"), ("paged", "swap"), ("vmm", "recompute")]
+)
+def test_coalesced_runs_match_step_by_step_runs_through_preemptions(engine, preemption):
+    """2 GiB of OPT-13B K/V is too little for this ShareGPT load: requests are preempted (by
+    recompute or swapping) and come back; every one still finishes, as it does step by step."""
     workload = WorkloadSpec("sharegpt-paper", num_requests=120, rate=6.0, seed=4)
     config = RunConfig(
-        engine="paged", model="opt-13b", workload=workload, kv_cache_gib=2,
-        max_num_batched_tokens=512, chunked_prefill=True,
+        engine=engine, model="opt-13b", workload=workload, kv_cache_gib=2,
+        max_num_batched_tokens=512, chunked_prefill=True, preemption=preemption,
     )  # fmt: skip
     fast, slow = simulate(config), simulate(config, coalesce=False)
     assert len(fast.run.steps) < len(slow.run.steps)
+    assert fast.summary["completed"] == 120 and fast.summary["num_preemptions"] > 0
     pairs = zip(fast.run.sequences, slow.run.sequences, strict=True)
     for a, b in pairs:
         # the same steps; summed in another order, times may differ in their last bit
