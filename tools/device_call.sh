@@ -26,6 +26,9 @@
 #                    run eagerly (`--no-cuda-graphs`, as the paper's vLLM and Orca ran), seed 0, the
 #                    shared bound 4 x the lower unloaded latency, bisected to a 10 % bracket
 #                    (results/reference/fig12-alpaca-eager)
+#   fig12-alpaca-chunked  the same panel's paged and orca-oracle under --chunked-prefill, at rates around
+#                    the calibrated simulator's brackets (results/reference/fig12-chunked-prefill-sim),
+#                    seed 0, the real panel's bound 0.0327 s/token (results/reference/fig12-alpaca-chunked)
 #   kernels-mla      decode attention of full, windowed and MLA layers at batches 1-64
 #                    (results/reference/kernels-window-mla/h200-splits)
 #   gpu-tests        the GPU-marked tests (their report: $OUT/gpu-tests.log)
@@ -93,6 +96,15 @@ for job in "$@"; do
         --trace alpaca-paper --rates 38,48,60,75,94 --duration 60 --seeds 0 --baseline-requests 5 \
         --threshold-multiple 4 --bisect 3 --bracket 0.1 --resume --continue-on-error --collectors torch \
         --out $folder ;;
+    fig12-alpaca-chunked)
+      folder=results/reference/fig12-alpaca-chunked
+      for setting in "paged 149,164,171.5,179,197" "orca-oracle 103,108,113.5,118.75,130"; do
+        set -- $setting
+        left=$((end - SECONDS)); [ $left -gt 30 ] || break
+        timeout $left python -m kvbench sweep --real --chunked-prefill --engines $1 --model opt-13b \
+          --trace alpaca-paper --rates $2 --duration 60 --seeds 0 --latency-threshold 0.0327 --bisect 2 \
+          --bracket 0.05 --resume --continue-on-error --collectors torch --out $folder/$1
+      done ;;
     kernels-mla)
       folder=results/reference/kernels-window-mla/h200-splits
       timeout $left python -m kvbench kernels --batch 1,4,8,64 --context 8192,32768 --window 0 --mla \
