@@ -223,3 +223,27 @@ def test_a_budget_below_the_model_length_is_taken_when_chunked(tmp_path):
         "--out", str(tmp_path / "other"),
     ])  # fmt: skip
     assert without.exit_code == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("engine", ["paged", "orca-oracle"])
+def test_gpu_mixed_steps_beside_graph_decodes_give_the_unchunked_tokens(engine):
+    """On a GPU, mixed steps run eagerly through the prefill kernels while decode-only steps
+    replay CUDA graphs captured before the first step: the greedy tokens (float32) are those of
+    the same requests prefilled whole, and both kinds of step occur."""
+    from kvbench.real.run import run_real
+
+    workload = WorkloadSpec("uniform:prompt=40..200,output=8..40", num_requests=24, rate=400.0, seed=5)
+    outputs, kinds = {}, {}
+    for chunked in (False, True):
+        config = RunConfig(
+            engine=engine, model="tiny-llama", workload=workload, kv_cache_gib=0.05, block_size=16,
+            max_num_seqs=16, max_num_batched_tokens=64 if chunked else None, chunked_prefill=chunked,
+            device="cuda", dtype="float32", cuda_graphs=True,
+        )  # fmt: skip
+        run = run_real(config).run
+        outputs[chunked] = {seq.seq_id: list(seq.output_ids) for seq in run.sequences}
+        kinds[chunked] = {row.kind for row in run.steps}
+    assert outputs[True] == outputs[False]
+    assert kinds[True] == {"mixed", "decode"} and "mixed" not in kinds[False]
