@@ -156,6 +156,24 @@ def test_chunked_prefill_lowers_the_decode_latency_of_a_prefill_heavy_trace(rate
     assert sum(row.num_tokens for row in steps) == sum(r.prompt_len + r.output_len - 1 for r in requests)
 
 
+def real_chunked_and_whole(engine: str, workload: WorkloadSpec, budget: int, **options) -> dict:
+    """{chunked: (greedy tokens by request, step kinds in order)} of one real run with prompts
+    in chunks of at most `budget` tokens and one with them prefilled whole, else alike."""
+    from kvbench.real.run import run_real
+
+    runs = {}
+    for chunked in (False, True):
+        config = RunConfig(
+            engine=engine, model="tiny-llama", workload=workload,
+            max_num_batched_tokens=budget if chunked else None, chunked_prefill=chunked, **options,
+        )  # fmt: skip
+        run = run_real(config).run
+        assert all(len(seq.output_ids) == seq.request.output_len for seq in run.sequences)
+        tokens = {seq.seq_id: list(seq.output_ids) for seq in run.sequences}
+        runs[chunked] = (tokens, [row.kind for row in run.steps])
+    return runs
+
+
 @INTERPRETED
 @pytest.mark.parametrize(
     ("engine", "attention"), [("paged", "auto"), ("orca-oracle", "auto"), ("paged", "torch")]
@@ -164,23 +182,14 @@ def test_the_real_model_decodes_the_same_tokens_with_prompts_in_chunks(engine, a
     """Prefix-aware prefill is exact: a prompt computed in chunks of at most 16 tokens, beside
     other requests' decodes, gives every request the greedy tokens it gets prefilled whole (the
     Triton kernels, interpreted, over blocks and extents; and the PyTorch reference)."""
-    from kvbench.real.run import run_real
-
     workload = WorkloadSpec("uniform:prompt=20..48,output=4..10", num_requests=6, rate=50.0, seed=2)
-    outputs, kinds = {}, {}
-    for chunked in (False, True):
-        config = RunConfig(
-            engine=engine, model="tiny-llama", workload=workload, kv_cache_gib=0.01, block_size=4,
-            max_num_seqs=4, max_num_batched_tokens=16 if chunked else None, chunked_prefill=chunked,
-            attention=attention,
-        )  # fmt: skip
-        run = run_real(config).run
-        outputs[chunked] = {seq.seq_id: list(seq.output_ids) for seq in run.sequences}
-        kinds[chunked] = [row.kind for row in run.steps]
-        assert all(len(seq.output_ids) == seq.request.output_len for seq in run.sequences)
-    assert outputs[True] == outputs[False]
-    assert "mixed" in kinds[True] and "mixed" not in kinds[False]
-    assert kinds[True].count("mixed") >= 12  # six prompts of 20-48 tokens: at least two chunks each
+    runs = real_chunked_and_whole(
+        engine, workload, 16, kv_cache_gib=0.01, block_size=4, max_num_seqs=4, attention=attention
+    )
+    (whole, whole_kinds), (chunked, kinds) = runs[False], runs[True]
+    assert chunked == whole
+    assert "mixed" in kinds and "mixed" not in whole_kinds
+    assert kinds.count("mixed") >= 12  # six prompts of 20-48 tokens: at least two chunks each
 
 
 # --- refused inputs -----------------------------------------------------------------------------
@@ -232,18 +241,18 @@ def test_gpu_mixed_steps_beside_graph_decodes_give_the_unchunked_tokens(engine):
     """On a GPU, mixed steps run eagerly through the prefill kernels while decode-only steps
     replay CUDA graphs captured before the first step: the greedy tokens (float32) are those of
     the same requests prefilled whole, and both kinds of step occur."""
-    from kvbench.real.run import run_real
-
     workload = WorkloadSpec("uniform:prompt=40..200,output=8..40", num_requests=24, rate=400.0, seed=5)
-    outputs, kinds = {}, {}
-    for chunked in (False, True):
-        config = RunConfig(
-            engine=engine, model="tiny-llama", workload=workload, kv_cache_gib=0.05, block_size=16,
-            max_num_seqs=16, max_num_batched_tokens=64 if chunked else None, chunked_prefill=chunked,
-            device="cuda", dtype="float32", cuda_graphs=True,
-        )  # fmt: skip
-        run = run_real(config).run
-        outputs[chunked] = {seq.seq_id: list(seq.output_ids) for seq in run.sequences}
-        kinds[chunked] = {row.kind for row in run.steps}
-    assert outputs[True] == outputs[False]
-    assert kinds[True] == {"mixed", "decode"} and "mixed" not in kinds[False]
+    runs = real_chunked_and_whole(
+        engine,
+        workload,
+        64,
+        kv_cache_gib=0.05,
+        block_size=16,
+        max_num_seqs=16,
+        device="cuda",
+        dtype="float32",
+        cuda_graphs=True,
+    )
+    (whole, whole_kinds), (chunked, kinds) = runs[False], runs[True]
+    assert chunked == whole
+    assert set(kinds) == {"mixed", "decode"} and "mixed" not in whole_kinds
