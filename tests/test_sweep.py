@@ -408,3 +408,18 @@ def test_a_killed_sweep_resumes_without_redoing_or_losing_a_cell(tmp_path):
     assert len(rows) == 6 and {r["status"] for r in rows} == {"ok"}
     assert len(list(out.glob("cells/*/summary.json"))) == 6 and not list(out.glob("cells/.*"))
     assert (out / "sustained.csv").is_file()
+
+
+def test_a_setting_added_after_a_cell_ran_counts_as_its_default_when_resuming(tmp_path):
+    """A cell recorded before a setting existed was run with that setting's default: resuming keeps
+    it, at the top level and inside the workload, and only a non-default value makes it another's."""
+    config = RunConfig("paged", workload=WorkloadSpec(num_requests=10, rate=2.0))
+    assert run_cell(config, tmp_path / "c", CellRun()).ok
+    path = tmp_path / "c" / "config.json"
+    recorded = json.loads(path.read_text())
+    del recorded["chunked_prefill"], recorded["vmm_map"], recorded["workload"]["time_scale"]
+    path.write_text(json.dumps(recorded))
+    assert config_differences(config, tmp_path / "c") == []
+    chunked = replace(config, chunked_prefill=True, workload=replace(config.workload, time_scale=2.0))
+    assert config_differences(chunked, tmp_path / "c") == ["chunked_prefill", "workload"]
+    assert config_differences(replace(config, block_size=32), tmp_path / "c") == ["block_size"]

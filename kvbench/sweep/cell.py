@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, Field, asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 
 from kvbench.config import RunConfig
@@ -179,14 +179,49 @@ def config_differences(config: RunConfig, folder: Path) -> list[str]:
     a file refitted in place since counts as a difference (`cost_model`) too.
     """
     wrote = json.loads((folder / "config.json").read_text())
-    wanted = json.loads(json.dumps(config.to_dict()))
-    differs = {key for key in wanted if key != "cost_model_constants" and wrote.get(key) != wanted[key]}
+    differs = _differing_fields(wrote, config)
     if config.cost_model is not None and "cost_model_sha256" in wrote:
         from kvbench.calibrate.fit import cost_file_digest
 
         if cost_file_digest(config.cost_model) != wrote["cost_model_sha256"]:
             differs.add("cost_model")
     return sorted(differs)
+
+
+def _differing_fields(wrote: dict, settings: object) -> set[str]:
+    """The fields of the dataclass `settings` whose value differs from the recorded `wrote`.
+
+    A field `wrote` lacks was recorded by a kvbench that predates the setting, and every new
+    setting's default is the behaviour before it existed: so a missing field differs only when
+    `settings` holds something other than its default. Without this, every cell run before a
+    setting was added would count as another setting's and be run again.
+    """
+    differs = set()
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if f.name not in wrote:
+            if _as_json(value) != _default_json(f):
+                differs.add(f.name)
+        elif is_dataclass(value) and isinstance(wrote[f.name], dict):
+            if _differing_fields(wrote[f.name], value):
+                differs.add(f.name)
+        elif wrote[f.name] != _as_json(value):
+            differs.add(f.name)
+    return differs
+
+
+def _as_json(value: object) -> object:
+    """`value` as config.json records it (a dataclass as a dict, a tuple as a list)."""
+    return json.loads(json.dumps(asdict(value) if is_dataclass(value) else value))
+
+
+def _default_json(f: Field) -> object:
+    """The field's default as config.json records it; a marker equal to nothing for a required field."""
+    if f.default is not MISSING:
+        return _as_json(f.default)
+    if f.default_factory is not MISSING:
+        return _as_json(f.default_factory())
+    return object()
 
 
 def _check_same_config(config: RunConfig, out: Path) -> None:
