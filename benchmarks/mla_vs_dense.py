@@ -10,11 +10,14 @@ holds S = budget // bytes-per-token slots, so floor(S / C) requests of C tokens 
 layout, is timed alone (median of 30 after warm-up):
 
 - `eager`: both models, the same Python forward launched kernel by kernel;
-- `graphs`: replayed from a CUDA graph (the default of a real run). V2-Lite's decode step runs
-  every routed expert over every row, weighted 0 where not chosen (`kvbench.modeling.mla.MoE`):
-  at these batches nearly every expert's weights are read anyway, and its compute is 64 / 6 of
-  the routed experts' own. The attention's own cost is in results/reference/kernels-window-mla
-  (MLA at 0.31-0.36x the GQA layer's time at batch 64, 32K context).
+- `graphs`: replayed from a CUDA graph (the default of a real run).
+
+An MoE model's step is timed once per `--expert-dispatch` (`kvbench.modeling.mla.MoE`): `dense`
+runs every routed expert over every row, weighted 0 where not chosen (at these batches nearly
+every expert's weights are read anyway, but the compute is 64 / 6 of the chosen experts'),
+`grouped` each (row, choice) pair once through two grouped matmuls over the rows sorted by
+expert (the chosen experts' compute only). The attention's own cost is in
+results/reference/kernels-window-mla.
 
 Output tokens per second at the fitted batch are batch / step. The ratio of batches is exact
 (arena arithmetic); the step times are one run each.
@@ -36,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable with
 
 from benchmarks.decode_step import gpu_step_s, step_slots
 from kvbench.modeling.arena import KVArena
+from kvbench.modeling.mla import set_expert_dispatch
 from kvbench.modeling.weights import random_model
 from kvbench.models import get_model
 from kvbench.results.files import write_json
@@ -66,15 +70,19 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> list[d
             continue
         arena = KVArena(spec, step_slots(batch, context + 8), next(model.parameters()).dtype, device)
         graphs = device.type == "cuda"
-        row = {
-            "model": name, "kv_bytes_per_token": spec.kv_bytes_per_token, "context": context, "slots": slots,
-            "batch": batch, "eager_ms": step_ms(model, arena, batch, context, False, device),
-            "graphs_ms": step_ms(model, arena, batch, context, True, device) if graphs else None,
-        }  # fmt: skip
-        best = row["graphs_ms"] or row["eager_ms"]
-        row["output_tokens_per_s"] = 1e3 * batch / best
-        rows.append(row)
-        print(row, flush=True)
+        for dispatch in args.expert_dispatch.split(",") if spec.moe else (None,):
+            if dispatch:
+                set_expert_dispatch(model, dispatch)
+            row = {
+                "model": name, "kv_bytes_per_token": spec.kv_bytes_per_token, "context": context,
+                "slots": slots, "batch": batch, "expert_dispatch": dispatch,
+                "eager_ms": step_ms(model, arena, batch, context, False, device),
+                "graphs_ms": step_ms(model, arena, batch, context, True, device) if graphs else None,
+            }  # fmt: skip
+            best = row["graphs_ms"] or row["eager_ms"]
+            row["output_tokens_per_s"] = 1e3 * batch / best
+            rows.append(row)
+            print(row, flush=True)
         del arena
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -92,17 +100,22 @@ def main() -> None:
     parser.add_argument("--contexts", default="2048,8192")
     parser.add_argument("--max-batch", type=int, default=256)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument(
+        "--expert-dispatch",
+        default="dense,grouped",
+        help="MoE models: ways a decode step runs the routed experts, each timed",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda: no CUDA device here (--device cpu smoke-tests the script)")
     rows = [row for name in args.models.split(",") for row in measure(name, args, device)]
-    head = ("model", "context", "bytes/tok", "batch", "eager ms", "graphs ms", "tok/s")
+    head = ("model", "experts", "context", "bytes/tok", "batch", "eager ms", "graphs ms", "tok/s")
     print("\n" + f"{head[0]:<20}" + "".join(f"{h:>10}" for h in head[1:]))
     for r in rows:
         graphs = f"{r['graphs_ms']:.2f}" if r["graphs_ms"] else "-"
-        cells = (r["context"], r["kv_bytes_per_token"], r["batch"], f"{r['eager_ms']:.2f}", graphs,
-                 f"{r['output_tokens_per_s']:.0f}")  # fmt: skip
+        cells = (r["expert_dispatch"] or "-", r["context"], r["kv_bytes_per_token"], r["batch"],
+                 f"{r['eager_ms']:.2f}", graphs, f"{r['output_tokens_per_s']:.0f}")  # fmt: skip
         print(f"{r['model']:<20}" + "".join(f"{c:>10}" for c in cells))
     if args.out:
         gpu = torch.cuda.get_device_name() if device.type == "cuda" else None

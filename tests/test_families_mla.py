@@ -120,6 +120,76 @@ MLA_TINY = ModelSpec(
 )  # fmt: skip
 
 
+def _moe_with_an_unchosen_expert(dtype: torch.dtype, device: torch.device):
+    """The first MoE layer of a seeded tiny MLA model and 6 rows of positive input, expert 3
+    chosen by no row and the rows choosing different mixes of the others."""
+    from kvbench.modeling.mla import MoE
+    from kvbench.modeling.weights import random_model
+
+    model = random_model(MLA_TINY, dtype, device, seed=4)
+    moe = next(m for m in model.modules() if isinstance(m, MoE))
+    x = torch.rand(6, MLA_TINY.hidden, generator=torch.Generator().manual_seed(1))  # [T, hidden]
+    x = x.to(device, dtype)
+    with torch.no_grad():
+        moe.gate.weight[3] = -1.0  # expert 3 scores -sum(x) < -10 for every row: never chosen
+        chosen = torch.nn.functional.linear(x.float(), moe.gate.weight.float()).topk(2, dim=-1).indices
+    assert 3 not in chosen.tolist() and len({tuple(sorted(row)) for row in chosen.tolist()}) > 1
+    return model, moe, x
+
+
+def test_grouped_expert_dispatch_gives_what_the_routed_dispatch_gives():
+    """The grouped dispatch (each chosen pair once, sorted by expert, two grouped matmuls) sums
+    what the host-side dispatch sums, with an expert no row chose (an empty group) and a token's
+    choices spread over several groups."""
+    _, moe, x = _moe_with_an_unchosen_expert(torch.float32, CPU)
+    with torch.no_grad():
+        grouped, routed = moe(x, dispatch="grouped"), moe(x, dispatch="sparse")
+        assert torch.allclose(grouped, routed, rtol=1e-5, atol=1e-7)
+        alone = grouped - moe.shared_experts(x)
+        assert alone.abs().max() > 1e-6  # the routed experts contribute: the check is not vacuous
+
+
+def test_stacked_experts_hold_each_weight_once_and_take_later_copies():
+    """Stacking makes every expert's parameters views of one tensor per projection: no weight
+    is held twice, and a weight copied in after (a checkpoint loaded into the model) reaches
+    the grouped dispatch."""
+    _, moe, x = _moe_with_an_unchosen_expert(torch.float32, CPU)
+    gate_up, down = moe._stacked
+    for index, expert in enumerate(moe.experts):
+        assert expert.gate_up_proj.weight.data_ptr() == gate_up[index].data_ptr()
+        assert expert.down_proj.weight.data_ptr() == down[index].data_ptr()
+    with torch.no_grad():
+        before = moe(x, dispatch="grouped")
+        moe.experts[0].down_proj.weight.mul_(2.0)  # expert 0 is chosen by some rows
+        after, routed = moe(x, dispatch="grouped"), moe(x, dispatch="sparse")
+    assert not torch.allclose(before, after) and torch.allclose(after, routed, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_grouped_expert_dispatch_replays_from_a_cuda_graph():
+    """On a GPU in bf16 the grouped dispatch captured in a CUDA graph gives, replayed on new
+    inputs, what it gives eagerly, and what the dense dispatch gives up to bf16 rounding."""
+    from kvbench.modeling.mla import set_expert_dispatch
+
+    cuda = torch.device("cuda")
+    model, moe, x = _moe_with_an_unchosen_expert(torch.bfloat16, cuda)
+    set_expert_dispatch(model, "grouped")
+    static = x.clone()
+    with torch.no_grad():
+        moe(static)  # warm-up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe(static)
+        for seed in (2, 3):
+            fresh = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed)).to(cuda, x.dtype)
+            static.copy_(fresh)
+            graph.replay()
+            eager, dense = moe(fresh, dispatch="grouped"), moe(fresh, dispatch="dense")
+            assert out.equal(eager)
+            assert torch.allclose(out.float(), dense.float(), rtol=2e-2, atol=2e-2)
+
+
 def test_every_engine_decodes_the_same_greedy_tokens_on_an_mla_model():
     """The real engine loop on the CPU over the latent arena (poisoned with NaN), through each
     engine's addressing (extents, blocks, a prefix cache): the same greedy tokens everywhere."""
@@ -166,8 +236,8 @@ def test_dense_expert_dispatch_gives_what_the_routed_dispatch_gives():
         moe.gate.weight[3] = -1.0  # expert 3 scores -sum(x) < -10 for every row: never chosen
         chosen = torch.nn.functional.linear(x, moe.gate.weight).topk(2, dim=-1).indices
         assert 3 not in chosen.tolist() and len({tuple(sorted(row)) for row in chosen.tolist()}) > 1
-        dense, routed = moe(x, dense=True), moe(x, dense=False)
+        dense, routed = moe(x, dispatch="dense"), moe(x, dispatch="sparse")
         assert torch.allclose(dense, routed, rtol=1e-5, atol=1e-9)
         assert moe(x).equal(routed)  # on the CPU the default is the routed dispatch
-        alone = moe(x, dense=True) - moe.shared_experts(x)
+        alone = moe(x, dispatch="dense") - moe.shared_experts(x)
         assert alone.abs().max() > 1e-6  # the routed experts contribute: the check is not vacuous

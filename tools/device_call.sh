@@ -12,6 +12,8 @@
 #   vmm-real         vmm sync and ahead beside orca-oracle and paged (results/reference/vmm-real)
 #   hybrid-arxiv     Gemma 3 12B on arxiv-sum, four allocators, 3 seeds (results/reference/hybrid-real)
 #   mla-dense        DeepSeek-V2-Lite beside Llama-3.1-8B at one KV budget (results/reference/mla-vs-dense)
+#   mla-experts      the same, DeepSeek-V2-Lite's decode step timed with its experts run densely and
+#                    grouped (results/reference/mla-vs-dense/expert_dispatch.json)
 #   vmm-occupancy    OPT-13B at the paper's 15,728 slots, ShareGPT at 9 and Alpaca at 110 req/s (above
 #                    every engine's sustained rate, so every engine queues), 30 s of arrivals, seeds
 #                    $SEEDS (default 0,1,2; SEEDS=0 runs one seed of every setting first): paged,
@@ -67,6 +69,11 @@ for job in "$@"; do
       folder=results/reference/mla-vs-dense
       mkdir -p $folder
       timeout $left python benchmarks/mla_vs_dense.py --out $folder/mla_vs_dense.json ;;
+    mla-experts)
+      folder=results/reference/mla-vs-dense
+      mkdir -p $folder
+      timeout $left python benchmarks/mla_vs_dense.py --expert-dispatch dense,grouped \
+        --out $folder/expert_dispatch.json ;;
     vmm-occupancy)
       folder=results/reference/vmm-occupancy-real
       for setting in "sharegpt-paper 9 per-layer paged,orca-oracle,vmm sync" \

@@ -19,9 +19,12 @@ capture it) and the new tokens' vectors are stored by `kernels/kv_store.py`; wit
 torch`, decode runs `kernels.reference.mla_decode_attention_ref`. Prefill runs the PyTorch
 reference `extend_attention_ref` on every backend (no latent prefill kernel yet), so a CUDA
 graph may hold MLA decode steps only. The experts of a small step on a GPU (a decode step: at
-most `DENSE_DISPATCH_ROWS` tokens) run densely, every expert over every row weighted 0 where the
-router did not choose it: no host sync, so CUDA graphs capture it, and for decode batches the
-bytes are the same (a step of a few dozen rows touches nearly every expert's weights anyway).
+most `DENSE_DISPATCH_ROWS` tokens) run without reading the host, so CUDA graphs capture them:
+densely by default, every expert over every row weighted 0 where the router did not choose it
+(for decode batches the bytes are the same: a step of a few dozen rows touches nearly every
+expert's weights anyway, but the compute is experts / top_k times the chosen experts'), or
+grouped (`set_expert_dispatch`): each (row, choice) pair once, sorted by expert, through
+`torch._grouped_mm` over the experts' weights stacked per projection.
 
 Rotary embeddings rotate adjacent pairs (DeepSeek's layout, as transformers' `apply_rotary_emb`
 does), not halves, with the YaRN scaling the published
@@ -151,6 +154,9 @@ class MLAttention(nn.Module):
 
 # at least the largest decode graph bucket (kvbench.real.decode_loop.MAX_GRAPH_BATCH; tested)
 DENSE_DISPATCH_ROWS = 512
+# how the routed experts of a step run: every expert over every row (weighted 0 where not chosen),
+# each expert over its own rows found on the host, or one grouped matmul over rows sorted by expert
+EXPERT_DISPATCHES = ("dense", "sparse", "grouped")
 
 
 class MoE(nn.Module):
@@ -164,17 +170,35 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(LlamaMLP(expert, **factory) for _ in range(e.experts))
         if e.shared_experts:  # one MLP as wide as all shared experts together (as the checkpoints)
             self.shared_experts = LlamaMLP(replace(spec, ffn=e.expert_ffn * e.shared_experts), **factory)
+        self.small_step_dispatch = "dense"  # a GPU step of at most DENSE_DISPATCH_ROWS rows
+        self._stacked: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def forward(self, x: torch.Tensor, *, dense: bool | None = None) -> torch.Tensor:
-        """`x` `[T, hidden]`. `dense`: every expert over every row (None: on a GPU for a step of
-        at most `DENSE_DISPATCH_ROWS` rows, which CUDA graphs capture); else each expert over
-        the rows that chose it (host-side dispatch). Both add the experts in the same order."""
+    @torch.no_grad()
+    def stack_experts(self) -> None:
+        """Lay the routed experts' weights out as two stacked tensors, each expert's parameters
+        becoming views of its slice: the grouped dispatch reads one `[E, ...]` tensor per
+        projection, and no weight is held twice. Called once the weights are in place (a copy
+        into a parameter later still lands in the stack)."""
+        gate_up = torch.stack([e.gate_up_proj.weight for e in self.experts])  # [E, 2 ffn, hidden]
+        down = torch.stack([e.down_proj.weight for e in self.experts])  # [E, hidden, ffn]
+        for index, e in enumerate(self.experts):
+            e.gate_up_proj.weight.data = gate_up[index]
+            e.down_proj.weight.data = down[index]
+        self._stacked = (gate_up, down)
+
+    def forward(self, x: torch.Tensor, *, dispatch: str | None = None) -> torch.Tensor:
+        """`x` `[T, hidden]`. `dispatch` (one of `EXPERT_DISPATCHES`); None: on a GPU a step of at
+        most `DENSE_DISPATCH_ROWS` rows runs `small_step_dispatch` (dense or grouped: neither
+        reads the host, so CUDA graphs capture both), any other step the sparse dispatch. All
+        three give the same sums up to rounding."""
         scores = torch.nn.functional.linear(x.float(), self.gate.weight.float()).softmax(dim=-1)  # [T, E]
         weights, chosen = scores.topk(self.moe.top_k, dim=-1)  # [T, k] each
         weights = weights * self.moe.routed_scale
-        if dense is None:
-            dense = x.is_cuda and x.shape[0] <= DENSE_DISPATCH_ROWS
-        out = self._dense(x, chosen, weights) if dense else self._sparse(x, chosen, weights)
+        if dispatch is None:
+            small = x.is_cuda and x.shape[0] <= DENSE_DISPATCH_ROWS
+            dispatch = self.small_step_dispatch if small else "sparse"
+        run = {"dense": self._dense, "sparse": self._sparse, "grouped": self._grouped}[dispatch]
+        out = run(x, chosen, weights)
         if self.moe.shared_experts:
             out = out + self.shared_experts(x)
         return out
@@ -199,6 +223,43 @@ class MoE(nn.Module):
             y = self.experts[index](x[rows]) * weights[rows, rank, None]
             out.index_add_(0, rows, y.to(x.dtype))
         return out
+
+    def _grouped(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Each (row, choice) pair once, sorted by expert, through two grouped matmuls: the
+        compute of the k chosen experts only, at shapes fixed by T alone (a CUDA graph's)."""
+        if self._stacked is None:
+            raise KvbenchError("the grouped expert dispatch needs the stacked experts (MoE.stack_experts)")
+        gate_up, down = self._stacked  # [E, 2 ffn, hidden], [E, hidden, ffn]
+        t, k = chosen.shape
+        flat = chosen.reshape(-1)  # [T k]: row r's choice j at r k + j
+        order = torch.argsort(flat, stable=True)  # [T k]: pairs grouped by expert
+        per_expert = torch.zeros(self.moe.experts, dtype=torch.int32, device=x.device)
+        per_expert.scatter_add_(0, flat.int(), torch.ones_like(flat, dtype=torch.int32))  # no host sync
+        ends = per_expert.cumsum(0, dtype=torch.int32)  # [E]: where each expert's pairs end
+        rows = x[order // k]  # [T k, hidden]
+        h = torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=ends)  # [T k, 2 ffn]
+        g, u = h.chunk(2, dim=-1)
+        y = torch._grouped_mm(ops.silu_mul(g, u), down.transpose(1, 2), offs=ends)  # [T k, hidden]
+        y = y * weights.reshape(-1)[order, None].to(y.dtype)
+        pairs = torch.empty_like(y)  # [T k, hidden], back in (row, choice) order
+        pairs[order] = y
+        return pairs.view(t, k, -1).sum(dim=1).to(x.dtype)  # [T, hidden]: a fixed order, no atomics
+
+
+def stack_experts(model: nn.Module) -> None:
+    """Stack the routed experts of every MoE layer of `model` (see `MoE.stack_experts`)."""
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.stack_experts()
+
+
+def set_expert_dispatch(model: nn.Module, dispatch: str) -> None:
+    """How the MoE layers of `model` run a small GPU step: "dense" (the default) or "grouped"."""
+    if dispatch not in ("dense", "grouped"):
+        raise KvbenchError(f"expert dispatch must be dense or grouped, got {dispatch!r}")
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.small_step_dispatch = dispatch
 
 
 class _Layer(LlamaDecoderLayer):

@@ -19,7 +19,7 @@ from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.gemma import GemmaForCausalLM
 from kvbench.modeling.hf_config import deepseek_decoding_keys, read_checkpoint_spec
 from kvbench.modeling.llama import LlamaForCausalLM
-from kvbench.modeling.mla import DeepseekV2ForCausalLM
+from kvbench.modeling.mla import DeepseekV2ForCausalLM, stack_experts
 from kvbench.modeling.opt import OPTForCausalLM
 from kvbench.modeling.qwen import MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from kvbench.models import ModelSpec
@@ -67,6 +67,7 @@ def random_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device, seed
     generator = torch.Generator(device=device).manual_seed(seed)
     for name, param in model.named_parameters():
         init_parameter(name, param, generator)
+    stack_experts(model)  # MoE layers: their experts' weights as one tensor per projection
     return model
 
 
@@ -112,6 +113,7 @@ def load_checkpoint(path: Path, dtype: torch.dtype, device: torch.device) -> Cau
         param.copy_(parts[0] if len(parts) == 1 else torch.cat(parts))
     if spec.family != "opt" and "lm_head.weight" not in tensors:
         model.lm_head.weight.copy_(model.model.embed_tokens.weight)  # tie_word_embeddings
+    stack_experts(model)
     return model
 
 
