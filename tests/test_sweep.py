@@ -292,8 +292,10 @@ def test_resume_skips_finished_cells_and_a_full_folder_needs_a_choice(tmp_path):
         run_sweep(p, out, progress=quiet())
     # a changed setting cannot be resumed into the same folder
     other = SweepPlan(p.axes, RunConfig("paged", workload=WorkloadSpec(num_requests=41, max_total_len=1000)))
+    tables = {name: (out / name).read_bytes() for name in ("sweep.csv", "sweep.json")}
     with pytest.raises(KvbenchError, match=r"--resume: .* ran other settings \(workload\)"):
         run_sweep(other, out, resume=True, progress=quiet())
+    assert {name: (out / name).read_bytes() for name in tables} == tables  # a refused resume writes nothing
     assert run_sweep(p, out, overwrite=True, progress=quiet()).ran == 4
 
 

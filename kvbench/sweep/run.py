@@ -106,12 +106,7 @@ class _Sweep:
 
     def _found(self, cell: Cell, config: RunConfig, folder: Path) -> None:
         """A cell a previous invocation finished (after checking it ran these settings)."""
-        differs = config_differences(config, folder)
-        if differs:
-            raise OtherSettings(
-                f"--resume: {folder} ran other settings ({', '.join(differs)}); "
-                "use another --out, or --overwrite"
-            )
+        _check_same_settings(config, folder)
         self.progress.begin(cell.id)
         summary = json.loads((folder / "summary.json").read_text())
         wall = self.previous.get(cell.id, {}).get("wall_s") or None
@@ -148,6 +143,23 @@ class OtherSettings(KvbenchError):
     """A resumed folder's cell ran other settings than the plan's."""
 
 
+def _check_same_settings(config: RunConfig, folder: Path) -> None:
+    differs = config_differences(config, folder)
+    if differs:
+        raise OtherSettings(
+            f"--resume: {folder} ran other settings ({', '.join(differs)}); use another --out, or --overwrite"
+        )
+
+
+def _check_resumable(plan: SweepPlan, out: Path, cells: list[Cell]) -> None:
+    """Refuse a resume whose finished cells ran other settings before anything is written: a
+    refused resume leaves the folder's sweep.json and sweep.csv as they were."""
+    for cell in cells:
+        folder = out / "cells" / cell.id
+        if (folder / "summary.json").is_file():
+            _check_same_settings(plan.config(cell), folder)
+
+
 def run_sweep(
     plan: SweepPlan,
     out: Path,
@@ -166,6 +178,8 @@ def run_sweep(
     _prepare_folder(out, resume, overwrite)
     grid = grid_cells(plan.axes)
     baselines = _baseline_cells(plan, grid) if plan.needs_baseline else []
+    if resume:
+        _check_resumable(plan, out, baselines + grid)
     progress = progress or Progress(len(baselines) + len(grid) + upfront_cells(plan, grid))
     write_json_atomically(out / "sweep.json", _description(plan, len(baselines) + len(grid), executor))
     state = _Sweep(plan, out, resume, progress, executor)
