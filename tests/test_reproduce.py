@@ -292,6 +292,24 @@ def test_a_figure_run_again_resumes_its_finished_cells(sharing):
     assert [f.stat().st_mtime_ns for f in cells] == stamps and _rows(sharing, "fig17") == before
 
 
+def test_a_figure_of_other_settings_is_run_again_and_said_so(tmp_path):
+    """A figure folder whose runs had another request count is replaced, not resumed, and the
+    command names the folder and the setting rather than rerunning silently."""
+    args = ("reproduce", "fig17", "--quick", "--mode", "simulate", "--out", str(tmp_path))
+
+    def counts() -> set[int]:  # the loaded runs' request counts (baselines hold 5)
+        summaries = [json.loads(p.read_text()) for p in tmp_path.glob("fig17/seed-0/*/cells/*/summary.json")]
+        return {s["num_requests"] for s in summaries if s["num_requests"] > 5}
+
+    first = kvbench(*args, "--num-requests", "20")
+    assert first.returncode == 0 and "run again" not in first.stderr, first.stderr
+    before = counts()
+    again = kvbench(*args, "--num-requests", "28")
+    assert again.returncode == 0, again.stderr
+    assert "ran other settings (workload): the figure's runs in" in again.stderr
+    assert len(before) == len(counts()) == 1 and counts() != before
+
+
 REAL_ENGINES = ("orca-oracle", "paged")  # the real reproduction's grid: two engines, three requests
 # a trace draw of short answers (ShareGPT's longest 108 tokens, Alpaca's 25; seed 0's: 1140 and 150):
 # every decode step of the tiny model is a real step on the CPU, and the steps are the test's time

@@ -10,6 +10,7 @@ uses the `real` grids below, a few points each, and the calibrated simulation fi
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -121,8 +122,9 @@ def sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes,
     if (folder / "sweep.json").is_file():
         try:  # an interrupted figure resumes: finished cells of these settings are kept
             return run_sweep(plan, folder, resume=True)
-        except OtherSettings:  # another setting's sweep: replaced
-            pass
+        except OtherSettings as other:  # another setting's sweep: replaced, and said so
+            print(f"reproduce: {other.folder} ran {other.settings}: the figure's runs in {folder} run again",
+                  file=sys.stderr)  # fmt: skip
     return run_sweep(plan, folder, overwrite=True)
 
 

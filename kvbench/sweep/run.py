@@ -142,13 +142,15 @@ class _Sweep:
 class OtherSettings(KvbenchError):
     """A resumed folder's cell ran other settings than the plan's."""
 
+    def __init__(self, folder: Path, differs: list[str]) -> None:
+        self.folder, self.settings = folder, f"other settings ({', '.join(differs)})"
+        super().__init__(f"--resume: {folder} ran {self.settings}; use another --out, or --overwrite")
+
 
 def _check_same_settings(config: RunConfig, folder: Path) -> None:
     differs = config_differences(config, folder)
     if differs:
-        raise OtherSettings(
-            f"--resume: {folder} ran other settings ({', '.join(differs)}); use another --out, or --overwrite"
-        )
+        raise OtherSettings(folder, differs)
 
 
 def _check_resumable(plan: SweepPlan, out: Path, cells: list[Cell]) -> None:
