@@ -149,3 +149,12 @@ def test_a_failed_repeat_reaches_the_testing_doc(pages_module, tmp_path, monkeyp
     assert f"idle {idle}/{idle} green" in committed
     assert f"idle {idle - 1}/{idle} green" in changed
     assert changed.split("loaded ")[1] == committed.split("loaded ")[1]  # the loaded lanes as committed
+
+
+def test_the_results_index_lists_every_result_folder():
+    """results/README.md is where a reader finds a folder: one missing from it is as good as lost."""
+    index = (ROOT / "results/README.md").read_text()
+    for kind in ("reference", "reproduce"):
+        for folder in sorted(p for p in (ROOT / "results" / kind).iterdir() if p.is_dir()):
+            listed = f"]({kind}/{folder.name}/README.md)" in index
+            assert listed, f"results/README.md does not list {kind}/{folder.name}"
