@@ -89,9 +89,18 @@ def _positive_int(flag: str, value: int | None) -> None:
         raise KvbenchError(f"{flag} must be a positive integer, got {value}")
 
 
+# the step budget under --chunked-prefill when the flag is unset (vLLM's chunked default): the
+# unchunked default, a model's whole length, would let one long prompt fill a step of a
+# long-context model and stall every decode through it (results/reference/hybrid-long-chunked-sim)
+CHUNKED_BATCHED_TOKENS = 2048
+
+
 def batched_tokens(config: RunConfig, model: ModelSpec) -> int:
-    """Prompt tokens per prefill step: the flag, else max(model max length, 2048) as vLLM."""
-    return config.max_num_batched_tokens or max(model.max_len, 2048)
+    """Prompt tokens per prefill step: the flag, else max(model max length, 2048) as vLLM; under
+    --chunked-prefill, every step's token budget: the flag, else `CHUNKED_BATCHED_TOKENS`."""
+    if config.max_num_batched_tokens:
+        return config.max_num_batched_tokens
+    return CHUNKED_BATCHED_TOKENS if config.chunked_prefill else max(model.max_len, 2048)
 
 
 def prepare(

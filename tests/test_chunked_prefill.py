@@ -3,6 +3,8 @@ tokens a real model decodes, the latency it buys in simulation, and the inputs i
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from typer.testing import CliRunner
 
@@ -256,3 +258,18 @@ def test_gpu_mixed_steps_beside_graph_decodes_give_the_unchunked_tokens(engine):
     (whole, whole_kinds), (chunked, kinds) = runs[False], runs[True]
     assert chunked == whole
     assert set(kinds) == {"mixed", "decode"} and "mixed" not in whole_kinds
+
+
+def test_the_chunked_step_budget_is_2048_unless_set_whatever_the_model_length():
+    """Unchunked, a step must hold a whole prompt (a long-context model's whole length); chunked,
+    the budget is vLLM's 2,048 unless set, not 131,072 tokens a step that would stall decodes."""
+    from kvbench.config import batched_tokens
+    from kvbench.models import get_model
+
+    gemma = get_model("gemma-3-12b")
+    unchunked = RunConfig("paged", model="gemma-3-12b")
+    assert batched_tokens(unchunked, gemma) == gemma.max_len == 131072
+    assert batched_tokens(replace(unchunked, chunked_prefill=True), gemma) == 2048
+    assert (
+        batched_tokens(replace(unchunked, chunked_prefill=True, max_num_batched_tokens=8192), gemma) == 8192
+    )

@@ -72,8 +72,8 @@ def _job(
     max_num_batched_tokens: Annotated[
         int | None,
         typer.Option(
-            help="Continuous engines: prompt tokens per prefill step, or every step's token budget under "
-            "--chunked-prefill (default max(max len, 2048))."
+            help="Continuous engines: prompt tokens per prefill step (default max(max len, 2048)), or every "
+            "step's token budget under --chunked-prefill (default 2048)."
         ),
     ] = None,
     chunked_prefill: Annotated[
