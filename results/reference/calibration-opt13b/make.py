@@ -1,6 +1,6 @@
 """Refit OPT-13B's H200 cost model on every seed-0 run and check it on the seed-1 and seed-2 runs.
 
-    KVBENCH_TRACE_DIR=/work/shared/traces python results/reference/calibration-opt13b/make.py
+    KVBENCH_TRACE_DIR=../shared/traces python results/reference/calibration-opt13b/make.py
 
 Writes cost.json (the fit, with its held-out errors) and held_out.md beside this file:
 before.json ("before": results/reproduce/opt-13b-h200/calibration/cost.json as fitted on

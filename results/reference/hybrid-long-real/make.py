@@ -1,6 +1,6 @@
 """Tables of this folder's real cells, where their time went, and the simulator on the same cells.
 
-    KVBENCH_TRACE_DIR=/work/shared/traces PYTHONPATH=. python results/reference/hybrid-long-real/make.py
+    KVBENCH_TRACE_DIR=../shared/traces PYTHONPATH=. python results/reference/hybrid-long-real/make.py
 
 Writes table.md beside this file. Every number comes from the cells' summary.json, steps.csv and
 requests.csv, or from simulating each cell's own config.json (the H200 roofline cost model) with
