@@ -103,6 +103,44 @@ def test_a_prefill_batch_keeps_the_pages_decoding_sequences_mapped_ahead():
     arena.close()
 
 
+def test_pages_mapped_ahead_that_new_requests_take_are_counted_lost():
+    """The loss a saturated real run showed: `prefetch` maps a decoding sequence's next page out
+    of the free pool, which the allocator still counts as its own unmapped pages; it grants
+    them to new requests, and `sync` unmaps the early page to fit them before any step wrote
+    it. `ahead_lost` counts it; an early page the allocator later counts under its range is
+    used, not lost."""
+    from tests.test_vmm import admit, run_one_step, seq_of, small
+
+    spec = get_model("tiny-llama")
+    alloc = small(max_len=12)  # 5 pages of 4 slots, 3 ranges of 12
+    arena = VirtualKVArena.for_allocator(spec, alloc, "per-layer", torch.float32, CPU)
+    a = seq_of(1, 4, 8)
+    admit(alloc, a)  # range 0, one page
+    run_one_step(alloc, a)  # prefill: 5 tokens, the next decode step writes position 4
+    arena.sync(alloc.mapped_counts(), keep=[0])
+    arena.prefetch({0: 2})  # a's second page, out of the 4 the allocator counts as unmapped
+    assert arena.mapped.tolist() == [2, 0, 0] and arena.ahead_maps == 1 and arena.ahead_lost == 0
+    b, c = seq_of(2, 8, 1), seq_of(3, 8, 1)
+    admit(alloc, b)  # a prefill batch of b and c takes all 4 unmapped pages
+    admit(alloc, c)
+    assert alloc.mapped_counts().tolist() == [1, 2, 2]
+    arena.sync(alloc.mapped_counts(), keep=[1, 2])
+    assert arena.mapped.tolist() == [1, 2, 2]  # a's early page gave way to the budget
+    assert arena.ahead_lost == arena.ahead_maps == 1 and arena.stats()["vmm_ahead_lost"] == 1
+    alloc.free(b)  # range 1 idle with 2 pages: the allocator reclaims from it next
+    arena.sync(alloc.mapped_counts(), keep=[0])
+    arena.prefetch({0: 2})  # a's second page again: range 1's last page is unmapped early for it
+    assert arena.mapped.tolist() == [2, 1, 2] and (arena.ahead_maps, arena.ahead_unmaps) == (2, 1)
+    run_one_step(alloc, a)  # position 4: the allocator takes that page for range 0
+    assert alloc.mapped_counts().tolist() == [2, 1, 2]
+    calls = arena.maps + arena.unmaps
+    arena.sync(alloc.mapped_counts(), keep=[0])
+    assert arena.maps + arena.unmaps == calls and arena.ahead_lost == 1  # used, not lost
+    arena.sync(np.array([1, 1, 2]))  # a page the allocator counted and then gave back: still not lost
+    assert arena.unmaps == 3 and arena.ahead_lost == 1
+    arena.close()
+
+
 def critical_calls(arena: VirtualKVArena) -> int:
     """Driver calls `sync` made: inside a step's measured time."""
     return arena.maps - arena.ahead_maps + arena.unmaps - arena.ahead_unmaps

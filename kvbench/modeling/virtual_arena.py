@@ -19,6 +19,8 @@ A range's pages are always its first ones, so the arena keeps one count per rang
 reclamation (pages kept under a finished request's range) is the allocator's choice and simply
 stays mapped. `prefetch` maps pages beyond them early (`--vmm-map ahead`), never more pages in
 all than the budget's; `sync` unmaps such pages first when the allocator needs the memory.
+Such a page was mapped for nothing: `ahead_lost` counts the early pages unmapped before the
+allocator counted them under their range (an early page it counts is what a step writes).
 Once deferred reclamation has mapped every physical page (idle ranges keep theirs), mapping
 ahead needs a page unmapped first: `prefetch` asks the allocator which idle pages its next
 reclaims would take (`VirtualAllocator.reclaim_order`) and unmaps those early, so the reclaim
@@ -182,6 +184,9 @@ class VirtualKVArena:
         self.mapped = self._floor.copy()  # [ranges] pages mapped under each range
         self.maps = self.unmaps = self.ahead_maps = 0  # allocator pages (each a driver page per tensor)
         self.ahead_unmaps = 0  # of `unmaps`, idle pages `prefetch` reclaimed early
+        # pages `prefetch` mapped that the allocator has not counted yet, at the top of each range
+        self._early = np.zeros(ranges, dtype=np.int64)  # [ranges]
+        self.ahead_lost = 0  # of `unmaps`, early pages unmapped before the allocator counted them
         self._reclaimer = reclaimer  # the allocator, asked by `prefetch` (None: no early reclaim)
         self.map_s = 0.0  # seconds in driver calls (map, unmap) of `sync` and `prefetch`
         self.ahead_s = 0.0  # of `map_s`, `prefetch`'s: spent while the device runs steps
@@ -226,6 +231,9 @@ class VirtualKVArena:
             for page in self.group(r, j):
                 self._pages.unmap_page(page)
             self.mapped[r] = j
+            if self._early[r]:  # the top pages are the early ones: this one was mapped for nothing
+                self._early[r] -= 1
+                self.ahead_lost += 1
 
     def backed(self, need: np.ndarray) -> np.ndarray:
         """`[ranges]` pages mapped under each range once `sync(need)` is done (without `keep`):
@@ -241,6 +249,8 @@ class VirtualKVArena:
         holder may ever need (a range given to a shorter request gives back the rest)."""
         start = time.perf_counter()
         need = self.backed(need)  # [ranges]
+        # early pages the allocator counts now are its own: a step writes them, none was wasted
+        self._early = np.minimum(self._early, np.maximum(self.mapped - need, 0))
         target = need.copy()
         kept = np.fromiter(keep, dtype=np.int64)
         if len(kept) and self._reclaimer is not None:
@@ -283,6 +293,7 @@ class VirtualKVArena:
             add = min(add, room)
             if add > 0:
                 self._grow(r, int(self.mapped[r]) + add)
+                self._early[r] += add
                 room -= add
                 mapped += add
         if mapped or freed:
@@ -341,10 +352,12 @@ class VirtualKVArena:
         return {
             "vmm_layout": self.layout, "vmm_maps": self.maps, "vmm_unmaps": self.unmaps,
             "vmm_ahead_maps": self.ahead_maps, "vmm_ahead_unmaps": self.ahead_unmaps,
+            "vmm_ahead_lost": self.ahead_lost,
             "vmm_map_s": self.map_s, "vmm_ahead_map_s": self.ahead_s,
         }  # fmt: skip
 
     def close(self) -> None:
         """Unmap and release every page and the reservation (the device memory returns)."""
         self.mapped[:] = 0
+        self._early[:] = 0
         self._pages.close()
