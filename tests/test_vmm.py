@@ -428,7 +428,7 @@ class VirtualMachine(RuleBasedStateMachine):
     @invariant()
     def predicts_its_reclaims(self):
         """`reclaim_order` names the ranges the model's next takes beyond the pool empty, in
-        order (what a real arena unmaps early when mapping ahead), without changing anything;
+        order (what `look_ahead` reclaims for a reservation too), without changing anything;
         `range_limits` are the pages each held range's request may ever need."""
         if self.alloc is None:
             return
