@@ -154,20 +154,21 @@ def workload(name: str, spec: ModelSpec, trace: Trace, kv_gib: float, args: argp
 
 
 def print_table(rows: list[dict]) -> None:
-    """`ahead` maps/unmaps: pages mapped and idle pages reclaimed early; `in-step ms`: the driver
-    calls' time left inside the measured steps (all of it under sync)."""
+    """`ahead` maps/unmaps/lost: pages mapped and idle pages reclaimed early, and pages mapped
+    early that another sequence's growth took before they were written; `in-step ms`: the
+    driver calls' time left inside the measured steps (all of it under sync)."""
     head = f"{'variant':<22}{'tok/s':>9}{'wall s':>8}{'steps':>7}{'preempt':>8}{'maps':>7}{'unmaps':>7}" \
-           f"{'ahead':>11}{'map ms':>9}{'in-step ms':>11}{'map %':>7}{'differ':>7}"  # fmt: skip
+           f"{'ahead':>14}{'map ms':>9}{'in-step ms':>11}{'map %':>7}{'differ':>7}"  # fmt: skip
     print(head)
     for r in rows:
         if "vmm_maps" in r:
-            ahead = f"{r['vmm_ahead_maps']}/{r['vmm_ahead_unmaps']}"
+            ahead = f"{r['vmm_ahead_maps']}/{r['vmm_ahead_unmaps']}/{r['vmm_ahead_lost']}"
             cells = (
-                f"{r['vmm_maps']:>7}{r['vmm_unmaps']:>7}{ahead:>11}{1e3 * r['vmm_map_s']:>9.1f}"
+                f"{r['vmm_maps']:>7}{r['vmm_unmaps']:>7}{ahead:>14}{1e3 * r['vmm_map_s']:>9.1f}"
                 f"{1e3 * (r['vmm_map_s'] - r['vmm_ahead_map_s']):>11.1f}{100 * r['map_share']:>7.2f}"
             )
         else:
-            cells = f"{'-':>7}{'-':>7}{'-':>11}{'-':>9}{'-':>11}{'-':>7}"
+            cells = f"{'-':>7}{'-':>7}{'-':>14}{'-':>9}{'-':>11}{'-':>7}"
         print(f"{r['variant']:<22}{r['output_tokens_per_s']:>9.0f}{r['wall_s']:>8.2f}{r['steps']:>7}"
               f"{r['preemptions']:>8}{cells}{r['requests_differing_from_oracle']:>7}")  # fmt: skip
 

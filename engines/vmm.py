@@ -29,6 +29,20 @@ page holds 204.8), since a token may straddle two pages of the same range: `page
 fraction, n pages hold `floor(n x page_tokens)` whole tokens, and the fraction past the last
 whole token is allocator overhead.
 
+Mapping ahead (`--vmm-map ahead`) is an allocation: once a decode segment's length is known,
+`look_ahead` gives each sequence of the batch the pages it reaches within another segment as
+long (never past its final length) before the runner maps them while the device runs, so they
+are held: reserved slots of that request, which no admission takes. Why: mapped ahead out of
+memory the allocator still counted as its unmapped pool, they went to new requests and were
+unmapped again before any step wrote them (OPT-13B on the H200,
+results/reference/vmm-occupancy-real). The rule under pressure: a decoding sequence needing a
+page takes its own reserved pages, then unmapped and idle ones, then another sequence's pages
+reserved ahead and not yet reached (the range furthest ahead first): the lookahead gives way
+to decode steps and never causes a preemption. Admission counts reserved pages as held (a
+request waits for them as it waits for any running sequence's pages): they are at most one
+segment's growth per sequence, memory its steps take soon anyway. A reservation takes only
+pages above the watermark.
+
 Nothing is shared: a request with several outputs holds a range per output from admission
 (a fork copies the parent's K/V into the child's range), and preemption is by recompute
 (`can_swap_out` is False).
@@ -98,6 +112,11 @@ class VirtualAllocator:
         self._pools: dict[SeqGroup, list[int]] = {}  # a group's ranges no member holds now
         self._resident: dict[SeqGroup, int] = {}  # members holding a range, per group
         self._grown: list[tuple[int, Sequence]] = []  # last grow's (step, sequence), in order
+        # [max_requests] pages `look_ahead` reserved under each held range, at its top, that the
+        # holder's tokens have not reached yet (bounded by what it holds past them when read)
+        self._reserved = np.zeros(max_requests, dtype=np.int64)
+        self.ahead_maps = self.ahead_unmaps = 0  # `look_ahead`'s: made while a segment runs
+        self.ahead_lost = 0  # reserved pages another sequence's growth took before their holder used them
 
     @property
     def driver_calls(self) -> tuple[int, int]:
@@ -202,6 +221,7 @@ class VirtualAllocator:
         fewer are topped up."""
         pages = self._mapped[r]
         before = len(pages)
+        self._reserved[r] = 0  # a range (re)assigned or emptied: nothing of it is ahead any more
         while len(pages) > need:
             self._unmapped.append(pages.pop())
             self.unmaps += 1
@@ -218,7 +238,9 @@ class VirtualAllocator:
         assert child not in self._owner, f"seq {child.seq_id} is already resident"
         r = self._pools[child.group].pop()
         need = self.pages_for(parent.num_computed)
-        assert need - len(self._mapped[r]) <= self.available_pages, "no page for a fork's copy"
+        assert need - len(self._mapped[r]) <= self.available_pages + self._spare(), (
+            "no page for a fork's copy"
+        )
         self._resize(r, max(need, len(self._mapped[r])), child.request)
         self._owner[child] = r
         self._resident[child.group] += 1
@@ -241,6 +263,7 @@ class VirtualAllocator:
 
     def _release_range(self, r: int, request: Request) -> None:
         pages = self._mapped[r]
+        self._reserved[r] = 0
         self._held -= len(pages)
         self._asked -= self.capacity(len(pages))
         self._target -= self._target_of(request, len(pages))
@@ -256,7 +279,9 @@ class VirtualAllocator:
 
     # ------------------------------------------------------------------ growth
     def can_append(self, seq: Sequence) -> bool:
-        return self.pages_for(seq.num_tokens) - len(self._mapped[self._owner[seq]]) <= self.available_pages
+        short = self.pages_for(seq.num_tokens) - len(self._mapped[self._owner[seq]])
+        # others' reserved pages counted only when needed: `_spare` walks the running sequences
+        return short <= self.available_pages or short <= self.available_pages + self._spare()
 
     def append(self, seq: Sequence) -> list[tuple[int, int]]:
         pages = self._mapped[self._owner[seq]]
@@ -272,17 +297,25 @@ class VirtualAllocator:
     def append_all(self, seqs: Seq[Sequence]) -> list[tuple[int, int]] | None:
         mapped, owner = self._mapped, self._owner
         short = sum([max(self.pages_for(seq.num_tokens) - len(mapped[owner[seq]]), 0) for seq in seqs])
-        if short > self.available_pages:
+        if short > self.available_pages and short > self.available_pages + self._spare():
             return None
         for seq in seqs:
             self.append(seq)
         return []
 
     def _take_page(self) -> int:
-        """An unmapped page, else one reclaimed from the idle range holding the fewest."""
+        """An unmapped page, else one reclaimed from the idle range holding the fewest, else
+        one another sequence reserved ahead and has not reached (see the module docstring)."""
         self.maps += 1
         if self._unmapped:
             return self._unmapped.popleft()
+        if not self._idle:
+            return self._take_reserved()
+        self.unmaps += 1
+        return self._reclaim()
+
+    def _reclaim(self) -> int:
+        """Unmap the top page of the idle range holding the fewest (then the lowest id)."""
         while True:  # the idle range holding the fewest pages (then the lowest id)
             count, r = self._victims[0]
             if r in self._free_ranges and count == len(self._mapped[r]):
@@ -294,8 +327,66 @@ class VirtualAllocator:
         else:
             heapq.heappop(self._victims)
         self._idle -= 1
-        self.unmaps += 1
         return pages.pop()
+
+    def _unreached(self, seq: Sequence) -> int:
+        """Pages `seq` holds past its tokens out of those reserved ahead (updated as it grows)."""
+        r = self._owner[seq]
+        past = len(self._mapped[r]) - self.pages_for(seq.num_tokens)
+        self._reserved[r] = max(min(int(self._reserved[r]), past), 0)
+        return int(self._reserved[r])
+
+    def _spare(self) -> int:
+        """Reserved pages no holder has reached: what a decoding sequence may take beyond the
+        unmapped and idle ones (0 unless mapping ahead)."""
+        if not self._reserved.any():
+            return 0
+        return sum([self._unreached(seq) for seq in self._owner])
+
+    def _take_reserved(self) -> int:
+        """Unmap the top page of the range furthest ahead (then the lowest id) for another
+        sequence's growth: the lookahead gives way."""
+        seq = max(self._owner, key=lambda s: (self._unreached(s), -self._owner[s]))
+        r = self._owner[seq]
+        assert self._reserved[r] > 0, "no page for growth: the caller checked too little"
+        pages = self._mapped[r]
+        n = len(pages)
+        self._reserved[r] -= 1
+        self._held -= 1
+        self._asked -= self.capacity(n) - self.capacity(n - 1)
+        self._target -= self._page_target(seq.request, n - 1)
+        self.unmaps += 1
+        self.ahead_lost += 1
+        return pages.pop()
+
+    def look_ahead(self, seqs: Seq[Sequence], num_steps: int) -> None:
+        """Mapping ahead: a decode segment of `num_steps` steps (final: trimmed to them first) is
+        running; give each sequence, in batch order, the pages it reaches within another
+        `num_steps` steps after these, never past its final length, out of unmapped then idle
+        pages above the watermark. The runner maps them while the device runs: `ahead_maps`
+        counts the pages a range holds beyond what it held before the trim (a page trimmed and
+        reserved again stayed mapped), `ahead_unmaps` the idle pages reclaimed. A beam step maps
+        nothing ahead (its sequences are re-forked after every step)."""
+        held = [len(self._mapped[self._owner[seq]]) for seq in seqs]  # [B] mapped for the segment
+        self.trim(num_steps)
+        if any(seq.group is not None and seq.group.beam for seq in seqs):
+            return
+        for seq, before in zip(seqs, held, strict=True):
+            r = self._owner[seq]
+            pages = self._mapped[r]
+            want = self.pages_for(min(seq.num_tokens + 2 * num_steps, seq.request.kv_len)) - len(pages)
+            for _ in range(min(want, self.available_pages - self.watermark_pages)):
+                n = len(pages)
+                if self._unmapped:
+                    pages.append(self._unmapped.popleft())
+                else:
+                    pages.append(self._reclaim())
+                    self.ahead_unmaps += 1
+                self.ahead_maps += int(n >= before)
+                self._reserved[r] += 1
+                self._held += 1
+                self._asked += self.capacity(n + 1) - self.capacity(n)
+                self._target += self._page_target(seq.request, n)
 
     def range_limits(self) -> np.ndarray:
         """`[max_requests]` the pages each held range's holder may ever need (its request's
@@ -310,8 +401,8 @@ class VirtualAllocator:
     def reclaim_order(self, count: int) -> list[int]:
         """The ranges the next `count` pages taken beyond the unmapped pool would be reclaimed
         from, in order, one entry per page (fewer when the idle pages run out), as `_take_page`
-        would choose them now; nothing changes. A real arena mapping ahead of need unmaps these
-        pages early, so the reclaim the allocator makes later costs no driver call then."""
+        would choose them now (and `look_ahead`, which reclaims the same way); nothing changes.
+        """
         idle = [(len(self._mapped[r]), r) for r in self._free_ranges if self._mapped[r]]
         heapq.heapify(idle)
         order: list[int] = []
@@ -458,6 +549,11 @@ class VirtualAllocator:
         assert self._asked == sum(self.capacity(len(self._mapped[r])) for r in held_ranges), "asked wrong"
         if not self.deferred:
             assert self._idle == 0, "pages idle without deferred reclamation"
+        reserved = self._reserved.copy()
+        reserved[held_ranges] = 0
+        assert not reserved.any(), "a range nobody holds keeps pages reserved ahead"
+        counts = self.mapped_counts()
+        assert (self._reserved >= 0).all() and (self._reserved <= counts).all(), "reserved count wrong"
         want = 0
         for seq, r in self._owner.items():
             n = len(self._mapped[r])

@@ -216,18 +216,23 @@ class CostModelRunner:
     """Simulates steps by the cost model: no tensors, many steps per call. `reads` says what
     the model's window layers skip (default: none, every layer reads its whole context).
 
-    `maps_ahead` (vmm with `--vmm-map ahead`): a decode segment's page maps and reclaims are made
-    while the previous segment runs, so decode steps pay none; a prefill still maps its new
-    requests' pages inside its step (no request is known before it arrives). This prices the
-    most that mapping ahead can hide (every page predicted); a real run's mispredictions, mapped
-    back inside the steps, are what it leaves out (`vmm_ahead_maps` against `vmm_maps`)."""
+    `lookahead` (vmm with `--vmm-map ahead`: its `VirtualAllocator`): after each decode segment
+    is priced, the allocator reserves the pages the batch reaches in another segment as long
+    (`VirtualAllocator.look_ahead`), at the point a real runner does (after the segment is
+    launched, its slots allocated ahead), so the simulation makes the real run's allocation
+    decisions. Those maps are made while the segment runs: no step pays them, because they are
+    in no batch's `mapped_pages` nor in `map_plan`; every page a step does map or unmap
+    (admissions, growth past the reservation, a reservation given up to another sequence's
+    growth, idle pages reclaimed) is priced inside it, as without mapping ahead."""
 
     allocates_ahead = False
 
-    def __init__(self, cost: CostModel, reads: KvReads | None = None, *, maps_ahead: bool = False) -> None:
+    def __init__(self, cost: CostModel, reads: KvReads | None = None, *, lookahead=None) -> None:
         self.cost = cost
         self.reads = reads or KvReads()
-        self.maps_ahead = maps_ahead
+        self.lookahead = lookahead  # a VirtualAllocator that maps ahead (None: none does)
+        if lookahead is not None:
+            self.allocates_ahead = True  # its reservations go on top of the segment's growth
 
     def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
         c = self.cost
@@ -243,21 +248,25 @@ class CostModelRunner:
         first += c.per_swap_block_s * swaps
         first += c.per_copy_slot_s * batch.copied_slots
         first += c.per_prefill_s * batch.is_prefill
-        maps_in_steps = batch.is_prefill or not self.maps_ahead
-        if maps_in_steps:
-            first += c.per_map_page_s * batch.mapped_pages + c.per_unmap_page_s * batch.unmapped_pages
+        first += c.per_map_page_s * batch.mapped_pages + c.per_unmap_page_s * batch.unmapped_pages
         first += 0.0 if batch.is_prefill else c.above_knee(rows) + c.per_segment_s
         if max_steps == 1:
-            return StepResult(np.array([first]))
+            return self._ahead(batch, StepResult(np.array([first])))
         # later steps are decodes: one token per sequence, context one longer each step
         growth = c.per_kv_token_s * n * np.arange(max_steps)  # (k,)
         per_step = c.fixed_s + c.per_token_s * rows + c.above_knee(rows) + c.per_kv_token_s * context
         durations = per_step + growth
         durations -= c.per_kv_token_s * skipped
         durations[0] = first  # step 0 also pays the swaps, copies and page maps scheduled with it
-        if batch.map_plan is not None and c.per_map_page_s and maps_in_steps:
+        if batch.map_plan is not None and c.per_map_page_s:
             durations += c.per_map_page_s * batch.map_plan(max_steps)  # pages later steps map as they grow
         if math.isfinite(until_s):
             ends = step_ends(start_s, durations)  # [k] absolute
             durations = durations[: int(np.searchsorted(ends, until_s)) + 1]
-        return StepResult(durations)
+        return self._ahead(batch, StepResult(durations))
+
+    def _ahead(self, batch: Batch, result: StepResult) -> StepResult:
+        """Reserve a decode segment's next pages once its length is known (mapping ahead)."""
+        if self.lookahead is not None and not batch.is_prefill:
+            self.lookahead.look_ahead(batch.seqs, len(result.durations))
+        return result

@@ -62,10 +62,12 @@ def simulate(config: RunConfig, *, coalesce: bool = True, prepared: Prepared | N
     prepared = prepared or prepare(config)
     # window layers read their window, not the whole context: priced per KV group
     reads = KvReads.of(group_shapes(prepared.model.groups))
-    cost = CostModelRunner(
-        prepared.cost, reads, maps_ahead=config.engine == "vmm" and config.vmm_map == "ahead"
-    )
-    return execute(config, lambda _: cost, mode="simulated", coalesce=coalesce, prepared=prepared)
+    ahead = config.engine == "vmm" and config.vmm_map == "ahead"  # the allocator reserves ahead
+
+    def runner(scheduler: Scheduler) -> CostModelRunner:
+        return CostModelRunner(prepared.cost, reads, lookahead=scheduler.allocator if ahead else None)
+
+    return execute(config, runner, mode="simulated", coalesce=coalesce, prepared=prepared)
 
 
 def write_result(result: RunResult, out: Path, tables: bool = True) -> None:

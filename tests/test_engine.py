@@ -183,8 +183,8 @@ def test_cost_model_runner_stops_at_the_first_step_reaching_the_next_arrival():
 class CheckingRunner(CostModelRunner):
     """The cost-model runner, asserting scheduler and allocator invariants before each step."""
 
-    def __init__(self, cost: CostModel, scheduler) -> None:
-        super().__init__(cost)
+    def __init__(self, cost: CostModel, scheduler, allocator=None) -> None:
+        super().__init__(cost, lookahead=allocator)
         self.scheduler = scheduler
         self.calls = 0
 
@@ -205,6 +205,25 @@ def test_invariants_hold_at_every_step_under_heavy_preemption(engine, coalesce):
     assert runner.calls == len(run.steps)
     if engine.startswith("paged") or engine == "vmm":
         assert sum(seq.num_preemptions for seq in run.sequences) > 10  # the case is exercised
+
+
+@pytest.mark.parametrize("coalesce", [False, True])
+def test_vmm_mapping_ahead_keeps_the_invariants_under_heavy_preemption(coalesce):
+    """Pages reserved ahead (`VirtualAllocator.look_ahead`) and given up to other sequences'
+    growth, released with preempted sequences, reclaimed from idle ranges: the allocator's and
+    the scheduler's invariants hold before every step, and every request completes."""
+    trace = make_trace("sharegpt-paper", 80, rate=math.inf, seed=2)
+    sched = ENGINES["vmm"].build(EngineOptions(num_slots=4100, max_len=2048, block_size=4))
+    runner = CheckingRunner(ROOFLINE_LIKE, sched, allocator=sched.allocator)
+    run = Engine(sched, runner, coalesce=coalesce).run(trace)
+    assert runner.calls == len(run.steps)
+    assert all(seq.num_generated == seq.request.output_len for seq in run.sequences)
+    alloc = sched.allocator
+    assert sum(seq.num_preemptions for seq in run.sequences) > 10  # the case is exercised
+    assert alloc.ahead_maps > 0 and alloc.ahead_unmaps > 0  # reserved, idle pages reclaimed for it
+    if coalesce:  # long segments reserve far enough ahead for other sequences' growth to take it
+        assert alloc.ahead_lost > 0
+    alloc.check_integrity()
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))

@@ -71,6 +71,18 @@ def test_every_paper_engine_replays_its_own_simulation_exactly(engine, tmp_path)
     assert [done.summary[m] for m in METRICS] == pytest.approx([summary[m] for m in METRICS], rel=1e-9)
 
 
+@pytest.mark.parametrize("vmm_map", ["sync", "ahead"])
+def test_a_vmm_simulation_replays_exactly_mapping_ahead_or_not(vmm_map, tmp_path):
+    """Mapping ahead reserves pages that hold admissions back: the replay reserves them too."""
+    out = tmp_path / vmm_map
+    write_result(simulate(tiny("vmm", cost_fixed_s=1e-3, vmm_map=vmm_map, vmm_page_kib=4)), out)
+    summary = read_json(out / "summary.json")
+    assert summary["mean_queueing_s"] > 0
+    done = replay(out)
+    assert done.divergence is None and done.rows == len(recorded_rows(out))
+    assert [done.summary[m] for m in METRICS] == pytest.approx([summary[m] for m in METRICS], rel=1e-9)
+
+
 def _rewrite(run: Path, row: int, factor: float) -> None:
     """Scale one steps.csv row's duration by `factor`, as another GPU's step time would be."""
     path = run / "steps.csv"

@@ -143,6 +143,36 @@ def test_reclamation_takes_from_the_idle_range_holding_the_fewest_pages():
     assert alloc._mapped[0] == [0, 1] and alloc._mapped[1] == []
 
 
+def test_pages_reserved_ahead_are_held_from_admission_and_given_up_to_growth_furthest_ahead_first():
+    """`look_ahead` (mapping ahead) reserves a decoding sequence's next pages: reserved slots of
+    its request, which no admission takes; a sequence that needs a page when none is unmapped or
+    idle takes one from the range furthest ahead of its tokens instead of being preempted."""
+    alloc = VirtualAllocator(
+        num_slots=40, page_tokens=4, num_pages=10, max_len=16, max_requests=4, watermark=0
+    )
+    a, b, c = seq_of(1, 4, 12), seq_of(2, 4, 12), seq_of(3, 8, 8)
+    for seq in (a, b, c):
+        admit(alloc, seq)  # ranges 0, 1, 2: 1, 1 and 2 pages
+        run_one_step(alloc, seq)  # prefills: a and b hold 5 tokens, c 9
+    before = categories(alloc)
+    alloc.look_ahead([a], 4)  # a reaches 13 tokens in 8 more steps: 4 pages, 3 reserved
+    alloc.look_ahead([b], 2)  # b reaches 9: 3 pages, 2 reserved
+    assert alloc.mapped_counts().tolist() == [4, 3, 2, 0] and (alloc.ahead_maps, alloc.ahead_lost) == (5, 0)
+    after = categories(alloc)  # still summing to the arena: the reserved slots are a reservation
+    assert before["reservation"] == 0 and after["free"] == before["free"] - 5 * 4
+    assert (after["reservation"], after["internal_frag"]) == (19, 1)  # a's 4th page ends past its 15 tokens
+    assert alloc.available_pages == 1 and not alloc.can_allocate(seq_of(4, 8, 1))  # 2 pages: it waits
+    run_one_step(alloc, c)  # position 8: c's third page, the last unmapped one
+    for _ in range(3):
+        run_one_step(alloc, c)  # positions 9-11
+    assert alloc.mapped_counts().tolist() == [4, 3, 3, 0] and alloc.available_pages == 0
+    assert alloc.can_append(c)  # position 12 needs a fourth page: a's and b's lookahead may give it
+    run_one_step(alloc, c)  # a is 2 pages past its tokens, b 1: a gives up its last page
+    assert alloc.mapped_counts().tolist() == [3, 3, 4, 0] and alloc.ahead_lost == 1
+    assert alloc.driver_calls[1] == 1  # unmapped inside c's step
+    assert sum(seq.num_preemptions for seq in (a, b, c)) == 0
+
+
 def test_pages_of_a_fractional_number_of_tokens_let_tokens_straddle_them():
     # 2.5 tokens a page (a token straddles every second page boundary), 8 pages
     alloc = VirtualAllocator(21, Fraction(5, 2), 8, max_len=8, max_requests=2, watermark=0.0)
@@ -254,8 +284,9 @@ def test_growth_makes_the_pages_step_by_step_appends_make():
 
 
 class VirtualMachine(RuleBasedStateMachine):
-    """Admissions, steps (with recompute preemption), finishes and segments; a model keeps every
-    range's pages and the pool, so page ids, reuse and reclamation are checked exactly."""
+    """Admissions, steps (with recompute preemption), finishes and segments, some mapping ahead;
+    a model keeps every range's pages, the pool and the pages reserved ahead, so page ids, reuse,
+    reclamation and the lookahead given up to growth are checked exactly."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -265,6 +296,8 @@ class VirtualMachine(RuleBasedStateMachine):
         self.owner: dict[Sequence, int] = {}
         self.preempted: list[Sequence] = []
         self.next_id = 0
+        self.reserved: dict[int, int] = {}  # range -> pages reserved ahead (bounded when read)
+        self.lost = 0
 
     # -- model
     def pages_for(self, tokens: int) -> int:
@@ -276,14 +309,30 @@ class VirtualMachine(RuleBasedStateMachine):
     def idle(self) -> int:
         return sum(len(self.mapped[r]) for r in self.free_ranges())
 
+    def unreached(self, seq: Sequence) -> int:
+        r = self.owner[seq]
+        past = len(self.mapped[r]) - self.pages_for(seq.num_tokens)
+        return max(min(self.reserved.get(r, 0), past), 0)
+
+    def spare(self) -> int:
+        return sum(self.unreached(s) for s in self.owner)
+
     def take(self) -> int:
         if self.pool:
             return self.pool.popleft()
         idle = [r for r in self.free_ranges() if self.mapped[r]]
-        return self.mapped[min(idle, key=lambda r: (len(self.mapped[r]), r))].pop()
+        if idle:
+            return self.mapped[min(idle, key=lambda r: (len(self.mapped[r]), r))].pop()
+        # another sequence's lookahead: the range furthest ahead, then the lowest
+        seq = max(self.owner, key=lambda s: (self.unreached(s), -self.owner[s]))
+        r = self.owner[seq]
+        self.reserved[r] = self.unreached(seq) - 1
+        self.lost += 1
+        return self.mapped[r].pop()
 
     def model_release(self, seq: Sequence) -> None:
         r = self.owner.pop(seq)
+        self.reserved.pop(r, None)
         if not self.alloc.deferred:
             while self.mapped[r]:
                 self.pool.append(self.mapped[r].pop())
@@ -326,6 +375,7 @@ class VirtualMachine(RuleBasedStateMachine):
         else:
             r = max(free, key=lambda r: (len(self.mapped[r]), -r))
         self.owner[seq] = r
+        self.reserved.pop(r, None)
         while len(self.mapped[r]) > need:
             self.pool.append(self.mapped[r].pop())
         while len(self.mapped[r]) < need:
@@ -340,7 +390,7 @@ class VirtualMachine(RuleBasedStateMachine):
     def step(self, pick):
         seq = list(self.owner)[pick % len(self.owner)]
         r, need = self.owner[seq], self.pages_for(seq.num_tokens)
-        can = need - len(self.mapped[r]) <= len(self.pool) + self.idle()
+        can = need - len(self.mapped[r]) <= len(self.pool) + self.idle() + self.spare()
         assert self.alloc.can_append(seq) == can
         if not can:  # recompute preemption
             self.alloc.free(seq)
@@ -363,12 +413,13 @@ class VirtualMachine(RuleBasedStateMachine):
         self.model_release(seq)
 
     @precondition(lambda self: self.owner)
-    @rule(cap=st.integers(1, 20), cut=st.integers(0, 20))
-    def segment(self, cap, cut):
-        """Step 0 appended for all, then a multi-step segment grown ahead and trimmed at `cut`."""
+    @rule(cap=st.integers(1, 20), cut=st.integers(0, 20), ahead=st.booleans())
+    def segment(self, cap, cut, ahead):
+        """Step 0 appended for all, then a multi-step segment grown ahead and trimmed at `cut`;
+        `ahead`: then each sequence's pages for another segment as long are reserved."""
         batch = list(self.owner)
         short = sum(max(self.pages_for(s.num_tokens) - len(self.mapped[self.owner[s]]), 0) for s in batch)
-        fits = short <= len(self.pool) + self.idle()
+        fits = short <= len(self.pool) + self.idle() + self.spare()
         assert (self.alloc.append_all(batch) is not None) == fits
         if not fits:
             return
@@ -394,12 +445,21 @@ class VirtualMachine(RuleBasedStateMachine):
         assert k == expected
         ran = max(1, min(k, cut or k))
         self.alloc.grow(batch, k)
-        self.alloc.trim(ran)
+        if ahead:
+            self.alloc.look_ahead(batch, ran)  # trims first
+        else:
+            self.alloc.trim(ran)
         for step in range(1, ran):
             for s in batch:
                 r = self.owner[s]
                 while len(self.mapped[r]) < self.pages_for(s.num_tokens + step):
                     self.mapped[r].append(self.pool.popleft())
+        for s in batch if ahead else ():  # in batch order, unmapped then idle pages, above the watermark
+            r = self.owner[s]
+            want = self.pages_for(min(s.num_tokens + 2 * ran, s.request.kv_len)) - len(self.mapped[r])
+            for _ in range(min(want, len(self.pool) + self.idle() - self.alloc.watermark_pages)):
+                self.mapped[r].append(self.take())
+                self.reserved[r] = self.reserved.get(r, 0) + 1
         for s in batch:
             if s.advance(ran, 1.0):
                 self.alloc.free(s)
@@ -424,11 +484,15 @@ class VirtualMachine(RuleBasedStateMachine):
         assert fp.asked == sum(math.floor(n * pt) for n in held)  # whole tokens the pages hold
         assert fp.tokens == sum(s.num_computed for s in self.owner)
         assert alloc.external_frag(None) == float(alloc.num_slots - alloc.num_pages * pt)
+        assert alloc.ahead_lost == self.lost
+        assert {r: alloc._unreached(s) for s, r in self.owner.items()} == {
+            r: self.unreached(s) for s, r in self.owner.items()
+        }
 
     @invariant()
     def predicts_its_reclaims(self):
         """`reclaim_order` names the ranges the model's next takes beyond the pool empty, in
-        order (what a real arena unmaps early when mapping ahead), without changing anything;
+        order (what `look_ahead` reclaims for a reservation too), without changing anything;
         `range_limits` are the pages each held range's request may ever need."""
         if self.alloc is None:
             return

@@ -23,28 +23,28 @@ from tests.test_modeling import RecordingRunner as _Recording
 
 
 class SyncCheckingRunner(_Recording):
-    """Asserts after each call's mapping that the arena backs exactly what the allocator holds
-    (sync), or at least that and never more pages than the budget (ahead)."""
+    """Asserts after each call's mapping, and after each mapping ahead, that the arena backs
+    exactly what the allocator holds (its reservations included), within the budget, and that
+    the allocator never reserves a page past a request's final length."""
 
-    def _map_pages(self, seqs):
-        super()._map_pages(seqs)
-        need = self.virtual.backed(self.allocator.mapped_counts())  # range 0's first page: always
-        if self.map_ahead:
-            assert (self.virtual.mapped >= need).all()
-        else:
-            assert (self.virtual.mapped == need).all()
-        assert self.virtual.mapped.sum() <= self.virtual.num_pages + self.virtual.pinned  # pinned: beyond
+    def _check(self):
         arena = self.virtual
+        assert (arena.mapped == arena.backed(self.allocator.mapped_counts())).all()
+        assert arena.mapped.sum() <= arena.num_pages + arena.pinned  # range 0's pinned page: beyond
         mapped = enumerate(arena.mapped.tolist())
         assert arena.driver_pages == {p for r, n in mapped for j in range(n) for p in arena.group(r, j)}
 
+    def _map_pages(self, seqs):
+        super()._map_pages(seqs)
+        self._check()
+
     def _map_ahead(self, seqs, steps):
-        """Ahead never maps a page past a request's final length: no step would write it."""
         super()._map_ahead(seqs, steps)
-        floor = self.virtual.backed(self.allocator.mapped_counts())
-        for seq in seqs:
-            r = self._range(seq)
-            assert self.virtual.mapped[r] <= max(self.allocator.pages_for(seq.request.kv_len), floor[r])
+        self._check()
+        alloc = self.allocator
+        for seq in seqs:  # no page no step will write
+            assert len(alloc.page_table(seq)) <= max(alloc.pages_for(seq.request.kv_len), 1)
+        alloc.check_integrity()
 
 
 def decode(engine: str, model_name: str, num_slots: int, *, layout="per-layer", vmm_map="sync"):
@@ -80,27 +80,125 @@ def test_vmm_over_the_virtual_arena_gives_orca_oracles_tokens(model_name, layout
         assert (arena.ahead_maps > 0) == (vmm_map == "ahead")
 
 
-def test_a_prefill_batch_keeps_the_pages_decoding_sequences_mapped_ahead():
-    """`sync` for a batch of new prompts keeps every held range's early pages, not only the
-    batch's: a decoding sequence's next page, mapped while its segment ran, is still there for
-    its next segment; once it finishes, its range is idle and the early page goes."""
-    from tests.test_vmm import admit, seq_of, small
+def arena_and_allocator():
+    """5 pages of 4 slots, 3 ranges of 12 (`tests.test_vmm.small`), and the arena over them."""
+    from tests.test_vmm import small
 
-    spec = get_model("tiny-llama")
-    alloc = small(max_len=12)  # 5 pages of 4 slots, 3 ranges of 12
-    arena = VirtualKVArena.for_allocator(spec, alloc, "per-layer", torch.float32, CPU)
+    alloc = small(max_len=12)
+    return alloc, VirtualKVArena.for_allocator(
+        get_model("tiny-llama"), alloc, "per-layer", torch.float32, CPU
+    )
+
+
+def test_pages_mapped_ahead_are_held_so_new_requests_wait_instead_of_taking_them():
+    """The loss a saturated real run showed (OPT-13B, results/reference/vmm-occupancy-real): pages
+    mapped ahead out of the allocator's unmapped pool went to new requests and were unmapped
+    again before any step wrote them. Mapping ahead is now an allocation: the reserved page is
+    the decoding sequence's (reserved slots of its request), an admission that needs it waits,
+    and the next steps find it mapped: nothing is lost."""
+    from tests.test_vmm import admit, categories, run_one_step, seq_of
+
+    alloc, arena = arena_and_allocator()
     a = seq_of(1, 4, 8)
     admit(alloc, a)  # range 0, one page
+    run_one_step(alloc, a)  # prefill: 5 tokens, the next decode step writes position 4
     arena.sync(alloc.mapped_counts())
-    arena.prefetch({0: 2})  # a's second page, early
-    b = seq_of(2, 4, 1)
-    admit(alloc, b)  # a prefill batch of b alone: range 1
-    arena.sync(alloc.mapped_counts(), keep=[1])
-    assert arena.mapped.tolist() == [2, 1, 0]  # a's early page kept
-    alloc.free(a)
-    arena.sync(alloc.mapped_counts(), keep=[1])
-    assert arena.mapped.tolist() == [1, 1, 0]  # a finished: its range is idle, the early page unmapped
+    before = categories(alloc)
+    alloc.look_ahead([a], 1)  # a one-step segment launched: a's page for the next one is reserved
+    arena.prefetch(alloc.mapped_counts())
+    assert arena.mapped.tolist() == [2, 0, 0] and (arena.ahead_maps, arena.ahead_unmaps) == (1, 0)
+    after = categories(alloc)  # the categories still sum to the arena
+    assert after["reservation"] - before["reservation"] == 4 and after["free"] == before["free"] - 4
+    b, c = seq_of(2, 8, 4), seq_of(3, 8, 1)
+    admit(alloc, b)  # 2 of the 3 unmapped pages
+    assert not alloc.can_allocate(c)  # the third is no longer enough: c waits (it took a's page before)
+    calls = arena.maps + arena.unmaps
+    arena.sync(alloc.mapped_counts())  # the prefill of b: its two pages, a's page stays
+    assert arena.mapped.tolist() == [2, 2, 0] and arena.maps + arena.unmaps == calls + 2
+    run_one_step(alloc, a)  # position 4: the reserved page, no take
+    assert alloc.mapped_counts().tolist() == [2, 2, 0] and alloc.maps == 3
+    arena.sync(alloc.mapped_counts())
+    assert arena.maps + arena.unmaps == calls + 2 and arena.stats()["vmm_ahead_lost"] == 0
+    alloc.check_integrity()
     arena.close()
+
+
+def test_a_decoding_sequence_takes_anothers_lookahead_rather_than_wait_and_it_counts_lost():
+    """The lookahead gives way to growth: with nothing unmapped or idle, a sequence needing a
+    page for its next step takes the page another reserved and has not reached (no preemption),
+    and `vmm_ahead_lost` counts that page, mapped for nothing."""
+    from tests.test_vmm import admit, run_one_step, seq_of
+
+    alloc, arena = arena_and_allocator()
+    a, b = seq_of(1, 4, 8), seq_of(2, 8, 4)
+    admit(alloc, a)
+    admit(alloc, b)  # ranges 0 and 1: 1 and 2 pages, 2 unmapped
+    run_one_step(alloc, a)
+    run_one_step(alloc, b)  # b's next step writes position 8: it needs a third page
+    alloc.look_ahead([a], 3)  # a reaches position 10 in another 3 steps: 2 more pages, every one left
+    arena.prefetch(alloc.mapped_counts())
+    assert alloc.mapped_counts().tolist() == [3, 2, 0] and alloc.available_pages == 0
+    assert alloc.can_append(b)  # a's third page is reserved, not reached: b may take it
+    run_one_step(alloc, b)
+    assert alloc.mapped_counts().tolist() == [2, 3, 0] and alloc.ahead_lost == 1
+    calls = arena.unmaps, arena.maps
+    arena.sync(alloc.mapped_counts())  # inside b's step: a's page unmapped, b's mapped
+    assert (arena.unmaps, arena.maps) == (calls[0] + 1, calls[1] + 1)
+    assert arena.stats()["vmm_ahead_lost"] == 1
+    run_one_step(alloc, a)  # a's second page was reached: position 5 writes it, nothing taken
+    assert alloc.mapped_counts().tolist() == [2, 3, 0] and alloc.ahead_lost == 1
+    arena.close()
+
+
+def test_mapping_ahead_reclaims_an_idle_page_for_the_lookahead_so_the_step_makes_no_call():
+    """With every physical page mapped (deferred reclamation), the reservation reclaims the idle
+    page the allocator would take next; the arena makes the unmap and the map while the device
+    runs, and the next step's `sync` has nothing left to do."""
+    from tests.test_vmm import admit, run_one_step, seq_of
+
+    alloc, arena = arena_and_allocator()
+    a, b, c = seq_of(1, 4, 8), seq_of(2, 8, 1), seq_of(3, 8, 4)
+    for seq in (a, b, c):
+        admit(alloc, seq)  # ranges 0, 1, 2 hold 1, 2 and 2 pages: none is unmapped
+    alloc.free(b)  # range 1 idle with 2 pages
+    run_one_step(alloc, c)  # prefill: position 8 next
+    arena.sync(alloc.mapped_counts())
+    assert arena.mapped.tolist() == [1, 2, 2] and alloc.reclaim_order(1) == [1]
+    alloc.look_ahead([c], 1)
+    arena.prefetch(alloc.mapped_counts())  # range 1's last page unmapped, c's third mapped: ahead
+    assert arena.mapped.tolist() == [1, 1, 3] and (arena.ahead_maps, arena.ahead_unmaps) == (1, 1)
+    calls = arena.maps + arena.unmaps
+    run_one_step(alloc, c)  # position 8: the reserved page
+    arena.sync(alloc.mapped_counts())
+    assert arena.maps + arena.unmaps == calls and alloc.driver_calls == (5, 0)  # admissions only
+    assert alloc.ahead_unmaps == 1 and arena.stats()["vmm_ahead_lost"] == 0
+    arena.close()
+
+
+@pytest.mark.parametrize("num_slots", [1024, 96, 48])
+def test_real_and_simulated_vmm_mapping_ahead_make_the_same_decisions(num_slots):
+    """The simulator reserves ahead where the real runner does (`CostModelRunner(lookahead=)`):
+    with the same virtual clock every row of steps.csv (admissions, segments, preemptions,
+    maps) and every reservation agree, under memory pressure too."""
+    from kvbench.cost_model import CostModelRunner
+
+    real, alloc, arena = decode("vmm", "tiny-llama", num_slots, vmm_map="ahead")
+    sched = ENGINES["vmm"].build(engine_options(num_slots, block_size=8))
+    simulated = Engine(sched, CostModelRunner(VIRTUAL_CLOCK, lookahead=sched.allocator)).run(
+        small_trace(16, seed=1)
+    )
+    assert real.steps == simulated.steps
+    sim = sched.allocator
+    assert (alloc.ahead_maps, alloc.ahead_unmaps, alloc.ahead_lost) == (
+        sim.ahead_maps,
+        sim.ahead_unmaps,
+        sim.ahead_lost,
+    )
+    # the arena's maps ahead are the allocator's; its unmaps ahead also give back a segment's
+    # pages past an arrival that cut it (grown for the steps asked, trimmed to those run)
+    assert arena.ahead_maps == alloc.ahead_maps > 0 and arena.ahead_unmaps >= alloc.ahead_unmaps
+    if num_slots < 1024:
+        assert sum(seq.num_preemptions for seq in real.sequences) > 0  # the pressure is real
 
 
 def critical_calls(arena: VirtualKVArena) -> int:
@@ -156,7 +254,7 @@ def test_an_arena_that_misses_a_map_changes_the_tokens():
     assert [seq.output_ids for seq in run.sequences] != [seq.output_ids for seq in oracle.sequences]
 
 
-def test_sync_maps_and_unmaps_at_each_ranges_end_and_ahead_stays_in_the_budget():
+def test_sync_and_prefetch_map_and_unmap_at_each_ranges_end():
     spec = get_model("tiny-llama")  # 2 layers: a page is a driver page in each of 4 tensors
     arena = VirtualKVArena(
         spec, ranges=3, range_slots=16, page_tokens=8, num_pages=4, layout="per-layer", dtype=torch.float32,
@@ -170,47 +268,13 @@ def test_sync_maps_and_unmaps_at_each_ranges_end_and_ahead_stays_in_the_budget()
     assert not arena.k[0, 0:24].isnan().any() and arena.k[0, 24:].isnan().sum() == 0  # never mapped: zeros
     arena.sync(np.array([1, 1, 0]))  # range 0 gives its last page back: poisoned
     assert arena.unmaps == 1 and arena.k[0, 8:16].isnan().all() and (arena.k[0, 0:8] == 1).all()
-    arena.prefetch({0: 2, 2: 2})  # budget 4: range 0 gets one, range 2 one more
-    assert arena.mapped.tolist() == [2, 1, 1] and arena.ahead_maps == 2
-    arena.sync(np.array([1, 1, 0]), keep=[0])  # range 0's early page stays, range 2's goes
-    assert arena.mapped.tolist() == [2, 1, 0]
-    arena.sync(np.array([1, 2, 1]), keep=[0])  # over the budget with it kept: it goes too
-    assert arena.mapped.tolist() == [1, 2, 1] and arena.mapped.sum() <= arena.num_pages
+    arena.prefetch(np.array([2, 0, 2]))  # ahead: range 1's page goes first, then ranges 0 and 2 grow
+    assert arena.mapped.tolist() == [2, 0, 2] and (arena.ahead_maps, arena.ahead_unmaps) == (3, 1)
+    assert arena.maps == 5 and arena.unmaps == 2 and arena.mapped.sum() <= arena.num_pages
     arena.sync(np.array([0, 0, 0]))  # range 0 keeps its first page, pinned
-    assert arena.mapped.tolist() == [1, 0, 0] and arena.unmaps == 6
+    assert arena.mapped.tolist() == [1, 0, 0] and arena.unmaps == 5
     arena.close()
     assert arena.driver_pages == frozenset() and arena.mapped.sum() == 0
-
-
-def test_ahead_reclaims_the_idle_page_the_allocator_takes_next_so_its_take_costs_no_call():
-    """With every physical page mapped (deferred reclamation), mapping ahead first unmaps the
-    idle page the allocator will reclaim next; when it does, `sync` has nothing left to do. A
-    prediction the allocator does not follow is mapped back by `sync`."""
-    from tests.test_vmm import admit, run_one_step, seq_of, small
-
-    spec = get_model("tiny-llama")
-    alloc = small(max_len=12)  # 5 pages of 4 slots, 3 ranges of 12
-    arena = VirtualKVArena.for_allocator(spec, alloc, "per-layer", torch.float32, CPU)
-    a, b, c = seq_of(1, 4, 8), seq_of(2, 8, 1), seq_of(3, 8, 4)
-    for seq in (a, b, c):
-        admit(alloc, seq)  # ranges 0, 1, 2 hold 1, 2 and 2 pages: none is unmapped
-    alloc.free(b)  # range 1 idle with 2 pages
-    arena.sync(alloc.mapped_counts())
-    assert arena.mapped.tolist() == [1, 2, 2] and alloc.reclaim_order(3) == [1, 1]
-    arena.prefetch({2: 3})  # c's third page: none is unmapped, so range 1's last goes first
-    assert arena.mapped.tolist() == [1, 1, 3] and (arena.ahead_maps, arena.ahead_unmaps) == (1, 1)
-    run_one_step(alloc, c)  # prefill
-    run_one_step(alloc, c)  # position 8: the allocator reclaims range 1's last page
-    assert alloc.mapped_counts().tolist() == [1, 1, 3]
-    calls = arena.maps + arena.unmaps
-    arena.sync(alloc.mapped_counts(), keep=[2])
-    assert arena.maps + arena.unmaps == calls  # predicted: no call inside the step's time
-    arena.prefetch({0: 2})  # a's second page: range 1's last idle page goes early again
-    assert arena.mapped.tolist() == [2, 0, 3] and arena.ahead_unmaps == 2
-    alloc.free(a)  # a finishes instead: the reclaim never comes
-    arena.sync(alloc.mapped_counts(), keep=[2])
-    assert arena.mapped.tolist() == arena.backed(alloc.mapped_counts()).tolist() == [1, 1, 3]
-    arena.close()
 
 
 def test_per_request_layout_keeps_a_tokens_layers_together():

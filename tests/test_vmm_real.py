@@ -105,6 +105,7 @@ def test_kvbench_run_vmm_decodes_over_the_virtual_arena(vmm_map):
     assert summary["arena_slots"] == 8 * 2048 and summary["vmm_layout"] == "per-layer"
     assert summary["vmm_maps"] > 0 and summary["vmm_map_s"] >= 0
     assert (summary["vmm_ahead_maps"] > 0) == (vmm_map == "ahead")
+    assert 0 <= summary["vmm_ahead_lost"] <= summary["vmm_ahead_maps"]  # 0 without mapping ahead
     assert [s.output_ids for s in result.run.sequences] == [s.output_ids for s in oracle.run.sequences]
 
 

@@ -15,6 +15,10 @@ On the H200's OPT-13B runs (results/reference/calibration-opt13b/orca-queueing.m
 runs of Figures 2, 12 and 13 replay without divergence, their summaries to six digits: the
 calibrated simulator's queueing errors there are errors in step times, not in scheduling.
 
+A vmm run that mapped ahead (`--vmm-map ahead`) is replayed with its allocator reserving the
+same pages after each decode row (`VirtualAllocator.look_ahead`), as the run's runner did:
+reserved pages hold admissions back, so a replay without them would schedule another run.
+
 A decode row of k steps recorded only its total; the replay spreads it evenly over the k steps.
 Finishes and admissions fall on row boundaries, so requests' times are the recorded ones; only
 steps.csv's `num_waiting` (arrivals during a segment) may differ.
@@ -80,9 +84,12 @@ class RecordedSteps:
 
     allocates_ahead = False
 
-    def __init__(self, rows: list[Row]) -> None:
+    def __init__(self, rows: list[Row], lookahead=None) -> None:
         self.rows = rows
         self.next = 0
+        self.lookahead = lookahead  # a vmm allocator that maps ahead, as the run's did (None: none)
+        if lookahead is not None:
+            self.allocates_ahead = True  # reservations go on top of a segment's growth
 
     def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
         kind = batch.kind
@@ -100,6 +107,8 @@ class RecordedSteps:
         k = row.num_steps
         durations = np.full(k, row.duration_s / k)  # (k,) the row's total, spread evenly
         durations[-1] = row.duration_s - float(durations[:-1].sum())
+        if self.lookahead is not None and not batch.is_prefill:
+            self.lookahead.look_ahead(batch.seqs, k)
         return StepResult(durations)
 
 
@@ -124,11 +133,18 @@ def replay(run: Path) -> Replay:
     run = Path(run)
     rows = recorded_rows(run)
     config = replace(read_config(run), device="cpu")  # the simulator's loop: no device is touched
-    runner = RecordedSteps(rows)
+    ahead = config.engine == "vmm" and config.vmm_map == "ahead"
+    runners: list[RecordedSteps] = []
+
+    def make_runner(scheduler) -> RecordedSteps:
+        runners.append(RecordedSteps(rows, scheduler.allocator if ahead else None))
+        return runners[0]
+
     try:
-        result = execute(config, lambda _: runner, mode="replayed", coalesce=True)
+        result = execute(config, make_runner, mode="replayed", coalesce=True)
     except _Diverged as stop:
         return Replay(str(run), stop.divergence.row, stop.divergence, {})
+    runner = runners[0]
     if runner.next < len(rows):  # the engine finished before the recorded rows ran out
         return Replay(str(run), runner.next, Divergence(runner.next, rows[runner.next].describe(), "none"),
                       result.summary)  # fmt: skip

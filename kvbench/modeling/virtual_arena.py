@@ -17,14 +17,13 @@ Layouts (`kvbench.vmm.pages`), both one reservation carved by strides:
 A range's pages are always its first ones, so the arena keeps one count per range and
 `sync` maps or unmaps at the ends to match the allocator's counts (`mapped_counts`): deferred
 reclamation (pages kept under a finished request's range) is the allocator's choice and simply
-stays mapped. `prefetch` maps pages beyond them early (`--vmm-map ahead`), never more pages in
-all than the budget's; `sync` unmaps such pages first when the allocator needs the memory.
-Once deferred reclamation has mapped every physical page (idle ranges keep theirs), mapping
-ahead needs a page unmapped first: `prefetch` asks the allocator which idle pages its next
-reclaims would take (`VirtualAllocator.reclaim_order`) and unmaps those early, so the reclaim
-and the map both happen while the device runs, as vAttention's background mapping does. A
-prediction the allocator does not follow (a request finished, another was admitted) costs
-calls, not correctness: `sync` maps back every page the allocator still counts.
+stays mapped. Mapping ahead (`--vmm-map ahead`) is the allocator's choice too: once a decode
+segment is launched, the allocator reserves each batch sequence's next pages
+(`VirtualAllocator.look_ahead`: held, so no other request is granted them), taking idle pages
+where none is unmapped, and `prefetch` makes its counts real while the device runs: the maps,
+and the unmaps of the idle pages reclaimed for them. The next call's `sync` then finds them
+mapped. An earlier design mapped ahead into memory the allocator still counted as free; it
+granted those pages to new requests and `sync` unmapped them before any step wrote them.
 
 Range 0's first page (the pages under slot 0) stays mapped from construction to `close`, held by
 the allocator or not: every virtual tensor starts there, and both torch (viewing the span) and
@@ -39,7 +38,7 @@ read of memory that a GPU would not have backed poisons the logits instead of fa
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from fractions import Fraction
 from typing import Protocol
@@ -52,16 +51,12 @@ from kvbench.models import ModelSpec
 from kvbench.vmm.pages import LAYOUTS
 
 
-class Reclaimer(Protocol):
-    """What mapping ahead asks the allocator (`engines.vmm.VirtualAllocator`): which ranges its
-    next reclaims take, the pages it counts under each, and the most each held range's holder
-    may ever need (0: a free range)."""
+class Lookahead(Protocol):
+    """What the arena reports of the allocator's mapping ahead (`engines.vmm.VirtualAllocator`):
+    the pages it reserved ahead and then gave to another sequence's growth before their holder
+    reached them (the arena unmaps each: a map and an unmap for nothing)."""
 
-    def reclaim_order(self, count: int) -> list[int]: ...
-
-    def mapped_counts(self) -> np.ndarray: ...
-
-    def range_limits(self) -> np.ndarray: ...
+    ahead_lost: int
 
 
 class _HostPages:
@@ -144,7 +139,7 @@ class VirtualKVArena:
     def __init__(
         self, spec: ModelSpec, *, ranges: int, range_slots: int, page_tokens: Fraction | int, num_pages: int,
         layout: str, dtype: torch.dtype, device: torch.device,
-        reclaimer: Reclaimer | None = None,
+        allocator: Lookahead | None = None,
     ) -> None:  # fmt: skip
         if layout not in LAYOUTS:
             raise KvbenchError(f"--vmm-layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
@@ -181,8 +176,8 @@ class VirtualKVArena:
         self._page_bytes = int(page_elems) * flat.element_size()
         self.mapped = self._floor.copy()  # [ranges] pages mapped under each range
         self.maps = self.unmaps = self.ahead_maps = 0  # allocator pages (each a driver page per tensor)
-        self.ahead_unmaps = 0  # of `unmaps`, idle pages `prefetch` reclaimed early
-        self._reclaimer = reclaimer  # the allocator, asked by `prefetch` (None: no early reclaim)
+        self.ahead_unmaps = 0  # of `unmaps`, `prefetch`'s (idle pages reclaimed for the lookahead)
+        self._allocator = allocator  # asked for its lost lookahead (None: none reported)
         self.map_s = 0.0  # seconds in driver calls (map, unmap) of `sync` and `prefetch`
         self.ahead_s = 0.0  # of `map_s`, `prefetch`'s: spent while the device runs steps
 
@@ -194,7 +189,7 @@ class VirtualKVArena:
         return cls(
             spec, ranges=allocator.max_requests, range_slots=allocator.range_slots,
             page_tokens=allocator.page_tokens, num_pages=allocator.num_pages, layout=layout, dtype=dtype,
-            device=device, reclaimer=allocator if hasattr(allocator, "reclaim_order") else None,
+            device=device, allocator=allocator if hasattr(allocator, "ahead_lost") else None,
         )  # fmt: skip
 
     @property
@@ -228,93 +223,49 @@ class VirtualKVArena:
             self.mapped[r] = j
 
     def backed(self, need: np.ndarray) -> np.ndarray:
-        """`[ranges]` pages mapped under each range once `sync(need)` is done (without `keep`):
-        the allocator's counts `need`, and range 0's pinned pages."""
+        """`[ranges]` pages mapped under each range once `sync(need)` is done: the allocator's
+        counts `need`, and range 0's pinned pages."""
         return np.maximum(np.asarray(need, dtype=np.int64), self._floor)
 
-    def sync(self, need: np.ndarray, keep: Iterable[int] = ()) -> None:
-        """Map exactly `need[r]` pages under each range `r` (the allocator's counts; range 0
-        keeps its pinned ones), unmapping first; ranges in `keep` keep pages mapped ahead beyond
-        theirs while the budget allows, those furthest ahead given up first when it does not.
-        With a reclaimer (mapping ahead), every held range keeps them, not only `keep`'s (a
-        prefill batch must not undo what decoding sequences mapped ahead), up to what its
-        holder may ever need (a range given to a shorter request gives back the rest)."""
-        start = time.perf_counter()
-        need = self.backed(need)  # [ranges]
-        target = need.copy()
-        kept = np.fromiter(keep, dtype=np.int64)
-        if len(kept) and self._reclaimer is not None:
-            limits = self._reclaimer.range_limits()  # [ranges] 0 where free
-            ahead = np.minimum(self.mapped, limits)
-            target = np.maximum(need, np.where(limits > 0, ahead, 0))
-            self._fit_budget(target, need)
-        elif len(kept):
-            target[kept] = np.maximum(need[kept], self.mapped[kept])
-            self._fit_budget(target, need)
+    def _match(self, need: np.ndarray) -> tuple[int, int]:
+        """Map exactly `need[r]` pages under each range `r` (range 0 keeps its pinned ones),
+        unmapping first so the pages in use never exceed the budget; the pages (mapped, unmapped)."""
+        target = self.backed(need)  # [ranges]
         shrink = np.flatnonzero(self.mapped > target)
         grow = np.flatnonzero(self.mapped < target)
+        unmapped = int((self.mapped[shrink] - target[shrink]).sum())
+        mapped = int((target[grow] - self.mapped[grow]).sum())
         for r in shrink.tolist():
-            self.unmaps += int(self.mapped[r] - target[r])
             self._shrink(r, int(target[r]))
         for r in grow.tolist():
-            self.maps += int(target[r] - self.mapped[r])
             self._grow(r, int(target[r]))
-        if len(shrink) or len(grow):
+        return mapped, unmapped
+
+    def sync(self, need: np.ndarray) -> None:
+        """Before a call's steps: back exactly the allocator's counts `need` (`[ranges]`); the
+        calls it makes are inside the step's measured time."""
+        start = time.perf_counter()
+        mapped, unmapped = self._match(need)
+        self.maps += mapped
+        self.unmaps += unmapped
+        if mapped or unmapped:
             self.map_s += time.perf_counter() - start
 
-    def _fit_budget(self, target: np.ndarray, need: np.ndarray) -> None:
-        """Lower `target` (in place) toward `need` until it fits the budget, one page at a time
-        from the range furthest ahead of its need."""
-        for _ in range(int(target.sum()) - max(self.num_pages, int(need.sum()))):  # pinned: beyond
-            target[int(np.argmax(target - need))] -= 1
-
-    def prefetch(self, wants: dict[int, int]) -> None:
-        """Map pages early: up to `wants[r]` under each range `r` (capped at the range), while
-        the pages mapped in all stay within the budget. With a reclaimer (the allocator), idle
-        pages it would reclaim next are unmapped first when the unmapped ones do not cover the
-        wants."""
+    def prefetch(self, need: np.ndarray) -> None:
+        """While a decode segment runs: back the allocator's counts `need` after it reserved the
+        batch's next pages (`VirtualAllocator.look_ahead`). It unmaps only pages no launched
+        step touches: idle ranges' (reclaimed for the reservations) and, where the segment was
+        cut short, the batch's pages past what its steps write."""
         start = time.perf_counter()
-        want = {r: min(w, self.range_pages) - int(self.mapped[r]) for r, w in wants.items()}
-        short = sum(max(add, 0) for add in want.values()) - (self.num_pages - int(self.mapped.sum()))
-        freed = self._reclaim_early(short, set(want)) if short > 0 else 0
-        room = self.num_pages - int(self.mapped.sum())
-        mapped = 0
-        for r, add in want.items():
-            add = min(add, room)
-            if add > 0:
-                self._grow(r, int(self.mapped[r]) + add)
-                room -= add
-                mapped += add
-        if mapped or freed:
+        mapped, unmapped = self._match(need)
+        if mapped or unmapped:
             self.maps += mapped
+            self.unmaps += unmapped
             self.ahead_maps += mapped
+            self.ahead_unmaps += unmapped
             elapsed = time.perf_counter() - start
             self.map_s += elapsed
             self.ahead_s += elapsed
-
-    def _reclaim_early(self, short: int, growing: set[int]) -> int:
-        """Unmap up to `short` pages the allocator's next reclaims take (from the top of each
-        idle range, as it takes them); pages it counts that are unmapped here already were
-        reclaimed early before, and stand for their turn. Returns the pages unmapped."""
-        if self._reclaimer is None:
-            return 0
-        counts = self._reclaimer.mapped_counts()  # [ranges]
-        early = np.maximum(counts - self.mapped, 0)  # [ranges] counted there, unmapped here already
-        freed = 0
-        for r in self._reclaimer.reclaim_order(short + int(early.sum())):
-            if freed == short:
-                break
-            if r in growing:  # a caller's bug: the allocator never reclaims a held range
-                raise ValueError(f"range {r} is both growing and idle")
-            if early[r]:
-                early[r] -= 1
-                continue
-            if self.mapped[r] > self._floor[r]:
-                self._shrink(r, int(self.mapped[r]) - 1)
-                freed += 1
-        self.unmaps += freed
-        self.ahead_unmaps += freed
-        return freed
 
     @contextmanager
     def scratch(self, tokens: int) -> Iterator[None]:
@@ -336,11 +287,18 @@ class VirtualKVArena:
         for page in self._pages.mapped:
             self._pages.flat[page * size : (page + 1) * size].fill_(value)
 
+    @property
+    def ahead_lost(self) -> int:
+        """Pages mapped ahead that another sequence's growth took before their holder reached
+        them, each unmapped again by `sync` (the allocator's count: it decides the lookahead)."""
+        return 0 if self._allocator is None else self._allocator.ahead_lost
+
     def stats(self) -> dict:
         """The run's mapping work, for summaries and benchmarks."""
         return {
             "vmm_layout": self.layout, "vmm_maps": self.maps, "vmm_unmaps": self.unmaps,
             "vmm_ahead_maps": self.ahead_maps, "vmm_ahead_unmaps": self.ahead_unmaps,
+            "vmm_ahead_lost": self.ahead_lost,
             "vmm_map_s": self.map_s, "vmm_ahead_map_s": self.ahead_s,
         }  # fmt: skip
 

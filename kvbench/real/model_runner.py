@@ -25,9 +25,10 @@ K/V copies the allocator asked for (copy-on-write blocks, contiguous forks' slot
 made before the step.
 
 A `vmm` run over a `VirtualKVArena` maps the pages the allocator holds before each call's
-steps, inside its timed work (`vmm_map="sync"`); with `"ahead"` it also maps, while a decode
-segment runs on the device, the pages the batch will need in the next segment, so that
-segment finds them mapped. Kernels and graphs are the contiguous ones: addresses never move.
+steps, inside its timed work (`vmm_map="sync"`); with `"ahead"`, once a decode segment is
+launched, the allocator reserves the pages the batch reaches in the next segment
+(`VirtualAllocator.look_ahead`) and the arena maps them while the device runs, so that segment
+finds them mapped. Kernels and graphs are the contiguous ones: addresses never move.
 """
 
 from __future__ import annotations
@@ -256,26 +257,20 @@ class ModelRunner(ArenaCopies):
         return StepResult(clock.durations(), [[t] for t in tokens], branches)
 
     def _map_pages(self, seqs: tuple[Sequence, ...]) -> None:
-        """Back exactly the pages the allocator holds (deferred ones included) before the
-        steps that write them; ahead, the batch's ranges keep pages mapped early while the
-        budget allows."""
-        if self.virtual is None:
-            return
-        keep = [self._range(seq) for seq in seqs] if self.map_ahead else ()
-        self.virtual.sync(self.allocator.mapped_counts(), keep)
+        """Back exactly the pages the allocator holds (deferred and reserved ones included)
+        before the steps that write them."""
+        if self.virtual is not None:
+            self.virtual.sync(self.allocator.mapped_counts())
 
     def _map_ahead(self, seqs: tuple[Sequence, ...], steps: int) -> None:
-        """Ahead: map the pages each sequence needs for another `steps` steps after these (never
-        beyond its final length: a page no step will write would only be unmapped again)."""
+        """Ahead, while the `steps` launched steps run: the allocator reserves the pages each
+        sequence reaches in another `steps` steps (never past its final length), and the arena
+        maps them. The simulator reserves the same pages at the same point
+        (`CostModelRunner(maps_ahead=True)`), so both make the same decisions."""
         if self.virtual is None or not self.map_ahead:
             return
-        pages_for = self.allocator.pages_for
-        self.virtual.prefetch(
-            {self._range(seq): pages_for(min(seq.num_tokens + 2 * steps, seq.request.kv_len)) for seq in seqs}
-        )
-
-    def _range(self, seq: Sequence) -> int:
-        return self.allocator.addressing(seq).start // self.virtual.range_slots
+        self.allocator.look_ahead(seqs, steps)
+        self.virtual.prefetch(self.allocator.mapped_counts())
 
     def _load(self, seqs: tuple[Sequence, ...]) -> int:
         """Put the batch's inputs into the decode buffers; the rows it runs with."""
