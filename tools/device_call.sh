@@ -18,7 +18,9 @@
 #                    every engine's sustained rate, so every engine queues), 30 s of arrivals, seeds
 #                    $SEEDS (default 0,1,2; SEEDS=0 runs one seed of every setting first): paged,
 #                    orca-oracle and vmm per-layer, then vmm per-request, then vmm per-request
-#                    mapping ahead (`--vmm-map ahead`) (results/reference/vmm-occupancy-real)
+#                    mapping ahead (`--vmm-map ahead`, folders *-ahead-held: the pages reserved by the
+#                    allocator) (results/reference/vmm-occupancy-real)
+#   vmm-ahead        only the last two: vmm per-request mapping ahead, Alpaca then ShareGPT
 #   mooncake-window  the first 30 s of Mooncake's conversation trace, replayed at its own timestamps, on
 #                    Llama-3.1-8B with what an H200 leaves it: paged, orca-oracle, vmm
 #                    (results/reference/mooncake-window-real)
@@ -76,15 +78,18 @@ for job in "$@"; do
       mkdir -p $folder
       timeout $left python benchmarks/mla_vs_dense.py --expert-dispatch dense,grouped \
         --out $folder/expert_dispatch.json ;;
-    vmm-occupancy)
+    vmm-occupancy|vmm-ahead)
       folder=results/reference/vmm-occupancy-real
-      for setting in "sharegpt-paper 9 per-layer paged,orca-oracle,vmm sync" \
-                     "alpaca-paper 110 per-layer paged,orca-oracle,vmm sync" "sharegpt-paper 9 per-request vmm sync" \
-                     "alpaca-paper 110 per-request vmm sync" "sharegpt-paper 9 per-request vmm ahead" \
-                     "alpaca-paper 110 per-request vmm ahead"; do
+      settings=("sharegpt-paper 9 per-layer paged,orca-oracle,vmm sync"
+                "alpaca-paper 110 per-layer paged,orca-oracle,vmm sync" "sharegpt-paper 9 per-request vmm sync"
+                "alpaca-paper 110 per-request vmm sync" "alpaca-paper 110 per-request vmm ahead"
+                "sharegpt-paper 9 per-request vmm ahead")
+      [ $job = vmm-ahead ] && settings=("${settings[@]:4}")
+      for setting in "${settings[@]}"; do
         set -- $setting
         left=$((end - SECONDS)); [ $left -gt 30 ] || break
-        suffix=$([ "$5" = sync ] || echo "-$5")
+        # pages mapped ahead held by the allocator (since 18c412e); the -ahead folders ran the design before
+        suffix=$([ "$5" = sync ] || echo "-$5-held")
         timeout $left python -m kvbench sweep --real --engines $4 --vmm-layout $3 --vmm-map $5 --model opt-13b \
           --trace $1 --rates $2 --duration 30 --seeds ${SEEDS:-0,1,2} --latency-threshold 1 --resume \
           --continue-on-error --collectors torch,nvml --out $folder/$1-$3$suffix
