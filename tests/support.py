@@ -38,11 +38,11 @@ def steps(ci: int) -> int:
 VIRTUAL_CLOCK = CostModel(fixed_s=5e-3, per_token_s=1e-4, per_kv_token_s=1e-5)
 
 
-
-def greedy_tokens_by_engine(spec, engines) -> dict[str, list[tuple[int, ...]]]:
+def greedy_tokens_by_engine(spec, engines, prepare=None) -> dict[str, list[tuple[int, ...]]]:
     """Each engine decodes `tests.test_modeling.small_trace` through the real engine loop on the CPU
     (PyTorch attention, an arena poisoned with NaN so a slot read before it is written shows):
-    every request's greedy tokens, checked to have its full output length."""
+    every request's greedy tokens, checked to have its full output length. `prepare(model)`, if
+    given, changes the model first (how it computes, never its weights)."""
     import torch
 
     from engines import ENGINES
@@ -54,6 +54,8 @@ def greedy_tokens_by_engine(spec, engines) -> dict[str, list[tuple[int, ...]]]:
 
     cpu = torch.device("cpu")
     model = random_model(spec, torch.float32, cpu, seed=3)
+    if prepare is not None:
+        prepare(model)
     tokens = {}
     for engine in engines:
         arena = KVArena(spec, 300, torch.float32, cpu)
@@ -68,6 +70,7 @@ def greedy_tokens_by_engine(spec, engines) -> dict[str, list[tuple[int, ...]]]:
         assert [len(seq.output_ids) for seq in run.sequences] == [r.output_len for r in trace.requests]
         tokens[engine] = [tuple(seq.output_ids) for seq in run.sequences]
     return tokens
+
 
 def error_of(path: Path) -> str:
     """The one-line error reading `path` raises; it must start with the path."""

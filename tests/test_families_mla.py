@@ -199,6 +199,25 @@ def test_every_engine_decodes_the_same_greedy_tokens_on_an_mla_model():
     assert len(set(map(tuple, tokens.values()))) == 1, f"engines disagree on greedy tokens: {tokens}"
 
 
+def test_decode_steps_through_grouped_experts_give_the_same_greedy_tokens():
+    """The real engine loop with the grouped expert dispatch chosen: decode steps run it (prefills
+    keep the host dispatch), and every engine decodes the tokens the default dispatch does."""
+    from kvbench.modeling.mla import MoE, set_expert_dispatch
+    from tests.support import greedy_tokens_by_engine
+
+    calls = []
+
+    def grouped(model):
+        set_expert_dispatch(model, "grouped")
+        for moe in (m for m in model.modules() if isinstance(m, MoE)):
+            run = moe._grouped
+            moe._grouped = lambda *args, run=run: calls.append(1) or run(*args)
+
+    engines = ("orca-max", "paged")
+    assert greedy_tokens_by_engine(MLA_TINY, engines, grouped) == greedy_tokens_by_engine(MLA_TINY, engines)
+    assert calls  # the decode steps did go through the grouped dispatch
+
+
 def test_an_arena_of_k_and_v_per_head_is_refused_in_one_line():
     """An arena laid out for K and V per head (as the vmm engine's virtual one still is) would
     be read as latents: the layer refuses it, naming the model."""

@@ -187,15 +187,16 @@ class MoE(nn.Module):
         self._stacked = (gate_up, down)
 
     def forward(self, x: torch.Tensor, *, dispatch: str | None = None) -> torch.Tensor:
-        """`x` `[T, hidden]`. `dispatch` (one of `EXPERT_DISPATCHES`); None: on a GPU a step of at
-        most `DENSE_DISPATCH_ROWS` rows runs `small_step_dispatch` (dense or grouped: neither
-        reads the host, so CUDA graphs capture both), any other step the sparse dispatch. All
-        three give the same sums up to rounding."""
+        """`x` `[T, hidden]`. `dispatch` (one of `EXPERT_DISPATCHES`); None: a step of at most
+        `DENSE_DISPATCH_ROWS` rows runs `small_step_dispatch` on a GPU (dense or grouped: neither
+        reads the host, so CUDA graphs capture both), and grouped anywhere once chosen; any other
+        step the sparse dispatch. All three give the same sums up to rounding."""
         scores = torch.nn.functional.linear(x.float(), self.gate.weight.float()).softmax(dim=-1)  # [T, E]
         weights, chosen = scores.topk(self.moe.top_k, dim=-1)  # [T, k] each
         weights = weights * self.moe.routed_scale
-        if dispatch is None:
-            small = x.is_cuda and x.shape[0] <= DENSE_DISPATCH_ROWS
+        if dispatch is None:  # grouped, once chosen, on any device (dense is for GPUs only)
+            on_device = x.is_cuda or self.small_step_dispatch == "grouped"
+            small = on_device and x.shape[0] <= DENSE_DISPATCH_ROWS
             dispatch = self.small_step_dispatch if small else "sparse"
         run = {"dense": self._dense, "sparse": self._sparse, "grouped": self._grouped}[dispatch]
         out = run(x, chosen, weights)
