@@ -371,6 +371,41 @@ def test_a_real_reproduction_calibrates_the_simulator_on_its_own_runs(tmp_path, 
     assert any(line.startswith("calibration: fitted on fig2") for line in lines)
 
 
+def test_place_only_computes_figure_12s_placements_and_runs_nothing_real(tmp_path, capsys):
+    """`--place-only`: the calibrated placement simulations of Figure 12's real runs, for every
+    seed, on this machine; no real cell, figure or report. A second call finds them finished
+    (what a real invocation then does: the same `placed_rates`, resumed)."""
+    from kvbench.errors import KvbenchError
+    from kvbench.reproduce.rows import Options, Setting
+    from kvbench.reproduce.run import run_reproduce
+    from kvbench.sweep.grid import PAPER_ENGINES
+
+    cost = tmp_path / "cost.json"
+    cost.write_text(
+        json.dumps({"model": "tiny-opt", "fixed_s": 0.01, "per_token_s": 1e-4, "per_kv_token_s": 1e-6})
+    )
+    setting = Setting("tiny-opt", 0.01, 1.0, real=True, paper_threshold=False, device="cpu",
+                      placement=str(cost), place_only=True)  # fmt: skip
+    out = tmp_path / "out"
+    options = Options(True, setting, num_requests=3, seed=REAL_SEED, repeats=2)
+    assert run_reproduce(["fig12"], options, out) == []
+    placements = sorted(out.glob("fig12/seed-*/*.placement"))
+    assert [p.relative_to(out).as_posix() for p in placements] == [
+        f"fig12/seed-{s}/{trace}.placement" for s in (REAL_SEED, REAL_SEED + 1)
+        for trace in ("alpaca-paper", "sharegpt-paper")
+    ]  # fmt: skip
+    stamps = {f: f.stat().st_mtime_ns for f in out.glob("fig12/seed-*/*.placement/cells/*/summary.json")}
+    assert stamps and all(json.loads(f.read_text())["mode"] == "simulated" for f in stamps)
+    assert not list(out.glob("fig12/seed-*/*-paper/cells"))  # no real cell
+    assert not (out / "reproduce.md").exists() and not (out / "fig12" / "figure.csv").exists()
+    said = [line for line in capsys.readouterr().out.splitlines() if ": placed " in line]
+    assert len(said) == 4 and all(f"{engine} " in line for line in said for engine in PAPER_ENGINES)
+    with pytest.raises(KvbenchError, match="--place-only places Figure 12's real runs: name fig12 alone"):
+        run_reproduce(["fig12", "fig2"], options, out)
+    run_reproduce(["fig12"], options, out)
+    assert {f: f.stat().st_mtime_ns for f in stamps} == stamps
+
+
 def test_real_rates_placed_by_the_calibrated_simulator(tmp_path, monkeypatch):
     """With a cost file of the real runs' model (`--place-with`), a rate figure's real runs go
     to two rates either side of each engine's sustained rate in the calibrated simulation of the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -49,6 +50,13 @@ def reproduce(
             "placed around the sustained rate the simulator calibrated by it finds."
         ),
     ] = None,
+    place_only: Annotated[
+        bool,
+        typer.Option(
+            help="With --place-with: only run the placement simulations of Figure 12's real runs (on a "
+            "CPU), so a later real invocation on a GPU finds them finished; no real run."
+        ),
+    ] = False,
     num_requests: Annotated[int | None, typer.Option(hidden=True, help="Requests per run (tests).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the traces (the first, with --repeats).")] = 0,
     repeats: Annotated[
@@ -72,6 +80,9 @@ def reproduce(
         raise KvbenchError(f"--repeats must be at least 1, got {repeats}")
     real = mode == "real" or (mode == "auto" and cost_model is None and opt.has_cuda())
     setting = placement_for(setting_for(real, cost_model, quick=quick, model=model), place_with)
+    if place_only and setting.placement is None:
+        raise KvbenchError("--place-only: give the cost file to place with (--place-with)")
+    setting = replace(setting, place_only=place_only)
     options = Options(quick, setting, num_requests, seed, repeats)
     start = time.perf_counter()
     # print, not typer.echo: under the progress bar (stderr), a terminal's stdout lines go above it

@@ -38,6 +38,8 @@ class Setting:
     # runs are then placed around every engine's sustained rate as the simulator calibrated by it
     # finds it (`kvbench.reproduce.sweeps.placed_rates`), not on a fixed grid
     placement: str | None = None
+    # with `placement`: compute the placements only (a CPU ahead of the GPU), run no real cell
+    place_only: bool = False
 
 
 @dataclass(frozen=True)

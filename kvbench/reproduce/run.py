@@ -177,6 +177,8 @@ def run_reproduce(
     refused before the first run (`kvbench.results.outputs`).
     """
     prepare_out(out, "reproduce")
+    if options.setting.place_only:
+        return place_only(figures, options, out, echo)
     results = []
     progress = Progress(len(figures), unit="figures", label="reproduce")  # each sweep's cells below it
     try:
@@ -195,6 +197,18 @@ def run_reproduce(
         _calibrate(out, echo)
     write_reports(out, options)
     return results
+
+
+def place_only(figures: Sequence[str], options: Options, out: Path, echo: Callable[[str], None]) -> list:
+    """`--place-only`: the placement simulations of Figure 12's real runs for every seed, on
+    this machine (a CPU), so a later real invocation on a GPU finds them finished and spends its
+    time on real runs only. Nothing else is written: no figure, report or calibration."""
+    if list(figures) != ["fig12"]:
+        raise KvbenchError("--place-only places Figure 12's real runs: name fig12 alone")
+    for s in seeds(options):
+        echo(f"fig12, seed {s}: placing...")
+        FIGURES["fig12"].run(replace(options, seed=s), seed_folder(out / "fig12", s))
+    return []
 
 
 def seeds(options: Options) -> range:

@@ -107,12 +107,19 @@ def sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes,
     axes = Axes(tuple(engines), (trace,), tuple(r * s.rate_scale for r in rates), tuple(block_sizes), (kv,),
                 (options.seed,))  # fmt: skip
     extend = 0
-    if s.real and s.placement and bracket is not None and len(rates) > 1 and len(block_sizes) == 1:
+    places = s.real and s.placement and bracket is not None and len(rates) > 1 and len(block_sizes) == 1
+    if s.place_only and not places:
+        raise KvbenchError(f"--place-only: {folder} is not a sweep of placed real runs")
+    if places:
         placed = already_placed(folder, engines) or placed_rates(
             options, folder.with_name(f"{folder.name}.placement"), engines=engines, trace=trace, rates=rates,
             block_sizes=block_sizes, kv=kv, preemption=preemption, threshold=threshold, count=count,
             model=model, workload=workload, duration=duration,
         )  # fmt: skip
+        if s.place_only:  # the placement alone: no real cell runs
+            pairs = ", ".join(f"{engine} {low:g} and {high:g}" for engine, (low, high) in placed.items())
+            print(f"{folder}: placed {pairs}")
+            return SweepResult([], [], 0, 0, 0)
         every = tuple(sorted({r for pair in placed.values() for r in pair}))
         axes = replace(axes, rates=every, engine_rates=tuple(placed.items()))
         extend = PLACED_STEPS
@@ -145,7 +152,7 @@ def placed_rates(options: Options, folder: Path, *, count: int, **cells) -> dict
     placed at the highest rate it passed (a lower bound: the steps go up from there).
     """
     s = options.setting
-    simulated = replace(s, real=False, cost_model=s.placement, placement=None)
+    simulated = replace(s, real=False, cost_model=s.placement, placement=None, place_only=False)
     result = sweep(replace(options, setting=simulated), folder, bracket=PLACEMENT_BRACKET,
                    requests=(count, count, count), tables=False, **cells)  # fmt: skip
     placed = {}
@@ -336,6 +343,8 @@ def fig12(options: Options, folder: Path) -> FigureResult:
                        block_sizes=(16,), kv=s.kv_cache_gib, threshold=threshold_of(options),
                        bracket=FIG12_BRACKET, requests=FIG12_COUNTS,
                        duration=FIG12_PLACED_DURATION_S if s.real and s.placement else None)  # fmt: skip
+        if s.place_only:
+            continue
         paper = FIG12_SUSTAINED[trace]
         comparable = s.rate_scale == 1.0 and not s.real  # the paper's absolute rates: its setting only
         ratios = {other: paper["paged"] / paper[other] for other in RATIO_BASELINES}
@@ -346,6 +355,8 @@ def fig12(options: Options, folder: Path) -> FigureResult:
         plots += plot_into(
             plot_latency_vs_rate, folder / trace, folder / trace / "latency_vs_rate", notes, f"{trace}/"
         )
+    if s.place_only:
+        return FigureResult("fig12", "placed only", (), "placed only: no real run", (), ())
     notes.append(threshold_note(options))
     notes.append(
         ratio_note() + "; sustained_ratio@bound x m: the same ratios read at m x the bound "
