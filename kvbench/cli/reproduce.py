@@ -87,7 +87,9 @@ def reproduce(
     start = time.perf_counter()
     # print, not typer.echo: under the progress bar (stderr), a terminal's stdout lines go above it
     run_reproduce(names, options, out, echo=functools.partial(print, flush=True))
-    typer.echo(f"done in {time.perf_counter() - start:.0f} s: {out / 'reproduce.md'}, {out / 'claims.md'}")
+    reports = f"{out / 'reproduce.md'}, {out / 'claims.md'}"
+    wrote = f"{out}/fig12/seed-<s>/<trace>.placement/" if place_only else reports
+    typer.echo(f"done in {time.perf_counter() - start:.0f} s: {wrote}")
 
 
 def register(app: typer.Typer) -> None:
