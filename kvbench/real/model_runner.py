@@ -266,7 +266,7 @@ class ModelRunner(ArenaCopies):
         """Ahead, while the `steps` launched steps run: the allocator reserves the pages each
         sequence reaches in another `steps` steps (never past its final length), and the arena
         maps them. The simulator reserves the same pages at the same point
-        (`CostModelRunner(maps_ahead=True)`), so both make the same decisions."""
+        (`CostModelRunner(lookahead=...)`), so both make the same decisions."""
         if self.virtual is None or not self.map_ahead:
             return
         self.allocator.look_ahead(seqs, steps)
