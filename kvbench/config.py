@@ -18,6 +18,7 @@ from kvbench.budget import GIB, MAX_SLOTS, KVBudget, budget_emulating, budget_fr
 from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
 from kvbench.flag_ranges import check_flags, check_workload
+from kvbench.kvspec.model import EXPERT_DISPATCHES
 from kvbench.metrics.summary import DEFAULT_PERCENTILES, Slo, check_metric_options
 from kvbench.models import ModelSpec, get_model
 from kvbench.parallel.sizes import check_tensor_parallel
@@ -61,6 +62,7 @@ class RunConfig:
     weights_seed: int = 0  # real runs: seed of a preset's random weights
     attention: str = "auto"  # real runs: triton kernels, torch reference, or auto (triton on CUDA)
     cuda_graphs: bool = True  # real runs: replay decode steps as CUDA graphs (needs the kernels)
+    expert_dispatch: str = "dense"  # real runs of MoE models: how a decode step runs the experts
     tensor_parallel: int = 1  # real runs: GPUs one model is split across; budgets stay the model's
     collectors: str = "torch,nvml,roofline"  # real runs on CUDA: what to measure beside the steps
     hf_batch_size: int = 32  # hf-generate: requests per padded generate() batch
@@ -241,6 +243,10 @@ def check_real_options(config: RunConfig) -> None:
         raise KvbenchError("--engine vmm maps its virtual arena on one GPU: use --tensor-parallel 1")
     if config.vmm_map not in VMM_MAPS:
         raise KvbenchError(f"--vmm-map must be one of {', '.join(VMM_MAPS)}, got {config.vmm_map!r}")
+    if config.expert_dispatch not in EXPERT_DISPATCHES:
+        raise KvbenchError(
+            f"--expert-dispatch must be one of {', '.join(EXPERT_DISPATCHES)}, got {config.expert_dispatch!r}"
+        )
 
 
 def _fitted(cost: CostModel, name: str) -> float:

@@ -87,6 +87,8 @@ BAD_FLAGS = [
     *[(RUN, ("--temperature", v), "--temperature") for v in ("nan", "-1", "inf", "1e-300", "101")],
     (RUN, ("--weights-seed", "-1"), "--weights-seed"),
     (RUN, ("--tensor-parallel", "0"), "--tensor-parallel"),
+    (RUN, ("--expert-dispatch", "sparse"), "--expert-dispatch"),
+    (RUN, ("--expert-dispatch", "grouped"), "--expert-dispatch grouped: tiny-opt has no experts"),
     (RUN, ("--hf-batch-size", "0"), "--hf-batch-size"),
     (RUN, ("--hf-memory", "2"), "--hf-memory"),
     (RUN, ("--hf-block-size", "2"), "--hf-block-size"),

@@ -10,6 +10,9 @@ the absorbed attention needs nothing else.
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -216,6 +219,41 @@ def test_decode_steps_through_grouped_experts_give_the_same_greedy_tokens():
     engines = ("orca-max", "paged")
     assert greedy_tokens_by_engine(MLA_TINY, engines, grouped) == greedy_tokens_by_engine(MLA_TINY, engines)
     assert calls  # the decode steps did go through the grouped dispatch
+
+
+def test_a_real_run_of_a_checkpoint_takes_the_grouped_expert_dispatch(tmp_path):
+    """`kvbench run --expert-dispatch grouped` on a DeepSeek-V2 checkpoint: the run's decode steps
+    go through the grouped dispatch (on the CPU too, once chosen) and config.json records it."""
+    from tests.test_cli import kvbench
+
+    _, folder = reference(tmp_path, None)
+    out = tmp_path / "run"
+    proc = kvbench(
+        "run", "--engine", "paged", "--model", str(folder), "--device", "cpu", "--kv-cache-gib", "0.0002",
+        "--trace", "uniform:prompt=4..20,output=5..12", "--num-requests", "4", "--rate", "20",
+        "--attention", "torch", "--expert-dispatch", "grouped", "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "config.json").read_text())["expert_dispatch"] == "grouped"
+    assert json.loads((out / "summary.json").read_text())["completed"] == 4
+    # one session's model serves every run of a sweep: each run sets the dispatch it names
+    from kvbench.config import RunConfig, resolve_model
+    from kvbench.modeling.mla import MoE
+    from kvbench.parallel.session import open_session
+    from kvbench.real.run import run_real
+    from workloads.spec import WorkloadSpec
+
+    config = RunConfig(
+        "paged", model=str(folder), workload=WorkloadSpec("uniform:prompt=4..20,output=5..12", num_requests=2,
+        rate=20.0), kv_cache_gib=0.0002, device="cpu", attention="torch",
+    )  # fmt: skip
+    spec = resolve_model(str(folder))
+    opened = open_session(str(folder), spec, tensor_parallel=1, dtype=torch.float32, device=CPU, seed=0)
+    with opened as session:
+        for dispatch in ("grouped", "dense", "grouped"):
+            run_real(replace(config, expert_dispatch=dispatch), session=session)
+            moes = [m for m in session.model.modules() if isinstance(m, MoE)]
+            assert moes and {moe.small_step_dispatch for moe in moes} == {dispatch}
 
 
 def test_an_arena_of_k_and_v_per_head_is_refused_in_one_line():

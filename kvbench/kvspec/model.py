@@ -36,6 +36,11 @@ class MlaShape:
     q_lora_rank: int = 0  # 0: queries projected directly (V2-Lite), else through a low-rank latent
 
 
+# how a decode step of a MoE model runs the routed experts on a GPU (`--expert-dispatch`):
+# every expert over every row weighted by the router, or each (row, choice) pair once, grouped
+EXPERT_DISPATCHES = ("dense", "grouped")
+
+
 @dataclass(frozen=True)
 class MoeShape:
     """Mixture-of-experts feed-forward layers (DeepSeek): all experts count as parameters."""

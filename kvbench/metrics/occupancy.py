@@ -144,7 +144,10 @@ class Growth:
 
 
 def segment_integral(
-    end: Footprint, durations: np.ndarray, tokens_per_step: int, growth: Growth | None,
+    end: Footprint,
+    durations: np.ndarray,
+    tokens_per_step: int,
+    growth: Growth | None,
     outside: float | None = None,
 ) -> Footprint:
     """Exact integral of the footprint over the k steps of one segment.

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from kvbench.errors import KvbenchError
-from kvbench.kvspec.model import RopeScaling
+from kvbench.kvspec.model import EXPERT_DISPATCHES, RopeScaling
 from kvbench.modeling import ops, rope
 from kvbench.modeling.attention import AttentionMetadata
 from kvbench.modeling.decoder import DecoderForCausalLM
@@ -156,7 +156,7 @@ class MLAttention(nn.Module):
 DENSE_DISPATCH_ROWS = 512
 # how the routed experts of a step run: every expert over every row (weighted 0 where not chosen),
 # each expert over its own rows found on the host, or one grouped matmul over rows sorted by expert
-EXPERT_DISPATCHES = ("dense", "sparse", "grouped")
+STEP_DISPATCHES = ("sparse", *EXPERT_DISPATCHES)
 
 
 class MoE(nn.Module):
@@ -187,7 +187,7 @@ class MoE(nn.Module):
         self._stacked = (gate_up, down)
 
     def forward(self, x: torch.Tensor, *, dispatch: str | None = None) -> torch.Tensor:
-        """`x` `[T, hidden]`. `dispatch` (one of `EXPERT_DISPATCHES`); None: a step of at most
+        """`x` `[T, hidden]`. `dispatch` (one of `STEP_DISPATCHES`); None: a step of at most
         `DENSE_DISPATCH_ROWS` rows runs `small_step_dispatch` on a GPU (dense or grouped: neither
         reads the host, so CUDA graphs capture both), and grouped anywhere once chosen; any other
         step the sparse dispatch. All three give the same sums up to rounding."""
@@ -256,8 +256,10 @@ def stack_experts(model: nn.Module) -> None:
 
 def set_expert_dispatch(model: nn.Module, dispatch: str) -> None:
     """How the MoE layers of `model` run a small GPU step: "dense" (the default) or "grouped"."""
-    if dispatch not in ("dense", "grouped"):
-        raise KvbenchError(f"expert dispatch must be dense or grouped, got {dispatch!r}")
+    if dispatch not in EXPERT_DISPATCHES:
+        raise KvbenchError(
+            f"--expert-dispatch must be one of {', '.join(EXPERT_DISPATCHES)}, got {dispatch!r}"
+        )
     for module in model.modules():
         if isinstance(module, MoE):
             module.small_step_dispatch = dispatch

@@ -21,6 +21,7 @@ from kvbench.cost_model import KvReads
 from kvbench.errors import KvbenchError
 from kvbench.gc_pause import gc_paused
 from kvbench.modeling.attention import BACKENDS, resolve_backend
+from kvbench.modeling.mla import set_expert_dispatch
 from kvbench.modeling.virtual_arena import VirtualKVArena
 from kvbench.parallel.session import Session, open_session
 from kvbench.parallel.sizes import check_tensor_parallel
@@ -95,6 +96,8 @@ def run_real(
         raise KvbenchError(f"--attention {config.attention!r}: choose one of {', '.join(BACKENDS)}")
     collect = parse_collectors(config.collectors)
     spec = resolve_model(config.model)
+    if spec.moe is None and config.expert_dispatch != "dense":
+        raise KvbenchError(f"--expert-dispatch {config.expert_dispatch}: {config.model} has no experts")
     if session is None:
         check_tensor_parallel(spec, config.tensor_parallel)
         with open_session(
@@ -107,6 +110,8 @@ def run_real(
             f"the session holds {session.model.spec.name} on {session.size} ranks, not this run's"
         )
     model = session.model
+    if spec.moe is not None:  # a session's model serves every run of a sweep: set for each
+        set_expert_dispatch(model, config.expert_dispatch)
     weight_bytes = session.weight_bytes  # every rank's, tied parameters once
     activation_bytes = None
     if device.type == "cuda" and session.size == 1 and config.kv_cache_gib is None and prepared is None:
