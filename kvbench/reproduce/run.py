@@ -47,6 +47,7 @@ from kvbench.reproduce.sharing import (
 )
 from kvbench.reproduce.sweeps import (
     fig12,
+    fig12_sweeps,
     fig12_verdict,
     fig18b,
     fig18b_verdict,
@@ -207,7 +208,8 @@ def place_only(figures: Sequence[str], options: Options, out: Path, echo: Callab
         raise KvbenchError("--place-only places Figure 12's real runs: name fig12 alone")
     for s in seeds(options):
         echo(f"fig12, seed {s}: placing...")
-        FIGURES["fig12"].run(replace(options, seed=s), seed_folder(out / "fig12", s))
+        for _ in fig12_sweeps(replace(options, seed=s), seed_folder(out / "fig12", s)):
+            pass  # each sweep places its runs and stops
     return []
 
 

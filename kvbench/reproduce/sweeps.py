@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -333,18 +333,23 @@ def plot_into(plot, data, out: Path, notes: list[str], prefix: str = "") -> list
         return []
 
 
+def fig12_sweeps(options: Options, folder: Path) -> Iterator[tuple[str, SweepResult]]:
+    """Figure 12's sweep of each trace, in turn. Under `Setting.place_only` each stops once its
+    real runs are placed (`sweep`), which is all `kvbench reproduce --place-only` asks of them."""
+    s = options.setting
+    for trace, grids in FIG12_RATES.items():
+        rates = options.pick(grids["quick"], grids["full"], grids["real"])
+        yield trace, sweep(options, folder / trace, engines=PAPER_ENGINES, trace=trace, rates=rates,
+                           block_sizes=(16,), kv=s.kv_cache_gib, threshold=threshold_of(options),
+                           bracket=FIG12_BRACKET, requests=FIG12_COUNTS,
+                           duration=FIG12_PLACED_DURATION_S if s.real and s.placement else None)  # fmt: skip
+
+
 def fig12(options: Options, folder: Path) -> FigureResult:
     s = options.setting
     rows: list[Row] = []
     notes, plots = [], []
-    for trace, grids in FIG12_RATES.items():
-        rates = options.pick(grids["quick"], grids["full"], grids["real"])
-        result = sweep(options, folder / trace, engines=PAPER_ENGINES, trace=trace, rates=rates,
-                       block_sizes=(16,), kv=s.kv_cache_gib, threshold=threshold_of(options),
-                       bracket=FIG12_BRACKET, requests=FIG12_COUNTS,
-                       duration=FIG12_PLACED_DURATION_S if s.real and s.placement else None)  # fmt: skip
-        if s.place_only:
-            continue
+    for trace, result in fig12_sweeps(options, folder):
         paper = FIG12_SUSTAINED[trace]
         comparable = s.rate_scale == 1.0 and not s.real  # the paper's absolute rates: its setting only
         ratios = {other: paper["paged"] / paper[other] for other in RATIO_BASELINES}
@@ -355,8 +360,6 @@ def fig12(options: Options, folder: Path) -> FigureResult:
         plots += plot_into(
             plot_latency_vs_rate, folder / trace, folder / trace / "latency_vs_rate", notes, f"{trace}/"
         )
-    if s.place_only:
-        return FigureResult("fig12", "placed only", (), "placed only: no real run", (), ())
     notes.append(threshold_note(options))
     notes.append(
         ratio_note() + "; sustained_ratio@bound x m: the same ratios read at m x the bound "
