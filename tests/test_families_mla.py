@@ -125,18 +125,27 @@ MLA_TINY = ModelSpec(
 
 def _moe_with_an_unchosen_expert(dtype: torch.dtype, device: torch.device):
     """The first MoE layer of a seeded tiny MLA model and 6 rows of positive input, expert 3
-    chosen by no row and the rows choosing different mixes of the others."""
+    chosen by no row and the rows choosing different mixes of the others. The router is set by
+    hand, not left to the seed: random weights drawn on a GPU differ from the CPU's, and the
+    choices must be the same on both."""
     from kvbench.modeling.mla import MoE
     from kvbench.modeling.weights import random_model
 
     model = random_model(MLA_TINY, dtype, device, seed=4)
     moe = next(m for m in model.modules() if isinstance(m, MoE))
+    half = MLA_TINY.hidden // 2
     x = torch.rand(6, MLA_TINY.hidden, generator=torch.Generator().manual_seed(1))  # [T, hidden]
+    x[:3, :half] *= 3.0  # rows 0-2 weigh more in the first half, rows 3-5 in the second
+    x[3:, half:] *= 3.0
     x = x.to(device, dtype)
     with torch.no_grad():
-        moe.gate.weight[3] = -1.0  # expert 3 scores -sum(x) < -10 for every row: never chosen
+        moe.gate.weight.zero_()
+        moe.gate.weight[0, :half] = 1.0  # expert 0 scores the first half's sum, expert 1 the second's,
+        moe.gate.weight[1, half:] = 1.0  # expert 2 their mean (always second), expert 3 -sum(x)
+        moe.gate.weight[2] = 0.5
+        moe.gate.weight[3] = -1.0
         chosen = torch.nn.functional.linear(x.float(), moe.gate.weight.float()).topk(2, dim=-1).indices
-    assert 3 not in chosen.tolist() and len({tuple(sorted(row)) for row in chosen.tolist()}) > 1
+    assert [sorted(row) for row in chosen.tolist()] == [[0, 2]] * 3 + [[1, 2]] * 3
     return model, moe, x
 
 
