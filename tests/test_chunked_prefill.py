@@ -180,11 +180,19 @@ def real_chunked_and_whole(engine: str, workload: WorkloadSpec, budget: int, **o
 @pytest.mark.parametrize(
     ("engine", "attention"), [("paged", "auto"), ("orca-oracle", "auto"), ("paged", "torch")]
 )
-def test_the_real_model_decodes_the_same_tokens_with_prompts_in_chunks(engine, attention):
+def test_the_real_model_decodes_the_same_tokens_with_prompts_in_chunks(engine, attention, monkeypatch):
     """Prefix-aware prefill is exact: a prompt computed in chunks of at most 16 tokens, beside
     other requests' decodes, gives every request the greedy tokens it gets prefilled whole (the
-    Triton kernels, interpreted, over blocks and extents; and the PyTorch reference)."""
-    workload = WorkloadSpec("uniform:prompt=20..48,output=4..10", num_requests=6, rate=50.0, seed=2)
+    Triton kernels, interpreted, over blocks and extents; and the PyTorch reference). The mixed
+    steps' decodes attend through the decode kernel (counted by wrapping the split, which still
+    computes); whole prompts never do."""
+    from kvbench.modeling import attention as module
+
+    split_rows, real = [], module._split_prefill
+    monkeypatch.setattr(module, "_split_prefill", lambda *a: split_rows.append(a[3].decode_rows) or real(*a))
+    # all six within a millisecond, before the first step ends: four run at once from the second
+    # step on, so chunks of the later prompts run beside the earlier ones' decodes, however fast
+    workload = WorkloadSpec("uniform:prompt=20..48,output=4..10", num_requests=6, rate=1e4, seed=2)
     runs = real_chunked_and_whole(
         engine, workload, 16, kv_cache_gib=0.01, block_size=4, max_num_seqs=4, attention=attention
     )
@@ -192,6 +200,44 @@ def test_the_real_model_decodes_the_same_tokens_with_prompts_in_chunks(engine, a
     assert chunked == whole
     assert "mixed" in kinds and "mixed" not in whole_kinds
     assert kinds.count("mixed") >= 12  # six prompts of 20-48 tokens: at least two chunks each
+    layers = 2  # tiny-llama's: one split call per layer of each mixed step with a decode beside it
+    assert split_rows and len(split_rows) % layers == 0 and min(split_rows) >= 1
+
+
+@INTERPRETED
+@pytest.mark.parametrize(("backend", "window"), [("torch", 0), ("triton", 0), ("triton", 9)])
+@pytest.mark.parametrize("block_size", [0, 8])
+def test_a_prefills_one_token_rows_through_the_decode_kernel_give_what_the_extend_kernel_gives(
+    backend, window, block_size
+):
+    """A prefill leading with two 1-token rows (`decode_rows` 2: decode kernel, 3 splits) and
+    two prompt chunks behind them attends as the same prefill does through the extend kernel
+    alone, over blocks and extents, full and windowed, with NaN wherever no sequence lives."""
+    import torch
+
+    from kvbench.modeling.attention import AttentionMetadata, attention
+    from tests.test_kernels import Arena, _rand
+
+    gen = torch.Generator().manual_seed(7)
+    lens, new, head_dim = [70, 33, 20, 45], [1, 1, 6, 20], 16
+    arena = Arena(lens, 2, head_dim, torch.float32, torch.device("cpu"), block_size=block_size, gen=gen)
+    tokens = sum(new)
+    q = _rand((tokens, 4, head_dim), torch.float32, "cpu", gen)  # [T, H, D]
+    k, v = (_rand((tokens, 2, head_dim), torch.float32, "cpu", gen) for _ in range(2))  # [T, Hkv, D]
+    slots = torch.cat(
+        [arena.slots(b, torch.arange(n - m, n)) for b, (n, m) in enumerate(zip(lens, new, strict=True))]
+    )
+    cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()])
+    whole = AttentionMetadata(
+        True, slots, cu, arena.lens, max_new=max(new), backend=backend, **arena.addressing()
+    )  # fmt: skip
+    layer = {"window": window} if window else {}
+    expected = attention(q, k, v, arena.k, arena.v, whole, head_dim**-0.5, **layer)
+    split = attention(
+        q, k, v, arena.k, arena.v, replace(whole, decode_rows=2, num_splits=3), head_dim**-0.5, **layer
+    )
+    assert not split.isnan().any()
+    assert (split - expected).abs().max() <= 1e-5
 
 
 # --- refused inputs -----------------------------------------------------------------------------

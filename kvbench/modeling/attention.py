@@ -7,6 +7,11 @@ Every step first stores the new tokens' K/V at `slot_mapping`, then attends from
   earlier included);
 - decode: one query per sequence attends to its first `context_lens[b]` positions.
 
+A prefill step may lead with `decode_rows` sequences of one new token each (a chunked-prefill
+step's running decodes): on the kernel path those rows run the decode kernel, which splits a
+long context over several programs, and the rest the extend kernel, whose one program per
+(query tile, head) would read a 1-token row's whole context alone.
+
 Slots come from the engine's addressing: a block table (paged) or an extent start
 (contiguous). Two backends compute the same thing: the Triton kernels of `kernels/` (on GPUs,
 and in Triton's interpreter for tests) and their PyTorch references (anywhere). Kernel modules
@@ -35,6 +40,9 @@ class AttentionMetadata:
     starts: torch.Tensor | None = None  # [B] int64: contiguous addressing (extent starts)
     max_new: int = 1  # prefill: most new tokens of one sequence (sizes the kernel grid)
     num_splits: int | None = None  # decode: split-KV partitions (fixed inside a CUDA graph)
+    # prefill: its first `decode_rows` sequences have one new token each and attend through the
+    # decode kernel (with `num_splits`); 0: every row through the extend kernel
+    decode_rows: int = 0
     backend: str = "torch"  # "triton" or "torch"
     # a table per KV group (`hybrid`, `jenga`): this metadata for each table, its own slots and
     # block tables; layer i uses `per_table[arena.table_of[i]]`. None: one table for all layers
@@ -110,6 +118,8 @@ def attention(
             **meta.addressing(),
         )  # fmt: skip
     windowed = {"window": window} if window else {}  # the kernels' bound; the references take none
+    if meta.is_prefill and meta.decode_rows:
+        return _split_prefill(q, k_cache, v_cache, meta, scale, windowed)
     if meta.is_prefill:
         return extend(
             q, k_cache, v_cache, meta.cu_seqlens, meta.context_lens, scale=scale, max_new=meta.max_new,
@@ -119,3 +129,31 @@ def attention(
         q, k_cache, v_cache, meta.context_lens, scale=scale, num_splits=meta.num_splits, **windowed,
         **meta.addressing(),
     )  # fmt: skip
+
+
+def _split_prefill(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+    windowed: dict,
+) -> torch.Tensor:  # fmt: skip
+    """A prefill whose first `meta.decode_rows` sequences (one token each, the first rows of q
+    `[T, H, D]`) attend through the decode kernel and the rest through the extend kernel."""
+    _, extend, decode = _ops(meta.backend)
+    rows = meta.decode_rows
+    head = {k: v[:rows] if isinstance(v, torch.Tensor) else v for k, v in meta.addressing().items()}
+    tail = {k: v[rows:] if isinstance(v, torch.Tensor) else v for k, v in meta.addressing().items()}
+    out = torch.empty_like(q)  # [T, H, D]
+    kernels = meta.backend == "triton"  # the kernels write into `out`'s rows; the references return theirs
+    done = decode(
+        q[:rows], k_cache, v_cache, meta.context_lens[:rows], scale=scale, num_splits=meta.num_splits,
+        **windowed, **head, **({"out": out[:rows]} if kernels else {}),
+    )  # fmt: skip  # [rows, H, D]
+    if not kernels:
+        out[:rows] = done
+    if len(meta.context_lens) > rows:  # prompt chunks follow: their tokens from q's row `rows` on
+        done = extend(
+            q[rows:], k_cache, v_cache, meta.cu_seqlens[rows:] - rows, meta.context_lens[rows:], scale=scale,
+            max_new=meta.max_new, **windowed, **tail, **({"out": out[rows:]} if kernels else {}),
+        )  # fmt: skip  # [T - rows, H, D]
+        if not kernels:
+            out[rows:] = done
+    return out

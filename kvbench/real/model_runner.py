@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from engines.allocator import BlockTable, Extent, KVAllocator
 from engines.hybrid import group_shapes
 from engines.scheduler import Batch
+from kernels.splits import choose_num_splits
 from kvbench.cost_model import CostModel, CostModelRunner, KvReads
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata, resolve_backend
@@ -137,7 +138,10 @@ class ModelRunner(ArenaCopies):
         token for every row that reaches its end (hi = num_tokens; a mixed step's non-final
         chunks stop short: their entry is None). The prefix-aware kernels attend each row's
         queries over everything computed before them, so chunks and 1-token decode rows run
-        here as they would alone."""
+        here as they would alone. The leading rows of one new token (a mixed step's running
+        decodes: the chunked scheduler puts them first) attend through the decode kernel
+        (`AttentionMetadata.decode_rows`), their contexts split over several programs as a decode
+        step's are."""
         ids, positions, seqlens = [], [], []
         tables = self._tables(batch.seqs)  # [table][seq]: one table, or one per KV group
         ends = batch.computed_to()  # [B] hi: num_tokens, or a chunk's end
@@ -161,6 +165,9 @@ class ModelRunner(ArenaCopies):
         )  # [T + pad], [T + pad], [tables, T + pad]
         slot_maps = slot_mapping.unbind(0)
         context = torch.tensor(ends, dtype=torch.int32, device=dev)  # [B]
+        decode_rows = next((i for i, n in enumerate(seqlens) if n != 1), len(seqlens))  # leading 1-token rows
+        splits = self._decode_splits(decode_rows, max(ends[:decode_rows], default=0))
+        decode_rows = decode_rows if splits is not None else 0  # MLA: every row through its own path
         metas = [
             AttentionMetadata(
                 True,
@@ -169,6 +176,8 @@ class ModelRunner(ArenaCopies):
                 context,
                 max_new=max(seqlens),
                 backend=self.backend,
+                num_splits=splits,
+                decode_rows=decode_rows,
                 **_addressing(table, dev),
             )
             for slot_mapping, table in zip(slot_maps, tables, strict=True)
@@ -184,6 +193,13 @@ class ModelRunner(ArenaCopies):
             if not batch.has_groups:
                 return tokens, None
             return tokens, branches_of(batch.seqs, logits, last, self.temperature, self.seed)
+
+    def _decode_splits(self, rows: int, longest: int) -> int | None:
+        """Split-KV partitions for a prefill's `rows` 1-token rows of at most `longest` positions
+        (None: no such rows); an MLA model's prefill attends through its own path, which has none."""
+        if rows == 0 or self.model.spec.mla is not None:
+            return None
+        return choose_num_splits(rows, self.arena.k[0].shape[-2], longest, self.device)
 
     def _sample_rows(
         self, batch: Batch, logits: torch.Tensor, keys: torch.Tensor, last: torch.Tensor
