@@ -28,6 +28,8 @@
 #                    trace, unfiltered: paged, hybrid, jenga, orca-oracle (results/reference/hybrid-long-real)
 #   hybrid-long-chunked  the same under --chunked-prefill (a 2,048-token step budget): hybrid, paged, jenga
 #                    (results/reference/hybrid-long-chunked-real; simulated: results/reference/hybrid-long-chunked-sim)
+#   hybrid-long-chunked-split  the same, run again since a mixed step's decodes attend through the
+#                    split decode kernel (results/reference/hybrid-long-chunked-split-real)
 #   fig12-alpaca-eager  Figure 12's Alpaca panel at OPT-13B for paged and orca-oracle with every step
 #                    run eagerly (`--no-cuda-graphs`, as the paper's vLLM and Orca ran), seed 0, the
 #                    shared bound 4 x the lower unloaded latency, bisected to a 10 % bracket
@@ -106,6 +108,11 @@ for job in "$@"; do
         --resume --continue-on-error --collectors torch,nvml --out $folder ;;
     hybrid-long-chunked)
       folder=results/reference/hybrid-long-chunked-real
+      timeout $left python -m kvbench sweep --real --chunked-prefill --engines hybrid,paged,jenga --model gemma-3-12b \
+        --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --max-total-len 131072 --seeds 0 \
+        --resume --continue-on-error --collectors torch,nvml --out $folder ;;
+    hybrid-long-chunked-split)
+      folder=results/reference/hybrid-long-chunked-split-real
       timeout $left python -m kvbench sweep --real --chunked-prefill --engines hybrid,paged,jenga --model gemma-3-12b \
         --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --max-total-len 131072 --seeds 0 \
         --resume --continue-on-error --collectors torch,nvml --out $folder ;;
