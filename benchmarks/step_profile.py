@@ -15,6 +15,13 @@ other only):
     python benchmarks/step_profile.py [--model opt-125m] [--kv-cache-gib GIB] [--engine paged]
         [--trace sharegpt-paper] [--num-requests 100] [--rate 160] [--beam-width K] [--n N]
         [--device cuda] [--profiler cprofile|torch] [--top 30]
+        [--chunked-prefill] [--emulate-gpu GPU] [--window-duration S] [--max-total-len N]
+
+A trace with timestamps (Mooncake's) replays them when `--rate` is 0; `--num-requests 0` takes
+every request of the trace (or of the window); `--window-duration` keeps its first S seconds,
+and the warm-up then plays the window after it. `--emulate-gpu` without `--kv-cache-gib` sizes
+the budget as a real run does (the GPU's memory less the measured weights and activations).
+Under `--chunked-prefill` the mixed steps get their own row.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from workloads.spec import WorkloadSpec
 def step_table(run) -> list[str]:
     """Mean wall time per step and tokens per step, by kind."""
     lines = []
-    for kind in ("prefill", "decode"):
+    for kind in ("prefill", "mixed", "decode"):
         rows = [row for row in run.steps if row.kind == kind]
         steps = sum(row.num_steps for row in rows)
         if not steps:
@@ -114,22 +121,38 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--profiler", choices=("cprofile", "torch"), default="cprofile")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--chunked-prefill", action="store_true")
+    parser.add_argument("--emulate-gpu", help="size the budget for this GPU (no preset --kv-cache-gib)")
+    parser.add_argument("--window-duration", type=float, help="replay: the trace's first S seconds")
+    parser.add_argument("--max-total-len", type=int, help="drop requests longer than this (prompt + output)")
     args = parser.parse_args()
     gib = args.kv_cache_gib
-    if gib is None:
+    if gib is None and args.emulate_gpu is None:
         if args.model not in GPU_SETTINGS:
             parser.error(f"--kv-cache-gib: no default for {args.model} (known: {', '.join(GPU_SETTINGS)})")
         gib = GPU_SETTINGS[args.model].kv_cache_gib
+    window = {} if args.window_duration is None else {"window_duration_s": args.window_duration}
+    longest = {} if args.max_total_len is None else {"max_total_len": args.max_total_len}
     workload = WorkloadSpec(
         args.trace,
-        num_requests=args.num_requests,
-        rate=args.rate,
+        num_requests=args.num_requests or None,
+        rate=args.rate or None,
         seed=0,
         n=args.n,
         beam_width=args.beam_width,
+        **window,
+        **longest,
     )
-    config = RunConfig(args.engine, model=args.model, workload=workload, kv_cache_gib=gib, device=args.device)
-    run_real(replace(config, workload=replace(workload, seed=1)))  # warm-up on other prompts
+    gpu = {} if args.emulate_gpu is None else {"emulate_gpu": args.emulate_gpu}
+    config = RunConfig(
+        args.engine, model=args.model, workload=workload, kv_cache_gib=gib, device=args.device,
+        chunked_prefill=args.chunked_prefill, **gpu,
+    )  # fmt: skip
+    # warm-up on other prompts: another seed's draw, or a replayed window's next window
+    other = replace(workload, seed=1)
+    if args.window_duration is not None:
+        other = replace(other, window_start_s=args.window_duration)
+    run_real(replace(config, workload=other))
     start = time.perf_counter()
     result = run_real(config)
     wall = time.perf_counter() - start

@@ -30,6 +30,9 @@
 #                    (results/reference/hybrid-long-chunked-real; simulated: results/reference/hybrid-long-chunked-sim)
 #   hybrid-long-chunked-split  the same, run again since a mixed step's decodes attend through the
 #                    split decode kernel (results/reference/hybrid-long-chunked-split-real)
+#   mixed-profile    where a chunked step's time goes on Gemma 3 12B, paged and hybrid: the first 8 s of
+#                    Mooncake's conversations, chunked, under torch.profiler (benchmarks/step_profile.py;
+#                    results/reference/mixed-step-profile/<engine>.txt)
 #   fig12-alpaca-eager  Figure 12's Alpaca panel at OPT-13B for paged and orca-oracle with every step
 #                    run eagerly (`--no-cuda-graphs`, as the paper's vLLM and Orca ran), seed 0, the
 #                    shared bound 4 x the lower unloaded latency, bisected to a 10 % bracket
@@ -116,6 +119,15 @@ for job in "$@"; do
       timeout $left python -m kvbench sweep --real --chunked-prefill --engines hybrid,paged,jenga --model gemma-3-12b \
         --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --max-total-len 131072 --seeds 0 \
         --resume --continue-on-error --collectors torch,nvml --out $folder ;;
+    mixed-profile)
+      folder=results/reference/mixed-step-profile
+      mkdir -p $folder
+      for engine in paged hybrid; do
+        left=$((end - SECONDS)); [ $left -gt 30 ] || break
+        timeout $left python benchmarks/step_profile.py --model gemma-3-12b --emulate-gpu h200-141gb \
+          --engine $engine --trace mooncake-conv --rate 0 --num-requests 0 --window-duration 8 \
+          --max-total-len 131072 --chunked-prefill --profiler torch --top 25 > $folder/$engine.txt
+      done ;;
     fig12-alpaca-eager)
       folder=results/reference/fig12-alpaca-eager
       timeout $left python -m kvbench sweep --real --no-cuda-graphs --engines paged,orca-oracle --model opt-13b \
