@@ -14,6 +14,7 @@ cells' summary.json and steps.csv, or simulated from their config.json.
 from __future__ import annotations
 
 import json
+import runpy
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,16 +32,8 @@ UNCHUNKED = HERE.parent / "hybrid-long-real"
 COST = HERE.parent / "hybrid-long-chunked-sim" / "calibration" / "cost.json"  # fitted on unchunked cells
 ENGINES = ("paged", "hybrid", "jenga")
 BIN = 40_000  # K/V slots read a step: the mixed-step table's bin width
-COLUMNS = (
-    ("req/s", "request_throughput", "{:.3f}"),
-    ("output tok/s", "output_token_throughput", "{:.0f}"),
-    ("mean TTFT s", "mean_ttft_s", "{:.1f}"),
-    ("p99 TTFT s", "p99_ttft_s", "{:.1f}"),
-    ("mean TPOT s", "mean_tpot_s", "{:.3f}"),
-    ("p99 TPOT s", "p99_tpot_s", "{:.3f}"),
-    ("batched req.", "mean_batched_requests", "{:.1f}"),
-    ("preemptions", "num_preemptions", "{}"),
-)
+# the columns of the simulated tables beside these (label, summary key, format)
+COLUMNS = runpy.run_path(str(HERE.parent / "hybrid-long-chunked-sim" / "make.py"))["COLUMNS"]
 
 
 def runs(folder: Path) -> dict[str, Run]:
