@@ -126,6 +126,10 @@ class CostModel:
     # decode rows priced as the CUDA graph's bucket the batch pads to (`graph_rows`): a model
     # fitted to real GPU runs that replay graphs; False (the roofline, CPU runs): the batch
     pads_decode: bool = False
+    # per query-key pair a prefill or mixed step's attention scores (`KvReads.pairs`): what makes a
+    # long prompt's tokens dearer than a short one's (quadratic attention) and a chunk deep in a
+    # prompt dearer than its first; 0 in the roofline and in files fitted before it was recorded
+    per_attention_pair_s: float = 0.0
     assumed: tuple[str, ...] = ()  # fields no run measured (a calibrated model's; see DEFAULT_SOURCES)
 
     def above_knee(self, rows: int) -> float:
@@ -193,6 +197,22 @@ class KvReads:
         slot = sum(shape.bytes_per_token for shape in shapes)
         return cls(tuple((s.window, s.bytes_per_token / slot) for s in shapes if s.window))
 
+    def pairs(self, batch: Batch) -> float:
+        """Query-key pairs a prefill (or mixed) step's attention scores, in slots' worth (each
+        layer group weighted by its share of a slot's bytes, as `skipped` is); 0 for a decode
+        step. A row feeding t tokens that end at c positions scores t x c - t (t - 1) / 2 pairs
+        in a full-attention layer (the query at position p sees p + 1 keys) and, in a window-W
+        layer, the sum of min(p + 1, W) over its queries."""
+        if not batch.is_prefill:
+            return 0.0
+        context = np.array(batch.computed_to(), dtype=np.float64)  # [n] c: positions after the step
+        fed = context - np.array([seq.num_computed for seq in batch.seqs], dtype=np.float64)  # [n] t
+        full = 1.0 - sum(share for _, share in self.windows)
+        total = full * float((fed * context - fed * (fed - 1) / 2).sum())
+        for window, share in self.windows:
+            total += share * float(capped_sum(context - fed + 1, context, window).sum())
+        return total
+
     def skipped(self, batch: Batch, steps: int) -> np.ndarray:
         """Slots of K/V the window layers skip in each of `steps` steps of `batch` (`[steps]`):
         step 0 as scheduled, later steps decodes (one token fed, the context one longer)."""
@@ -210,6 +230,15 @@ class KvReads:
                 before = np.concatenate(([0], np.cumsum(start)))  # [n + 1]
                 skipped[1:] += share * (past * later - before[past])
         return skipped
+
+
+def capped_sum(low: np.ndarray, high: np.ndarray, cap: int) -> np.ndarray:
+    """The sum of min(v, cap) over the integers v in [low, high] for each row (`[n]` each; 0
+    where high < low)."""
+    top = np.minimum(high, cap)  # [n] the last value under the cap
+    below = np.where(top >= low, (low + top) * (top - low + 1) / 2, 0.0)
+    above = np.maximum(high - np.maximum(low, cap + 1) + 1, 0.0) * cap
+    return below + above
 
 
 class CostModelRunner:
@@ -250,6 +279,8 @@ class CostModelRunner:
         first += c.per_prefill_s * batch.is_prefill
         first += c.per_map_page_s * batch.mapped_pages + c.per_unmap_page_s * batch.unmapped_pages
         first += 0.0 if batch.is_prefill else c.above_knee(rows) + c.per_segment_s
+        if c.per_attention_pair_s:
+            first += c.per_attention_pair_s * self.reads.pairs(batch)
         if max_steps == 1:
             return self._ahead(batch, StepResult(np.array([first])))
         # later steps are decodes: one token per sequence, context one longer each step

@@ -69,6 +69,8 @@ class StepRecord:
     # vmm: driver pages mapped and unmapped since the previous row (what the cost model charges)
     mapped_pages: int = 0
     unmapped_pages: int = 0
+    # prefill and mixed rows: query-key pairs their attention scores (`KvReads.pairs`); 0 for decodes
+    attention_pairs: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,7 @@ class Engine:
             durations = result.durations  # (k,) seconds
             k = len(durations)
             skipped = float(self.reads.skipped(batch, k).sum())  # before the sequences advance
+            pairs = self.reads.pairs(batch)  # a prefill's query-key pairs (0 for decodes), likewise
             if not ahead and k > 1:
                 growth = alloc.grow(batch.seqs, k)
             alloc.trim(k)  # give back what steps past k would have used; the rest is final
@@ -206,7 +209,7 @@ class Engine:
             integral = segment_integral(fp, durations, len(batch.seqs), growth, outside)
             integral = replace(integral, outside=min(integral.outside, integral.tokens))
             # what is shared changes only between segments (forks, copy-on-write, admissions, frees)
-            log.record(batch, durations, ends, fp, integral, alloc.sharing_saved(), sched, skipped)
+            log.record(batch, durations, ends, fp, integral, alloc.sharing_saved(), sched, skipped, pairs)
             # 5. release the finished (per the scheduler's policy)
             sched.update(finished)
         return log.result()
@@ -272,7 +275,7 @@ class _RunLog:
 
     def record(
         self, batch: Batch, durations: np.ndarray, ends: np.ndarray, end: Footprint, integral: Footprint,
-        saved: int, sched: Scheduler, skipped: float,
+        saved: int, sched: Scheduler, skipped: float, pairs: float,
     ) -> None:  # fmt: skip
         k, seconds = len(durations), float(ends[-1]) - self.clock
         running = len(sched.running)
@@ -295,7 +298,7 @@ class _RunLog:
                 context, context - skipped if skipped else context, len(batch.swaps),
                 len(sched.waiting) + late,
                 running, sched.num_preempted, len(sched.swapped),
-                *whole_slots(end, self.num_slots), saved, mapped, unmapped,
+                *whole_slots(end, self.num_slots), saved, mapped, unmapped, pairs,
             )
         )  # fmt: skip
         self.clock = float(ends[-1])

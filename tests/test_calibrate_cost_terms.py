@@ -289,3 +289,65 @@ def test_a_coalesced_vmm_segment_pays_the_page_maps_its_steps_one_by_one_would(a
     assert [s.finish_s for s in fast.sequences] == pytest.approx(finish, rel=1e-9)
     assert fast.busy.seconds == pytest.approx(slow.busy.seconds, rel=1e-9)
     assert fast.busy.seconds > free.busy.seconds + 80 * 3e-4  # maps were charged
+
+
+@pytest.mark.parametrize("windows", [(), ((5, 0.5),), ((3, 0.25), (40, 0.25))])
+def test_attention_pairs_count_what_each_query_sees(windows):
+    """`KvReads.pairs` against a count query by query: a row feeding t tokens that end at c
+    positions, its query at position p seeing p + 1 keys in a full layer and min(p + 1, W) in a
+    window-W layer, each group weighted by its share; a decode step has none."""
+    from engines.scheduler import Batch
+    from kvbench.cost_model import KvReads
+
+    rows = [(0, 1), (0, 37), (12, 1), (30, 9), (2, 64)]  # (computed before the step, fed)
+    seqs = []
+    for index, (done, fed) in enumerate(rows):
+        seq = sequence_for(Request(index, 0.0, done + fed, 4))
+        seq.num_computed = done
+        seqs.append(seq)
+    batch = Batch(tuple(seqs), True, sum(fed for _, fed in rows), 0, 1)
+    full = 1.0 - sum(share for _, share in windows)
+    expected = 0.0
+    for done, fed in rows:
+        for position in range(done, done + fed):
+            expected += full * (position + 1)
+            expected += sum(share * min(position + 1, window) for window, share in windows)
+    reads = KvReads(windows)
+    assert reads.pairs(batch) == pytest.approx(expected, rel=1e-12)
+    assert reads.pairs(Batch(tuple(seqs), False, len(seqs), 0, 1)) == 0.0
+
+
+def test_the_fit_recovers_a_known_attention_pair_price_and_steps_record_the_pairs(tmp_path):
+    """Runs simulated with a price per query-key pair (prompts of 100-6,000 tokens, whole and in
+    2,048-token chunks) record each prefill row's pairs and give the price back; read without
+    the column, the fit cannot match them (a long prompt's tokens cost more than a short one's)."""
+    import pandas as pd
+
+    from kvbench.calibrate.fit import FITTED, read_rows, shape_lines
+
+    price = dict(cost_per_attention_pair_s=2e-9)
+    model = tmp_path / "true.json"
+    model.write_text(json.dumps({"model": "llama-3.1-8b", "fixed_s": 0.004, "per_token_s": 3e-5,
+                                 "per_kv_token_s": 2e-7, "per_prefill_token_s": 1e-5,
+                                 "per_attention_pair_s": price["cost_per_attention_pair_s"]}))  # fmt: skip
+    runs = []
+    for chunked in (False, True):
+        workload = WorkloadSpec("uniform:prompt=100..6000,output=4..40", num_requests=60, rate=4.0, seed=1)
+        config = RunConfig(engine="paged", model="llama-3.1-8b", workload=workload, kv_cache_gib=2.0,
+                           cost_model=str(model), chunked_prefill=chunked, max_num_seqs=16)  # fmt: skip
+        out = tmp_path / f"chunked-{chunked}"
+        write_result(simulate(config), out)
+        runs.append(out)
+    steps = pd.read_csv(runs[0] / "steps.csv")
+    prefill = steps[steps.kind == "prefill"]
+    assert (prefill.attention_pairs > 0).all() and (steps[steps.kind == "decode"].attention_pairs == 0).all()
+    fitted = calibrate(runs, simulated_ok=True)
+    assert fitted.cost.per_attention_pair_s == pytest.approx(2e-9, rel=1e-6)
+    assert fitted.p90_relative_error < 1e-6
+    assert "prefill attention: 2000.000 ps a query-key pair" in shape_lines(fitted)
+    rows = [read_rows(run, simulated_ok=True) for run in runs]
+    counts = np.concatenate([r.counts for r in rows])
+    durations = np.concatenate([r.durations for r in rows])
+    without = np.delete(counts, FITTED.index("per_attention_pair_s"), axis=1)  # [R, terms - 1]
+    constants = fit(without, durations)
+    assert np.quantile(np.abs(without @ constants / durations - 1), 0.9) > 0.01

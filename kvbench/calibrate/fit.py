@@ -114,12 +114,16 @@ MAPS = ("mapped_pages", "unmapped_pages")  # optional steps.csv columns: vmm dri
 # optional steps.csv column: slots of K/V read (context_tokens less what window layers skip);
 # the K/V term's count where present, else context_tokens (the same count without window layers)
 READS = "kv_tokens_read"
+# optional steps.csv column: a prefill or mixed row's query-key pairs (`KvReads.pairs`); runs
+# written before it have none, and the fit then leaves `per_attention_pair_s` at 0
+PAIRS = "attention_pairs"
 # the CostModel field each count column prices, in column order (the knee's column last)
 FITTED = ("fixed_s", "per_token_s", "per_kv_token_s", "per_swap_block_s", "per_prefill_s",
-          "per_prefill_token_s", "per_map_page_s", "per_unmap_page_s", "per_segment_s")  # fmt: skip
+          "per_prefill_token_s", "per_map_page_s", "per_unmap_page_s", "per_segment_s",
+          "per_attention_pair_s")  # fmt: skip
 # terms added after files were written: left out of a file's digest while absent or 0, so a file
 # that does not use one keeps the digest it had (and the runs priced with it stay current)
-UNPRICED_WHEN_ZERO = ("per_segment_s", "pads_decode")
+UNPRICED_WHEN_ZERO = ("per_segment_s", "pads_decode", "per_attention_pair_s")
 KNEE_GAIN = 0.5  # a knee is kept when it at least halves the linear fit's squared (scaled) error
 KNEE_SIDES = 2  # batch sizes a knee needs on each side
 KNEE_CANDIDATES = 32  # knees tried at most (evenly spaced among the sizes seen): each is a full fit
@@ -157,6 +161,8 @@ def shape_lines(calibration: Calibration) -> list[str]:
         lines.append("decode rows: as the CUDA graph's bucket a batch pads to (1, 2, 4, then multiples of 8)")
     if c.per_segment_s:
         lines.append(f"decode segment: {1e3 * c.per_segment_s:.3f} ms more per runner call (a decode row)")
+    if c.per_attention_pair_s:
+        lines.append(f"prefill attention: {1e12 * c.per_attention_pair_s:.3f} ps a query-key pair")
     if c.knee_batch is not None:
         extra = f"{1e6 * c.per_row_above_knee_s:.3f} us"
         lines.append(f"decode knee: {extra} more per row past {c.knee_batch} rows")
@@ -173,7 +179,7 @@ class Rows:
     """A run's steps.csv as the fit reads it."""
 
     model: str
-    counts: np.ndarray  # [R, 9] one column per `FITTED` term
+    counts: np.ndarray  # [R, 10] one column per `FITTED` term
     durations: np.ndarray  # [R]
     batch: np.ndarray  # [R] rows of each step (0 for prefill rows: no knee there)
     config: dict  # the run's config.json (block size and GPU for assumed terms)
@@ -207,7 +213,7 @@ def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
     missing = [name for name in (*TERMS, "kind", "duration_s") if name not in table]
     if missing:
         raise KvbenchError(f"{steps}: no column {missing[0]!r} (written by an older kvbench?)")
-    optional = [name for name in (*MAPS, READS, "batch_size") if name in table]
+    optional = [name for name in (*MAPS, READS, PAIRS, "batch_size") if name in table]
     model = facts.get("model", "?")
     if READS not in table and _has_windows(model):
         raise KvbenchError(
@@ -235,6 +241,7 @@ def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
         column["num_steps"], tokens * (1 - prefill), column.get(READS, column["context_tokens"]),
         column["swapped_blocks"],
         prefill, tokens * prefill, *(column.get(m, zeros) for m in MAPS), 1 - prefill,
+        column.get(PAIRS, zeros) * prefill,
     ])  # fmt: skip
     batch = (rows if padded else column.get("batch_size", zeros)) * (1 - prefill)
     config = read_json(run / "config.json") if (run / "config.json").is_file() else {}
@@ -439,7 +446,8 @@ def load_cost_model(path: str, model: str) -> CostModel:
         raise KvbenchError(f"{where}: fitted on {data['model']}, not on --model {model}")
     required = ("fixed_s", "per_token_s", "per_kv_token_s")
     optional = ("per_swap_block_s", "per_copy_slot_s", "per_prefill_s", "per_prefill_token_s",
-                "per_map_page_s", "per_unmap_page_s", "per_row_above_knee_s", "per_segment_s")  # fmt: skip
+                "per_map_page_s", "per_unmap_page_s", "per_row_above_knee_s", "per_segment_s",
+                "per_attention_pair_s")  # fmt: skip
     missing = [key for key in required if key not in data]
     if missing:
         raise KvbenchError(f"{where}: not a kvbench calibrate file (no {missing[0]!r})")
