@@ -2,8 +2,10 @@
 
     step time = fixed_s + per_token_s x tokens fed + per_kv_token_s x K/V tokens attended
 
-(a calibrated model may price a prefill step's tokens apart, `per_prefill_token_s`, and add
-`per_prefill_s` per prefill step; the roofline does neither).
+(a calibrated model may price a prefill step's tokens apart, `per_prefill_token_s`, add
+`per_prefill_s` per prefill step, and price the query-key pairs its attention scores,
+`per_attention_pair_s` x `KvReads.pairs`, quadratic in a prompt's length; the roofline does
+none of these).
 
 A chunked-prefill mixed step (`Batch.chunks`: prompt chunks beside 1-token decode rows) is priced
 as a prefill step of all its tokens: a real runner runs it through the prefill path, eagerly,
