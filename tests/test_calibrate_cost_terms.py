@@ -344,7 +344,7 @@ def test_the_fit_recovers_a_known_attention_pair_price_and_steps_record_the_pair
     fitted = calibrate(runs, simulated_ok=True)
     assert fitted.cost.per_attention_pair_s == pytest.approx(2e-9, rel=1e-6)
     assert fitted.p90_relative_error < 1e-6
-    assert "prefill attention: 2000.000 ps a query-key pair" in shape_lines(fitted)
+    assert "prefill attention: 2.000 ns a query-key pair" in shape_lines(fitted)
     rows = [read_rows(run, simulated_ok=True) for run in runs]
     counts = np.concatenate([r.counts for r in rows])
     durations = np.concatenate([r.durations for r in rows])

@@ -162,7 +162,7 @@ def shape_lines(calibration: Calibration) -> list[str]:
     if c.per_segment_s:
         lines.append(f"decode segment: {1e3 * c.per_segment_s:.3f} ms more per runner call (a decode row)")
     if c.per_attention_pair_s:
-        lines.append(f"prefill attention: {1e12 * c.per_attention_pair_s:.3f} ps a query-key pair")
+        lines.append(f"prefill attention: {1e9 * c.per_attention_pair_s:.3f} ns a query-key pair")
     if c.knee_batch is not None:
         extra = f"{1e6 * c.per_row_above_knee_s:.3f} us"
         lines.append(f"decode knee: {extra} more per row past {c.knee_batch} rows")
