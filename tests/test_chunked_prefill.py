@@ -15,6 +15,7 @@ from kvbench.cli.app import app
 from kvbench.config import RunConfig
 from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.engine import Engine
+from kvbench.models import get_model
 from kvbench.requests import Request, Trace
 from kvbench.runner import StepResult
 from kvbench.sequence import SeqStatus
@@ -200,7 +201,7 @@ def test_the_real_model_decodes_the_same_tokens_with_prompts_in_chunks(engine, a
     assert chunked == whole
     assert "mixed" in kinds and "mixed" not in whole_kinds
     assert kinds.count("mixed") >= 12  # six prompts of 20-48 tokens: at least two chunks each
-    layers = 2  # tiny-llama's: one split call per layer of each mixed step with a decode beside it
+    layers = get_model("tiny-llama").num_layers  # one split call per layer of each mixed step with a decode
     assert split_rows and len(split_rows) % layers == 0 and min(split_rows) >= 1
 
 

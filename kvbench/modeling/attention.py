@@ -139,8 +139,9 @@ def _split_prefill(
     `[T, H, D]`) attend through the decode kernel and the rest through the extend kernel."""
     _, extend, decode = _ops(meta.backend)
     rows = meta.decode_rows
-    head = {k: v[:rows] if isinstance(v, torch.Tensor) else v for k, v in meta.addressing().items()}
-    tail = {k: v[rows:] if isinstance(v, torch.Tensor) else v for k, v in meta.addressing().items()}
+    addressing = meta.addressing()  # block tables `[B, W]` or extent starts `[B]`, split by rows below
+    head = {k: v[:rows] if isinstance(v, torch.Tensor) else v for k, v in addressing.items()}
+    tail = {k: v[rows:] if isinstance(v, torch.Tensor) else v for k, v in addressing.items()}
     out = torch.empty_like(q)  # [T, H, D]
     kernels = meta.backend == "triton"  # the kernels write into `out`'s rows; the references return theirs
     done = decode(
