@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from kvbench.calibrate.check import read_config
-from kvbench.calibrate.fit import FITTED, predict, read_rows
+from kvbench.calibrate.fit import FITTED, load_cost_model, predict, read_rows
 from kvbench.results.files import write_text
 from kvbench.results.load import Run, load_run
 from kvbench.simulate import simulate
@@ -106,10 +106,10 @@ def time_table(chunked: dict[str, Run], unchunked: dict[str, Run]) -> list[str]:
 def priced(run: Run) -> np.ndarray:
     """Each steps.csv row's duration as the fitted costs price it `[R]` (a mixed row as a
     prefill of all its tokens, `kvbench.cost_model`)."""
-    cost = json.loads(COST.read_text())
-    constants = np.array([cost[name] for name in FITTED] + [cost["per_row_above_knee_s"]])
+    cost = load_cost_model(str(COST), run.summary["model"])  # a term fitted later prices at 0
+    constants = np.array([getattr(cost, name) for name in FITTED] + [cost.per_row_above_knee_s])
     rows = read_rows(run.path)
-    return predict(rows.counts, rows.batch, constants, cost["knee_batch"])
+    return predict(rows.counts, rows.batch, constants, cost.knee_batch)
 
 
 def mixed_table(chunked: dict[str, Run]) -> list[str]:
