@@ -13,7 +13,6 @@ cells' summary.json and steps.csv, or simulated from their config.json.
 
 from __future__ import annotations
 
-import json
 import runpy
 from dataclasses import replace
 from pathlib import Path

@@ -2,7 +2,8 @@
 the split decode kernel, beside the same setting's chunked cells from before that change and
 its unchunked cells.
 
-    KVBENCH_TRACE_DIR=../shared/traces PYTHONPATH=. python results/reference/hybrid-long-chunked-split-real/make.py
+    KVBENCH_TRACE_DIR=../shared/traces PYTHONPATH=. \
+        python results/reference/hybrid-long-chunked-split-real/make.py
 
 Writes table.md beside this file: (1) each engine's real unchunked cell
 (results/reference/hybrid-long-real), its chunked cell before the change
