@@ -102,10 +102,10 @@ def time_table(chunked: dict[str, Run], unchunked: dict[str, Run]) -> list[str]:
     return lines
 
 
-def priced(run: Run) -> np.ndarray:
-    """Each steps.csv row's duration as the fitted costs price it `[R]` (a mixed row as a
+def priced(run: Run, fitted: Path = COST) -> np.ndarray:
+    """Each steps.csv row's duration as the costs `fitted` price it `[R]` (a mixed row as a
     prefill of all its tokens, `kvbench.cost_model`)."""
-    cost = load_cost_model(str(COST), run.summary["model"])  # a term fitted later prices at 0
+    cost = load_cost_model(str(fitted), run.summary["model"])  # a term fitted later prices at 0
     constants = np.array([getattr(cost, name) for name in FITTED] + [cost.per_row_above_knee_s])
     rows = read_rows(run.path)
     return predict(rows.counts, rows.batch, constants, cost.knee_batch)
