@@ -90,7 +90,9 @@ def load_kv_tile(
     return k, v, n_mask
 
 
-@triton.jit
+# a mixed step's decode rows come with the step's own block-table width (its row stride):
+# specialising on it (Triton does for 1 or a multiple of 16) would compile a variant mid-run
+@triton.jit(do_not_specialize=["stride_tb"])
 def _decode_split_kernel(
     q_ptr,  # [B, H, D]
     k_ptr, v_ptr,  # [S, Hkv, D]: the arena

@@ -51,6 +51,20 @@ def split_count(rows: int, max_context: int, sms: int, cap: int = MAX_SPLITS) ->
     return 1 << (max(1, min(room, longest, cap)).bit_length() - 1)  # round down to a power of two
 
 
+def mixed_step_launches(kv_heads: int, sms: int, cap: int = MAX_SPLITS) -> tuple[tuple[int, int], ...]:
+    """(decode rows, splits) of one launch per decode-kernel variant a mixed step's decode rows
+    can take: every power of two of splits up to `cap` (a row of `splits` x 128 positions, on
+    the small grid), then enough unsplit rows to pass the small grid (the large launch).
+
+    Why: a chunked step runs its decode rows eagerly, through the split kernel, with the split
+    count `split_count` picks for that step (`NUM_SPLITS` and the launch are compile-time), so
+    each count a run meets first compiles mid-run: on an H200, Gemma 3 12B's first mixed steps
+    of a new count took 1.1-1.7 s instead of 0.19 (results/reference/hybrid-long-chunked-split-real).
+    A warm-up over these launches compiles them before the first timed step."""
+    counts = [1 << i for i in range(cap.bit_length()) if 1 << i <= cap]
+    return (*((1, s) for s in counts), (PROGRAMS_PER_SM * sms // max(kv_heads, 1) + 1, 1))
+
+
 def head_groups(heads: int) -> int:
     """MLA programs per (sequence, split) along the query heads: what `DecodeWorkspace` counts
     as KV heads for the MLA kernel."""

@@ -382,3 +382,17 @@ def test_fused_kernels_match_reference(device, dtype):
 
     gate, up = _rand((3, 1500), dtype, device, gen) * 4, _rand((3, 1500), dtype, device, gen)
     assert (silu_mul(gate, up).float() - silu_mul_ref(gate, up).float()).abs().max() <= bound * 4
+
+
+@pytest.mark.parametrize("kv_heads", [1, 8, 40])
+def test_the_mixed_step_warm_up_covers_every_launch_the_split_rule_picks(kv_heads):
+    """Every (split count, launch) a mixed step's decode rows can get on a 132-SM GPU, for any
+    number of rows and context, is one the warm-up's launches compile: none compiles mid-run."""
+    from kernels.splits import grid_launch, mixed_step_launches, split_count
+
+    sms = 132
+    warmed = {(s, grid_launch(rows * kv_heads * s, sms)) for rows, s in mixed_step_launches(kv_heads, sms)}
+    for rows in range(1, 600):
+        for context in (1, 100, 128, 255, 256, 1000, 2048, 4096, 131072):
+            s = split_count(rows * kv_heads, context, sms)
+            assert (s, grid_launch(rows * kv_heads * s, sms)) in warmed, (rows, context)

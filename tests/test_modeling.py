@@ -297,12 +297,13 @@ def test_the_arena_is_never_touched_outside_written_slots(engine):
 @pytest.mark.parametrize("attention", ["torch", pytest.param("triton", marks=INTERPRETED)])
 @pytest.mark.parametrize(("engine", "block_size"), [("paged", 4), ("paged", 32), ("orca-oracle", 4)])
 def test_warming_up_the_prefill_path_leaves_the_arena_untouched(engine, block_size, attention):
-    """The warm-up prefill (run on CUDA before any timed step) writes no slot of a poisoned arena,
+    """The warm-up (run on CUDA before any timed step: a prefill, then a mixed step's decode rows
+    at every split count up to 16, over 2,048 positions) writes no slot of a poisoned arena,
     whatever the block size (a 16-token warm-up spans several small blocks or part of a large one)."""
     spec = get_model("tiny-opt")
-    arena = KVArena(spec, 64, torch.float32, CPU)
+    arena = KVArena(spec, 2048, torch.float32, CPU)
     arena.fill(float("nan"))
-    options = EngineOptions(num_slots=64, max_len=32, block_size=block_size, scheduler=SchedulerConfig())
+    options = EngineOptions(num_slots=2048, max_len=32, block_size=block_size, scheduler=SchedulerConfig())
     allocator = ENGINES[engine].build(options).allocator
     model = random_model(spec, torch.float32, CPU, seed=3)
     runner = ModelRunner(model, arena, allocator, max_batch=2, max_len=32, attention=attention)

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from engines.allocator import BlockTable, Extent, KVAllocator
 from engines.hybrid import group_shapes
 from engines.scheduler import Batch
-from kernels.splits import choose_num_splits
+from kernels.splits import MIN_SPLIT_TOKENS, choose_num_splits, mixed_step_launches
 from kvbench.cost_model import CostModel, CostModelRunner, KvReads
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata, resolve_backend
@@ -239,6 +239,36 @@ class ModelRunner(ArenaCopies):
         scratch = self.virtual.scratch(tokens) if self.virtual is not None else nullcontext()
         with torch.inference_mode(), scratch:  # a virtual arena backs the slots it reads meanwhile
             self.model(ids, torch.arange(tokens, device=dev), meta, self.arena)
+        if self.model.spec.mla is None:  # an MLA prefill attends through its own path, unsplit
+            self._warm_up_decode_rows()
+
+    def _warm_up_decode_rows(self) -> None:
+        """Run a mixed step's decode rows once per decode launch they can take
+        (`kernels.splits.mixed_step_launches`): 1-token rows of padding (slot -1, nothing
+        stored) over `splits` x 128 positions of block 0 (paged) or slots 0 on (contiguous),
+        their output dropped. A launch whose rows would read past a contiguous arena is skipped."""
+        dev, paged = self.device, self.decoder.paged
+        kv_heads = self.arena.k[0].shape[-2]
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+        for rows, splits in mixed_step_launches(kv_heads, sms):
+            context = splits * MIN_SPLIT_TOKENS
+            if not paged and context > self.arena.k[0].shape[0]:
+                continue
+            ids = torch.zeros(rows, dtype=torch.int64, device=dev)  # [R]
+            if paged:
+                size = self.allocator.block_size
+                where = [BlockTable((0,) * -(-context // size), size)] * rows
+            else:
+                where = [Extent(0, context, context)] * rows
+            meta = AttentionMetadata(
+                True, torch.full_like(ids, -1), torch.arange(rows + 1, device=dev),
+                torch.full((rows,), context, dtype=torch.int32, device=dev),
+                max_new=1, backend=self.backend, num_splits=splits, decode_rows=rows,
+                **_addressing(where, dev),
+            )  # fmt: skip
+            scratch = self.virtual.scratch(context) if self.virtual is not None else nullcontext()
+            with torch.inference_mode(), scratch:
+                self.model(ids, torch.full_like(ids, context - 1), meta, self.arena)
 
     # ------------------------------------------------------------------ decode segments
     def _decode(self, batch: Batch, max_steps: int, start: float, budget_s: float) -> StepResult:
