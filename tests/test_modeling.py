@@ -307,8 +307,20 @@ def test_warming_up_the_prefill_path_leaves_the_arena_untouched(engine, block_si
     allocator = ENGINES[engine].build(options).allocator
     model = random_model(spec, torch.float32, CPU, seed=3)
     runner = ModelRunner(model, arena, allocator, max_batch=2, max_len=32, attention=attention)
-    runner.warm_up()
+    # every split count up to 16 (rows of 128 to 2,048 positions), then the large grid unsplit
+    # (on the CPU's stand-in of one SM: 4 programs / 4 KV heads + 1 rows)
+    assert runner.warm_up() == ((1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (2, 1))
     assert bool(torch.isnan(arena.k).all()) and bool(torch.isnan(arena.v).all())
+
+
+def test_the_warm_up_skips_decode_launches_that_would_read_past_a_contiguous_arena():
+    spec = get_model("tiny-opt")
+    arena = KVArena(spec, 600, torch.float32, CPU)
+    options = EngineOptions(num_slots=600, max_len=32, scheduler=SchedulerConfig())
+    allocator = ENGINES["orca-oracle"].build(options).allocator
+    model = random_model(spec, torch.float32, CPU, seed=3)
+    runner = ModelRunner(model, arena, allocator, max_batch=2, max_len=32, attention="torch")
+    assert runner.warm_up() == ((1, 1), (1, 2), (1, 4), (2, 1))  # 1,024 and 2,048 positions skipped
 
 
 def test_checkpoint_errors_are_one_line(tmp_path):

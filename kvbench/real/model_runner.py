@@ -213,62 +213,57 @@ class ModelRunner(ArenaCopies):
         drawn = iter(sample(logits[rows], self.temperature, self.seed, keys[rows], last[rows]).tolist())
         return [next(drawn) if s else None for s in samples]
 
-    def warm_up(self) -> None:
+    def warm_up(self) -> tuple[tuple[int, int], ...]:
         """Run the prefill path once before any step is timed: one sequence of 16 padding tokens
         (slot -1: nothing is stored; attention reads block 0, or slots 0-15, and writes nothing),
-        its output dropped.
+        its output dropped; then a mixed step's decode rows once per decode launch they can take
+        (`kernels.splits.mixed_step_launches`), 1-token padding rows over `splits` x 128
+        positions. Returns the (decode rows, splits) launches run: a contiguous arena skips
+        those that would read past it, and an MLA model (whose prefill attends through its own
+        path, unsplit) runs none.
 
         Why: Triton compiles a kernel the first time it meets a variant, and the decode graphs'
         capture compiles only the decode path. On a fresh H200 the paged prefill kernel's first
         call took 806 ms inside the first timed step of a Figure 2 run, with every request
         waiting; with a recompile 403 ms later (see `kernels.extend_attention`), it cut paged's
-        token-state share from about 97 % to 84 %.
+        token-state share from about 97 % to 84 %. A mixed step's split count is a compile-time
+        constant too: without the second pass, Gemma 3 12B's first mixed steps at each new
+        count took 1.1-1.7 s (results/reference/hybrid-long-chunked-split-real).
         """
-        dev, tokens = self.device, 16
-        ids = torch.zeros(tokens, dtype=torch.int64, device=dev)  # [T]
-        if self.decoder.paged:
-            size = self.allocator.block_size
-            where = BlockTable((0,) * -(-tokens // size), size)  # block 0 for every position
-        else:
-            where = Extent(0, tokens, tokens)
-        context = torch.tensor([tokens], dtype=torch.int32, device=dev)  # [1]
-        meta = AttentionMetadata(
-            True, torch.full_like(ids, -1), torch.tensor([0, tokens], device=dev), context,
-            max_new=tokens, backend=self.backend, **_addressing([where], dev),
-        )  # fmt: skip
-        scratch = self.virtual.scratch(tokens) if self.virtual is not None else nullcontext()
-        with torch.inference_mode(), scratch:  # a virtual arena backs the slots it reads meanwhile
-            self.model(ids, torch.arange(tokens, device=dev), meta, self.arena)
-        if self.model.spec.mla is None:  # an MLA prefill attends through its own path, unsplit
-            self._warm_up_decode_rows()
-
-    def _warm_up_decode_rows(self) -> None:
-        """Run a mixed step's decode rows once per decode launch they can take
-        (`kernels.splits.mixed_step_launches`): 1-token rows of padding (slot -1, nothing
-        stored) over `splits` x 128 positions of block 0 (paged) or slots 0 on (contiguous),
-        their output dropped. A launch whose rows would read past a contiguous arena is skipped."""
-        dev, paged = self.device, self.decoder.paged
+        self._padding_pass(1, 16, max_new=16)
+        if self.model.spec.mla is not None:
+            return ()
         kv_heads = self.arena.k[0].shape[-2]
+        dev = self.device
         sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+        ran = []
         for rows, splits in mixed_step_launches(kv_heads, sms):
             context = splits * MIN_SPLIT_TOKENS
-            if not paged and context > self.arena.k[0].shape[0]:
-                continue
-            ids = torch.zeros(rows, dtype=torch.int64, device=dev)  # [R]
-            if paged:
-                size = self.allocator.block_size
-                where = [BlockTable((0,) * -(-context // size), size)] * rows
-            else:
-                where = [Extent(0, context, context)] * rows
-            meta = AttentionMetadata(
-                True, torch.full_like(ids, -1), torch.arange(rows + 1, device=dev),
-                torch.full((rows,), context, dtype=torch.int32, device=dev),
-                max_new=1, backend=self.backend, num_splits=splits, decode_rows=rows,
-                **_addressing(where, dev),
-            )  # fmt: skip
-            scratch = self.virtual.scratch(context) if self.virtual is not None else nullcontext()
-            with torch.inference_mode(), scratch:
-                self.model(ids, torch.full_like(ids, context - 1), meta, self.arena)
+            if self.decoder.paged or context <= self.arena.k[0].shape[0]:
+                self._padding_pass(rows, context, max_new=1, num_splits=splits, decode_rows=rows)
+                ran.append((rows, splits))
+        return tuple(ran)
+
+    def _padding_pass(self, rows: int, context: int, *, max_new: int, **meta: int) -> None:
+        """One forward pass of `rows` padding sequences, each computing its last `max_new` of
+        `context` positions (slot -1: nothing stored), reading block 0 (paged) or slots 0 on
+        (contiguous); the output dropped."""
+        dev = self.device
+        if self.decoder.paged:
+            size = self.allocator.block_size
+            where = BlockTable((0,) * -(-context // size), size)  # block 0 for every position
+        else:
+            where = Extent(0, context, context)
+        positions = torch.arange(context - max_new, context, device=dev).repeat(rows)  # [R x new]
+        ids = torch.zeros_like(positions)  # [R x new]
+        attention = AttentionMetadata(
+            True, torch.full_like(ids, -1), torch.arange(rows + 1, device=dev) * max_new,
+            torch.full((rows,), context, dtype=torch.int32, device=dev),
+            max_new=max_new, backend=self.backend, **meta, **_addressing([where] * rows, dev),
+        )  # fmt: skip
+        scratch = self.virtual.scratch(context) if self.virtual is not None else nullcontext()
+        with torch.inference_mode(), scratch:  # a virtual arena backs the slots it reads meanwhile
+            self.model(ids, positions, attention, self.arena)
 
     # ------------------------------------------------------------------ decode segments
     def _decode(self, batch: Batch, max_steps: int, start: float, budget_s: float) -> StepResult:
