@@ -30,6 +30,9 @@
 #                    (results/reference/hybrid-long-chunked-real; simulated: results/reference/hybrid-long-chunked-sim)
 #   hybrid-long-chunked-split  the same, run again since a mixed step's decodes attend through the
 #                    split decode kernel (results/reference/hybrid-long-chunked-split-real)
+#   hybrid-long-chunked-warm  the same again, in the same order, since the model runner's warm-up
+#                    compiles every decode launch a mixed step can pick before the first timed step
+#                    (results/reference/hybrid-long-chunked-warm-real)
 #   mixed-profile    where a chunked step's time goes on Gemma 3 12B, paged and hybrid: the first 4 s of
 #                    Mooncake's conversations, chunked, under torch.profiler (benchmarks/step_profile.py;
 #                    results/reference/mixed-step-profile/<engine>.txt). On the H200 the profiled
@@ -112,13 +115,8 @@ for job in "$@"; do
       timeout $left python -m kvbench sweep --real --engines paged,hybrid,jenga,orca-oracle --model gemma-3-12b \
         --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --max-total-len 131072 --seeds 0 \
         --resume --continue-on-error --collectors torch,nvml --out $folder ;;
-    hybrid-long-chunked)
-      folder=results/reference/hybrid-long-chunked-real
-      timeout $left python -m kvbench sweep --real --chunked-prefill --engines hybrid,paged,jenga --model gemma-3-12b \
-        --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --max-total-len 131072 --seeds 0 \
-        --resume --continue-on-error --collectors torch,nvml --out $folder ;;
-    hybrid-long-chunked-split)
-      folder=results/reference/hybrid-long-chunked-split-real
+    hybrid-long-chunked|hybrid-long-chunked-split|hybrid-long-chunked-warm)
+      folder=results/reference/$job-real
       timeout $left python -m kvbench sweep --real --chunked-prefill --engines hybrid,paged,jenga --model gemma-3-12b \
         --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --max-total-len 131072 --seeds 0 \
         --resume --continue-on-error --collectors torch,nvml --out $folder ;;
