@@ -102,24 +102,37 @@ def _vmm(options: EngineOptions) -> KVAllocator:
     )  # fmt: skip
 
 
+def _step_tokens(options: EngineOptions) -> int:
+    """Hybrid engines under chunked prefill: the step's token budget, which bounds what a window
+    group takes ahead (`HybridAllocator.target_blocks`); 0 when a prompt is prefilled whole."""
+    scheduler = options.scheduler
+    return (scheduler.max_num_batched_tokens or 0) if scheduler.chunked_prefill else 0
+
+
 def _hybrid(options: EngineOptions) -> KVAllocator:
-    return HybridAllocator(options.num_slots, options.block_size, options.kv_groups, options.watermark)
+    return HybridAllocator(
+        options.num_slots, options.block_size, options.kv_groups, options.watermark, _step_tokens(options)
+    )
 
 
 def _jenga(options: EngineOptions) -> KVAllocator:
-    return JengaAllocator(options.num_slots, options.block_size, options.kv_groups, options.watermark)
+    return JengaAllocator(
+        options.num_slots, options.block_size, options.kv_groups, options.watermark, _step_tokens(options)
+    )
 
 
 def _hybrid_prefix(options: EngineOptions) -> KVAllocator:
     return HybridPrefixAllocator(
-        options.num_slots, options.block_size, options.kv_groups, options.watermark, options.hash_block_size
-    )
+        options.num_slots, options.block_size, options.kv_groups, options.watermark, options.hash_block_size,
+        _step_tokens(options),
+    )  # fmt: skip
 
 
 def _jenga_prefix(options: EngineOptions) -> KVAllocator:
     return JengaPrefixAllocator(
-        options.num_slots, options.block_size, options.kv_groups, options.watermark, options.hash_block_size
-    )
+        options.num_slots, options.block_size, options.kv_groups, options.watermark, options.hash_block_size,
+        _step_tokens(options),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

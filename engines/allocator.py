@@ -44,7 +44,9 @@ class KVAllocator(Protocol):
 
     - A sequence is *resident* from `allocate` to `free`; only resident sequences hold slots.
     - `allocate`/`append` are only called after the matching `can_*` returned True; a sequence
-      is then able to hold `seq.num_tokens` tokens (the next step's writes).
+      is then able to hold `seq.num_tokens` tokens (the next step's writes); an allocator built
+      for chunked prefill may hold fewer in a window group, never fewer than the step's budget
+      past `seq.num_computed` (what a step can write).
     - `footprint()` totals cover resident sequences only; with `external_frag` they yield the
       six occupancy categories, which always sum to `num_slots`.
     - `grow` is the multi-step form of `append`: after `growth_horizon(seqs, k) >= n`,

@@ -8,10 +8,13 @@ the queue). A prompt longer than what is left is split across consecutive steps;
 chunks is a *mixed* step, priced and run as a prefill (`Batch.chunks`). A request's first
 token comes with its last chunk; earlier chunks sample nothing.
 
-Memory is admitted as every engine admits it today: the allocator's `allocate` takes the
+Memory is admitted as every engine admits it unchunked: the allocator's `allocate` takes the
 prompt's slots (paged: its blocks; contiguous: its reservation) when the request is admitted,
-at its first chunk, so no allocator changes. A partially prefilled request is running: it holds
-a seat and its memory, and is preempted (newest first) like any other.
+at its first chunk. The one exception is a window group of the mixed-layer engines, which takes
+its blocks chunk by chunk (`HybridAllocator.target_blocks`: the allocator is built knowing the
+step budget, and `append_all` before each step gives a partial prompt its next chunk's blocks).
+A partially prefilled request is running: it holds a seat and its memory, and is preempted
+(newest first) like any other.
 
 Why budget >= `max_num_seqs` (`config.check_chunked`): every running decode must fit in a
 step, and while a request is partially prefilled at most `max_num_seqs - 1` others run, so its

@@ -38,7 +38,9 @@ step freed is seen by the check that decides the next one.
 Peaks. Prefill (and recompute after preemption) writes every prompt token's K/V in one step, so
 a window group holds blocks for all of them until the next step frees the old ones. A sequence
 preempted late is recomputed with up to kv_len - 1 tokens, so `can_ever_hold` asks for kv_len
-tokens in every group: the only peak a request alone is guaranteed to pass through again.
+tokens in every group: the only peak a request alone is guaranteed to pass through again. Under
+chunked prefill (`step_tokens`: no step writes more) a window group takes its blocks chunk by
+chunk instead (`target_blocks`), and its peak is about W + step_tokens tokens (`peak_blocks`).
 
 Real decoding. A real run keeps the pool as ONE buffer of `num_pages x page_bytes` bytes (the
 budget less its tail; `kvbench.real.grouped_arena`), and every layer reads and writes its K/V
@@ -315,10 +317,12 @@ class _GroupedAllocator:
     pool_class: type[_Pool]
 
     def __init__(
-        self, num_slots: int, block_size: int, groups: Seq[KVGroup] = (), watermark: float = 0.01
-    ) -> None:
+        self, num_slots: int, block_size: int, groups: Seq[KVGroup] = (), watermark: float = 0.01,
+        step_tokens: int = 0,
+    ) -> None:  # fmt: skip
         self.num_slots = num_slots
         self.block_size = block_size
+        self.step_tokens = step_tokens  # chunked prefill's step budget: see `target_blocks`; 0: none
         self.groups = tuple(groups)
         self.shapes = group_shapes(groups)
         self.slot_bytes = sum(s.bytes_per_token for s in self.shapes)  # B: one token in every layer
@@ -348,6 +352,24 @@ class _GroupedAllocator:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def target_blocks(self, g: int, num_tokens: int, num_computed: int) -> int:
+        """How many blocks group g's table spans for the next step of a sequence of `num_tokens`
+        tokens, `num_computed` of them computed (freed entries included).
+
+        A full group spans every token. So does a window group, unless a step writes at most
+        `step_tokens` tokens (chunked prefill): it then spans only what the next step can write,
+        up to position num_computed + step_tokens, taking the rest chunk by chunk as the window
+        frees what lies behind, as vLLM v1 allocates each step's new tokens. A long prompt's window
+        groups then never hold more than about W + step_tokens of its tokens, where a prompt
+        admitted whole would hold all of them until its last chunk.
+        """
+        if self.step_tokens and self.shapes[g].window:
+            num_tokens = min(num_tokens, num_computed + self.step_tokens)
+        return self.blocks_for(num_tokens)
+
+    def _targets(self, seq: Sequence) -> list[int]:
+        return [self.target_blocks(g, seq.num_tokens, seq.num_computed) for g in range(self.num_groups)]
+
     def held_blocks(self, seq: Sequence) -> list[int]:
         """Blocks `seq` holds in each group (freed ones not counted)."""
         return [len(t) - s for t, s in zip(self._tables[seq], self._skipped[seq], strict=True)]
@@ -357,22 +379,30 @@ class _GroupedAllocator:
 
     # --- admission -----------------------------------------------------------------------------
     def can_ever_hold(self, request: Request) -> bool:
-        need = self.blocks_for(request.kv_len) * request.beam_width
-        return self.pool.pages_for([need] * self.num_groups) <= self.pool.num_pages - self.watermark_pages
+        need = [self.peak_blocks(g, request.kv_len) * request.beam_width for g in range(self.num_groups)]
+        return self.pool.pages_for(need) <= self.pool.num_pages - self.watermark_pages
+
+    def peak_blocks(self, g: int, kv_len: int) -> int:
+        """The most blocks group g ever holds of one sequence of `kv_len` tokens: all of them, but
+        for a window group taking its blocks chunk by chunk (`target_blocks`), the blocks from the
+        window's first position p - W + 1 to p + step_tokens, at most this many for any p."""
+        window = self.shapes[g].window
+        if not (self.step_tokens and window):
+            return self.blocks_for(kv_len)
+        return min(self.blocks_for(kv_len), self.blocks_for(window - 1 + self.step_tokens) + 1)
 
     def can_allocate(self, seq: Sequence) -> bool:
         self._slide_all()
-        return self._fits([self.blocks_for(seq.num_tokens)] * self.num_groups, self.watermark_pages)
+        return self._fits(self._targets(seq), self.watermark_pages)
 
     def can_allocate_all(self, seqs: Seq[Sequence]) -> bool:
         self._slide_all()
-        need = sum(self.blocks_for(seq.num_tokens) for seq in seqs)
-        return self._fits([need] * self.num_groups, self.watermark_pages)
+        need = [sum(column) for column in zip(*(self._targets(seq) for seq in seqs), strict=True)]
+        return self._fits(need or [0] * self.num_groups, self.watermark_pages)
 
     def allocate(self, seq: Sequence) -> None:
         assert seq not in self._tables, f"seq {seq.seq_id} is already resident"
-        n = self.blocks_for(seq.num_tokens)
-        self._tables[seq] = [[self._take(g) for _ in range(n)] for g in range(self.num_groups)]
+        self._tables[seq] = [[self._take(g) for _ in range(n)] for g, n in enumerate(self._targets(seq))]
         self._skipped[seq] = [0] * self.num_groups
         if self._memory is not None:
             self._memory[seq] = self._memory_rows(self._tables[seq])
@@ -424,8 +454,7 @@ class _GroupedAllocator:
         return [i for i in range(first, last) if table[i] is not None and self._refs[table[i]] > 1]
 
     def _append_need(self, seq: Sequence) -> list[int]:
-        want = self.blocks_for(seq.num_tokens)
-        need = [max(want - len(t), 0) for t in self._tables[seq]]
+        need = [max(want - len(t), 0) for want, t in zip(self._targets(seq), self._tables[seq], strict=True)]
         if self._num_shared:
             need = [n + len(self._written_shared(seq, g)) for g, n in enumerate(need)]
         return need
@@ -437,8 +466,7 @@ class _GroupedAllocator:
     def append(self, seq: Sequence) -> list[tuple[int, int]]:
         self._slide(seq)
         copies = []
-        want = self.blocks_for(seq.num_tokens)
-        for g, table in enumerate(self._tables[seq]):
+        for g, (want, table) in enumerate(zip(self._targets(seq), self._tables[seq], strict=True)):
             if self._num_shared:
                 for index in self._written_shared(seq, g):
                     old, new = table[index], self._take(g)
@@ -509,7 +537,7 @@ class _GroupedAllocator:
         for seq in seqs:
             c = seq.num_computed
             tables, skipped = self._tables[seq], self._skipped[seq]
-            horizon = min(horizon, len(tables[0]) * bs - c)
+            horizon = min(horizon, min(len(t) for t in tables) * bs - c)
             for g, shape in enumerate(self.shapes):
                 if shape.window:
                     horizon = min(horizon, (skipped[g] + 1) * bs + shape.window - 1 - c)
@@ -628,13 +656,13 @@ class _GroupedAllocator:
     def check_integrity(self) -> None:
         refs: dict[int, int] = {}
         for seq, tables in self._tables.items():
-            lengths = {len(t) for t in tables}
-            assert len(lengths) == 1, f"seq {seq.seq_id}: groups' tables differ in length"
-            (length,) = lengths
-            low, high = self.blocks_for(seq.num_computed), self.blocks_for(seq.num_tokens)
-            assert low <= length <= max(high, low), f"seq {seq.seq_id} holds {length} blocks"
+            full = {len(t) for t, s in zip(tables, self.shapes, strict=True) if not s.window}
+            assert len(full) <= 1, f"seq {seq.seq_id}: full groups' tables differ in length"
+            low = self.blocks_for(seq.num_computed)
             for g, (table, skipped) in enumerate(zip(tables, self._skipped[seq], strict=True)):
                 shape = self.shapes[g]
+                high = self.target_blocks(g, seq.num_tokens, seq.num_computed)
+                assert low <= len(table) <= max(high, low), f"seq {seq.seq_id}: {len(table)} blocks in {g}"
                 assert all(b is None for b in table[:skipped]), "a freed entry holds a block"
                 assert all(b is not None for b in table[skipped:]), "a block freed inside the window"
                 if shape.window:  # nothing freed that a step still reads

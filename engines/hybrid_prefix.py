@@ -73,9 +73,9 @@ class _PrefixGroupedAllocator(_GroupedAllocator):
 
     def __init__(
         self, num_slots: int, block_size: int, groups: Seq[KVGroup] = (), watermark: float = 0.01,
-        hash_block_size: int | None = None,
+        hash_block_size: int | None = None, step_tokens: int = 0,
     ) -> None:  # fmt: skip
-        super().__init__(num_slots, block_size, groups, watermark)
+        super().__init__(num_slots, block_size, groups, watermark, step_tokens)
         self.hash_block_size = hash_block_size
         self.cache = PrefixCache()  # one key space per group: `_key(g, key)`
         self.group_names = group_names(self.shapes)
@@ -127,7 +127,7 @@ class _PrefixGroupedAllocator(_GroupedAllocator):
             hit = self._hit(seq)
             parked = [(g, b) for g, b in hit.taken() if b not in self._refs and b not in revived]
             revived.update(b for _, b in parked)
-            phases.append(([self.blocks_for(seq.num_tokens) - hit.blocks] * self.num_groups, parked))
+            phases.append((self._new_blocks(seq, hit), parked))
         return self.pool.admits(phases, self.watermark_pages)
 
     def _fits_each(self, needs: Seq[Seq[int]]) -> bool:
@@ -142,8 +142,7 @@ class _PrefixGroupedAllocator(_GroupedAllocator):
         tables: list[Table] = [list(t) for t in hit.tables]
         for _, block in hit.taken():  # hits first: what the admission check counted
             self._ref(block)
-        new = self.blocks_for(seq.num_tokens) - hit.blocks
-        for g, table in enumerate(tables):
+        for g, (table, new) in enumerate(zip(tables, self._new_blocks(seq, hit), strict=True)):
             table.extend(self._take(g) for _ in range(new))
         self._tables[seq] = tables
         firsts = [t.count(None) for t in hit.tables]
@@ -158,6 +157,12 @@ class _PrefixGroupedAllocator(_GroupedAllocator):
             )
         if len(self._keys_of(seq)) > hit.blocks:
             self._pending[seq] = hit.blocks
+
+    def _new_blocks(self, seq: Sequence, hit: Hit) -> list[int]:
+        """Blocks each group takes past the hit's at admission: up to its `target_blocks`, the
+        hit's tokens counting as computed."""
+        computed = hit.blocks * self.block_size
+        return [self.target_blocks(g, seq.num_tokens, computed) - hit.blocks for g in range(self.num_groups)]
 
     def prefix_hits_by_group(self, request_ids: Seq[int]) -> dict[str, int]:
         """Tokens each group reused at the first admission of these requests, by group name."""

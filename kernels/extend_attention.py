@@ -26,8 +26,16 @@ BLOCK_N = 32
 
 
 # the block-table width (its row stride) differs from one prefill to the next: specialising on it
-# (Triton does for a value of 1 or a multiple of 16) would compile a new variant mid-run
-@triton.jit(do_not_specialize=["stride_tb"])
+# (Triton does for a value of 1 or a multiple of 16) would compile a new variant mid-run. Nor on
+# the alignment of the per-sequence pointers (Triton specialises a pointer on 16-byte alignment):
+# a mixed step's prompt chunks pass `context_lens[rows:]` and their block tables' rows after
+# `rows` decode rows, aligned only when `rows` is a multiple of 4, and the first such step at
+# each new alignment compiled mid-run (Gemma 3 12B's first mixed steps with 1 and 2 decode rows:
+# 1.45 and 1.52 s, results/reference/hybrid-long-chunked-warm-real). They are read one scalar
+# per program, so alignment buys nothing there.
+@triton.jit(
+    do_not_specialize=["stride_tb"], do_not_specialize_on_alignment=["lens_ptr", "table_ptr", "starts_ptr"]
+)
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, cu_ptr, lens_ptr, table_ptr, starts_ptr,
     scale,

@@ -71,7 +71,7 @@ class RealOptions:
     weights_seed: int = 0
     attention: str = "auto"
     cuda_graphs: bool = True
-    expert_dispatch: str = "dense"
+    expert_dispatch: str = "auto"
     tensor_parallel: int = 1
     collectors: str = "torch,nvml,roofline"
     hf_batch_size: int = 32
@@ -96,7 +96,7 @@ REAL_FLAGS = (
         "expert_dispatch",
         str,
         "MoE models: a decode step runs every expert over every row (dense) or each token's chosen "
-        "experts only, grouped (grouped).",
+        "experts only, grouped (grouped); auto: grouped on a model with experts, dense otherwise.",
     ),
     Flag("tensor_parallel", int, "Split the model across this many GPUs of the host (budget: the model's)."),
     Flag("collectors", str, "CUDA runs: torch (allocator), nvml (memory, power), roofline; or none."),

@@ -31,6 +31,21 @@ def steps(ci: int) -> int:
     return max(1, ci * settings.default.stateful_step_count // settings.get_profile("ci").stateful_step_count)
 
 
+def compiled_variants() -> int:
+    """Triton kernel variants compiled so far in this process, over every kernel of `kernels`
+    that a real run launches (0 where nothing is compiled: Triton's interpreter)."""
+    import importlib
+
+    from triton.runtime.jit import JITFunction
+
+    total = 0
+    for name in ("decode_attention", "extend_attention", "fused", "kv_store", "mla_decode", "split_merge"):
+        for fn in vars(importlib.import_module(f"kernels.{name}")).values():
+            if isinstance(fn, JITFunction):
+                total += sum(len(cache[0]) for cache in getattr(fn, "device_caches", {}).values())
+    return total
+
+
 # The virtual step clock of real runs whose schedule a test checks (`ModelRunner(clock=...)`):
 # 5 ms a step, 0.1 ms a token fed, 10 us a token of context. The tiny models' CPU steps take
 # about that on a busy 2-core machine, so arrivals 10 ms apart meet running batches and a tight

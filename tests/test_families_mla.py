@@ -231,8 +231,9 @@ def test_decode_steps_through_grouped_experts_give_the_same_greedy_tokens():
 
 
 def test_a_real_run_of_a_checkpoint_takes_the_grouped_expert_dispatch(tmp_path):
-    """`kvbench run --expert-dispatch grouped` on a DeepSeek-V2 checkpoint: the run's decode steps
-    go through the grouped dispatch (on the CPU too, once chosen) and config.json records it."""
+    """`kvbench run` on a DeepSeek-V2 checkpoint, `--expert-dispatch` left at `auto`: the run's
+    decode steps go through the grouped dispatch (on the CPU too) and config.json records
+    `grouped`; a model without experts records `dense`, as every cell before `auto` did."""
     from tests.test_cli import kvbench
 
     _, folder = reference(tmp_path, None)
@@ -240,10 +241,22 @@ def test_a_real_run_of_a_checkpoint_takes_the_grouped_expert_dispatch(tmp_path):
     proc = kvbench(
         "run", "--engine", "paged", "--model", str(folder), "--device", "cpu", "--kv-cache-gib", "0.0002",
         "--trace", "uniform:prompt=4..20,output=5..12", "--num-requests", "4", "--rate", "20",
-        "--attention", "torch", "--expert-dispatch", "grouped", "--out", str(out),
+        "--attention", "torch", "--out", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "config.json").read_text())["expert_dispatch"] == "grouped"
+    from kvbench.config import RunConfig, with_expert_dispatch
+
+    for model, dispatch in (
+        (str(folder), "grouped"),
+        ("tiny-llama", "dense"),
+        ("deepseek-v2-lite", "grouped"),
+    ):
+        assert (
+            with_expert_dispatch(RunConfig("paged", model=model, expert_dispatch="auto")).expert_dispatch
+            == dispatch
+        )
+    assert with_expert_dispatch(RunConfig("paged", model=str(folder))).expert_dispatch == "dense"  # as asked
     assert json.loads((out / "summary.json").read_text())["completed"] == 4
     # one session's model serves every run of a sweep: each run sets the dispatch it names
     from kvbench.config import RunConfig, resolve_model

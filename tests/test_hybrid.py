@@ -143,6 +143,126 @@ def test_random_runs_keep_exact_accounting(machine):
     run_state_machine_as_test(machine, settings=settings(stateful_step_count=steps(40), deadline=None))
 
 
+STEP = 5  # chunked prefill's step budget in `ChunkedMachine`
+
+
+class ChunkedMachine(RuleBasedStateMachine):
+    """Chunked-prefill steps (every resident sequence computes a chunk of at most STEP tokens, a
+    decode one), admissions, finishes and recompute preemptions. A window group takes a prompt's
+    blocks chunk by chunk: after every `append` it spans exactly the blocks from its window's
+    first to what the next step can write, never more than `peak_blocks`; a full group all."""
+
+    allocator_class: type = HybridAllocator
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alloc = self.allocator_class(60, BS, SMALL, watermark=0.0, step_tokens=STEP)
+        self.resident: list[Sequence] = []
+        self.next_id = 0
+
+    def expect(self, seq: Sequence) -> list[int]:
+        c, t = seq.num_computed, seq.num_tokens
+        first = max(c - WINDOW + 1, 0) // BS
+        return [-(-min(t, c + STEP) // BS) - first, -(-t // BS)]
+
+    @rule(prompt=st.integers(1, 40), output=st.integers(1, 10))
+    def admit(self, prompt, output):
+        seq = Sequence(Request(self.next_id, 0.0, prompt, output))
+        self.next_id += 1
+        if not self.alloc.can_ever_hold(seq.request) or not self.alloc.can_allocate(seq):
+            return
+        free = self.alloc.num_free_pages
+        self.alloc.allocate(seq)
+        assert self.alloc.held_blocks(seq) == self.expect(seq)
+        if self.allocator_class is HybridAllocator:  # whole pages per block: exact
+            assert free - self.alloc.num_free_pages == self.alloc.pool.pages_for(self.expect(seq))
+        self.resident.append(seq)
+
+    @precondition(lambda self: self.resident)
+    @rule()
+    def step(self):
+        while self.resident and self.alloc.append_all(self.resident) is None:
+            self.alloc.free(self.resident.pop())
+        for seq in self.resident:
+            held = self.alloc.held_blocks(seq)
+            assert held == self.expect(seq)
+            assert held[0] <= self.alloc.peak_blocks(0, seq.request.kv_len)
+        finished = []
+        for seq in self.resident:
+            todo = seq.num_tokens - seq.num_computed
+            if todo > STEP:
+                seq.compute(STEP, 0.0)
+            elif seq.advance(1, 0.0):
+                finished.append(seq)
+        for seq in finished:
+            self.resident.remove(seq)
+            self.alloc.free(seq)
+
+    @precondition(lambda self: self.resident)
+    @rule(index=st.integers(0, 100))
+    def preempt(self, index):
+        seq = self.resident.pop(index % len(self.resident))
+        self.alloc.free(seq)
+        seq.preempt()
+        if self.alloc.can_allocate(seq):  # recomputed chunk by chunk, as a new prompt
+            self.alloc.allocate(seq)
+            self.resident.append(seq)
+
+    @invariant()
+    def accounting(self):
+        self.alloc.check_integrity()
+        values = snapshot(self.alloc).as_dict()
+        assert sum(values.values()) == pytest.approx(60) and min(values.values()) >= 0
+
+
+class JengaChunkedMachine(ChunkedMachine):
+    allocator_class = JengaAllocator
+
+
+@pytest.mark.parametrize("machine", [ChunkedMachine, JengaChunkedMachine])
+def test_chunked_runs_take_window_blocks_chunk_by_chunk(machine):
+    run_state_machine_as_test(machine, settings=settings(stateful_step_count=steps(40), deadline=None))
+
+
+def test_a_gemma3_prompt_chunked_holds_its_window_and_one_step_by_hand():
+    """Gemma 3 12B on 12 GiB (12,288 pages of 1 MiB; a window block 5 pages, a full one 1), a
+    16,384-token prompt (1,024 blocks), steps of 2,048 tokens. Admitted whole, its window groups
+    take all 1,024 blocks: 6,144 pages, so 2 fit. Chunk by chunk they take 128 (the first step's
+    tokens) beside the full groups' 1,024: 1,664 pages, so 7 are admitted. At chunk k (2,048k
+    computed) the window holds tokens from 2,048k - 1,023 on, blocks 128k - 64 .. 128k + 127:
+    192 blocks; at its first decode step (16,384 computed), blocks 960 .. 1,024: 65.
+    """
+    model = get_model("gemma-3-12b")
+    slots = budget_from_gib(12, model).num_slots
+    whole = HybridAllocator(slots, 16, model.groups, watermark=0.0)
+    chunked = HybridAllocator(slots, 16, model.groups, watermark=0.0, step_tokens=2048)
+    assert [g.window for g in chunked.shapes] == [1024, 0]  # window groups first
+
+    def admitted(alloc) -> int:
+        count = 0
+        while alloc.can_allocate(seq := Sequence(Request(count, 0.0, 16384, 4))):
+            alloc.allocate(seq)
+            count += 1
+        return count
+
+    assert (admitted(whole), admitted(chunked)) == (2, 7)
+    assert chunked.num_free_pages == 12288 - 7 * 1664
+    alloc = HybridAllocator(slots, 16, model.groups, watermark=0.0, step_tokens=2048)
+    seq = Sequence(Request(0, 0.0, 16384, 4))
+    alloc.allocate(seq)
+    held = [alloc.held_blocks(seq)]
+    for _ in range(7):
+        seq.compute(2048, 0.0)
+        alloc.append(seq)
+        held.append(alloc.held_blocks(seq))
+    assert held == [[128, 1024]] + [[192, 1024]] * 7
+    assert alloc.peak_blocks(0, seq.request.kv_len) == 193  # ceil(3,071 / 16) + 1: a bound for any p
+    seq.advance(1, 0.0)  # the last chunk samples the first output token
+    alloc.append(seq)
+    assert alloc.held_blocks(seq) == [65, 1025]
+    alloc.check_integrity()
+
+
 def test_tokens_and_out_of_window_slots_by_hand():
     alloc = HybridAllocator(60, BS, SMALL, watermark=0.0)
     seq = Sequence(Request(0, 0.0, 9, 20))  # 9 prompt tokens: 3 blocks in each group

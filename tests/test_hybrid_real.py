@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from engines import ENGINES
+from engines.batch import SchedulerConfig
 from kvbench.engine import Engine
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.weights import random_model
@@ -24,7 +25,7 @@ from kvbench.models import ModelSpec
 from kvbench.real.grouped_arena import GroupedKVArena
 from kvbench.real.model_runner import ModelRunner
 from kvbench.requests import Request, Trace
-from tests.support import VIRTUAL_CLOCK
+from tests.support import VIRTUAL_CLOCK, compiled_variants
 from tests.test_modeling import engine_options
 from tests.test_real_window_pricing import GEMMA3_TINY
 
@@ -56,6 +57,7 @@ class PoisoningRunner(ModelRunner):
     checked = 0  # calls checked
     freed = 0  # most freed (-1) table entries seen after a call
     copied = 0  # copy-on-write blocks copied
+    behind = 0  # most blocks a window group's table spanned short of a full group's after a call
 
     def _copy_blocks(self, copies):
         self.copied += len(copies)
@@ -69,6 +71,9 @@ class PoisoningRunner(ModelRunner):
             self.checked += 1
             tables = [self.allocator.memory_tables(seq) for seq in self.allocator._tables]
             self.freed = max(self.freed, sum(row.count(-1) for seq in tables for row in seq))
+            for groups in self.allocator._tables.values():
+                lengths = [len(t) for t, shape in zip(groups, self.allocator.shapes, strict=True)]
+                self.behind = max(self.behind, max(lengths) - min(lengths))
         return result
 
 
@@ -110,10 +115,12 @@ GROUPED = ("hybrid", "jenga", "hybrid-prefix", "jenga-prefix")  # a table per KV
 
 def decode(
     spec: ModelSpec, engine: str, *, attention: str = "torch", slots: int = SLOTS, requests=None,
-    temperature: float = 0.0,
+    temperature: float = 0.0, scheduler: SchedulerConfig | None = None,
 ):  # fmt: skip
     model = random_model(spec, torch.float32, CPU, seed=3)
     options = engine_options(slots, block_size=4)
+    if scheduler is not None:
+        options = replace(options, scheduler=scheduler)
     grouped = engine in GROUPED
     if grouped:
         options = replace(options, kv_groups=spec.groups)
@@ -154,6 +161,57 @@ def test_hybrid_and_jenga_decode_what_paged_and_static_decode(spec):
         assert pool.num_pages * pool.page_bytes <= SLOTS * spec.kv_bytes_per_token  # the budget
         assert runner.checked > 20 and runner.freed >= 10, engine
     assert max(r.prompt_len + r.output_len for r in trace().requests) > 4 * spec.window
+
+
+CHUNKED = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=10, chunked_prefill=True)
+
+
+def test_chunked_window_groups_taking_blocks_chunk_by_chunk_decode_what_paged_decodes():
+    """Under chunked prefill (10-token steps) a window group takes a prompt's blocks chunk by
+    chunk (`HybridAllocator.target_blocks`) while the full group takes them all at admission:
+    the tokens are still those `paged` decodes, chunked and not, with freed memory poisoned."""
+    long_prompts = Trace("long", tuple(Request(i, 0.0, p, 6) for i, p in enumerate((41, 30, 55, 12))))
+    expected, _, _ = decode(GEMMA3, "paged", requests=long_prompts)
+    assert decode(GEMMA3, "paged", requests=long_prompts, scheduler=CHUNKED)[0] == expected
+    for engine in ("hybrid", "jenga"):
+        tokens, _, runner = decode(GEMMA3, engine, requests=long_prompts, scheduler=CHUNKED)
+        assert tokens == expected, engine
+        assert runner.allocator.step_tokens == 10 and runner.freed >= 10, engine
+        assert runner.behind >= 5, engine  # a 55-token prompt's window group: 3 blocks of 14 at first
+    assert max(r.prompt_len for r in long_prompts.requests) > 4 * GEMMA3.window + 10
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("engine", ["paged", "hybrid", "jenga"])
+def test_a_chunked_run_compiles_no_kernel_after_the_warm_up(engine):
+    """On CUDA a runner captures its decode graphs and warms up when built (`ModelRunner.warm_up`);
+    a chunked run whose mixed steps put 1 to 7 decode rows before their chunks (so the chunks'
+    per-sequence arrays start at every alignment) then compiles no kernel: a compile inside a
+    timed step would add a second or more to it."""
+    cuda = torch.device("cuda")
+    model = random_model(GEMMA3, torch.bfloat16, cuda, seed=3)
+    options = replace(engine_options(4096, block_size=16), scheduler=CHUNKED)
+    grouped = engine in GROUPED
+    if grouped:
+        options = replace(options, kv_groups=GEMMA3.groups)
+    sched = ENGINES[engine].build(options)
+    if grouped:
+        arena = GroupedKVArena.for_allocator(GEMMA3, sched.allocator, torch.bfloat16, cuda)
+    else:
+        arena = KVArena(GEMMA3, 4096, torch.bfloat16, cuda)
+    runner = ModelRunner(
+        model, arena, sched.allocator, max_batch=8, max_len=64, attention="triton", clock=VIRTUAL_CLOCK
+    )
+    compiled = compiled_variants()
+    rng = np.random.default_rng(2)
+    lengths = zip(rng.integers(12, 40, 16), rng.integers(8, 24, 16), strict=True)
+    requests = tuple(Request(i, 0.02 * i, int(p), int(o)) for i, (p, o) in enumerate(lengths))
+    run = Engine(sched, runner).run(Trace("staggered", requests))
+    assert all(seq.num_generated == seq.request.output_len for seq in run.sequences)
+    mixed = {row.batch_size for row in run.steps if row.kind == "mixed"}
+    assert {2, 3, 4, 5} <= mixed, mixed
+    assert compiled > 0 and compiled_variants() == compiled
 
 
 def test_triton_kernels_read_each_group_through_its_own_table():

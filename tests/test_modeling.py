@@ -19,7 +19,12 @@ from kvbench.modeling.arena import KVArena  # noqa: E402
 from kvbench.modeling.attention import AttentionMetadata, triton_available  # noqa: E402
 from kvbench.modeling.weights import load_checkpoint, random_model, read_checkpoint_spec  # noqa: E402
 from kvbench.models import get_model  # noqa: E402
-from kvbench.real.model_runner import ModelRunner, _slots, padded_tokens, prompt_token_ids  # noqa: E402
+from kvbench.real.model_runner import (  # noqa: E402
+    ModelRunner,
+    _step_addressing,
+    padded_tokens,
+    prompt_token_ids,
+)
 from kvbench.requests import Request, Trace  # noqa: E402
 from tests.support import INTERPRETED, INTERPRETING, VIRTUAL_CLOCK  # noqa: E402
 
@@ -138,7 +143,7 @@ class RecordingRunner(ModelRunner):
             # prefill: the new tokens; a decode segment: one position per step run
             count = seq.num_tokens - computed if batch.is_prefill else len(result.durations)
             self.written = getattr(self, "written", set()) | set(
-                _slots(where, np.arange(computed, computed + count)).tolist()
+                _step_addressing([where], [np.arange(computed, computed + count)], CPU)[0].tolist()
             )
         return result
 

@@ -33,6 +33,9 @@
 #   hybrid-long-chunked-warm  the same again, in the same order, since the model runner's warm-up
 #                    compiles every decode launch a mixed step can pick before the first timed step
 #                    (results/reference/hybrid-long-chunked-warm-real)
+#   hybrid-long-chunked-windows  the chunked setting on two more 30 s windows of the trace (starting at
+#                    350 and 700 s), the engines in another order in each: jenga, hybrid, paged, then
+#                    hybrid, jenga, paged (results/reference/hybrid-long-chunked-windows-real/w<start>)
 #   mixed-profile    where a chunked step's time goes on Gemma 3 12B, paged and hybrid: the first 4 s of
 #                    Mooncake's conversations, chunked, under torch.profiler (benchmarks/step_profile.py;
 #                    results/reference/mixed-step-profile/<engine>.txt). On the H200 the profiled
@@ -120,6 +123,15 @@ for job in "$@"; do
       timeout $left python -m kvbench sweep --real --chunked-prefill --engines hybrid,paged,jenga --model gemma-3-12b \
         --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --max-total-len 131072 --seeds 0 \
         --resume --continue-on-error --collectors torch,nvml --out $folder ;;
+    hybrid-long-chunked-windows)
+      folder=results/reference/hybrid-long-chunked-windows-real
+      for setting in "350 jenga,hybrid,paged" "700 hybrid,jenga,paged"; do
+        set -- $setting
+        left=$((end - SECONDS)); [ $left -gt 30 ] || break
+        timeout $left python -m kvbench sweep --real --chunked-prefill --engines $2 --model gemma-3-12b \
+          --emulate-gpu h200-141gb --trace mooncake-conv --window-start $1 --window-duration 30 \
+          --max-total-len 131072 --seeds 0 --resume --continue-on-error --collectors torch,nvml --out $folder/w$1
+      done ;;
     mixed-profile)
       folder=results/reference/mixed-step-profile
       mkdir -p $folder

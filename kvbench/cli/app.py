@@ -23,7 +23,7 @@ from kvbench.cli import report as cli_report
 from kvbench.cli import reproduce as cli_reproduce
 from kvbench.cli import sweep as cli_sweep
 from kvbench.cli import trace as cli_trace
-from kvbench.config import DEFAULT_GPU, RunConfig, check_real_options
+from kvbench.config import DEFAULT_GPU, RunConfig, check_real_options, with_expert_dispatch
 from kvbench.errors import KvbenchError
 from kvbench.flags import RealOptions
 from kvbench.models import MODELS
@@ -148,6 +148,7 @@ def _job(
         cost_fixed_s=cost_fixed_s, cost_per_token_s=cost_per_token_s, cost_per_kv_token_s=cost_per_kv_token_s,
         percentiles=parse_percentiles(percentiles), slo=parse_slo(slo), **(asdict(real) if real else {}),
     )  # fmt: skip
+    config = with_expert_dispatch(config) if real else config
     prepare_out(out, "run", overwrite)  # before the work: a bad --out fails now, not after it
     start = time.perf_counter()
     if real is None:

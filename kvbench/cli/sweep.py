@@ -99,7 +99,7 @@ def _sweep(
     ray_retries: Annotated[int, typer.Option(help="ray: reruns of a cell whose worker or node died.")] = 3,
 ) -> None:
     """A grid of simulated (or real) runs, one folder per cell, resumable; sustained rates per engine."""
-    from kvbench.config import RunConfig, prepare
+    from kvbench.config import RunConfig, prepare, with_expert_dispatch
     from kvbench.metrics.summary import parse_percentiles, parse_slo
     from kvbench.sweep.cell import CellRun
     from kvbench.sweep.grid import (
@@ -132,6 +132,7 @@ def _sweep(
     base = RunConfig(
         axes.engines[0], workload=workload, percentiles=percentiles, slo=slo, **options, **real_fields
     )
+    base = with_expert_dispatch(base) if real_mode else base
     baseline = Baseline(baseline_rate, baseline_requests)
     plan = SweepPlan(
         axes, base, CellRun(real_mode, isolate, step_by_step, cell_timeout),

