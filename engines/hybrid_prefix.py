@@ -149,6 +149,7 @@ class _PrefixGroupedAllocator(_GroupedAllocator):
         self._skipped[seq] = firsts
         if self._memory is not None:
             self._memory[seq] = self._memory_rows(tables)
+            self._touch(seq)
         seq.num_computed = hit.blocks * self.block_size
         if not seq.num_preemptions:  # first admission: what the request found cached
             seq.num_cached_tokens = seq.num_computed

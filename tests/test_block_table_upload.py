@@ -15,9 +15,12 @@ import pytest
 import torch
 
 from engines import ENGINES, EngineOptions
+from engines.allocator import BlockTable
+from engines.hybrid import HybridAllocator
 from engines.paged import PagedAllocator
 from engines.scheduler import SchedulerConfig
 from kvbench.engine import Engine
+from kvbench.kvspec.layers import FullAttention, SlidingWindow, kv_groups
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.weights import random_model
 from kvbench.models import get_model
@@ -170,6 +173,86 @@ def test_unchanged_rows_are_not_written_again():
     alloc.free(seqs[0])
     tables.update(alloc.block_lists(seqs[1:]), 4, keys[1:])
     assert torch.equal(tables.table[:4], scratch(alloc, seqs[1:], 4))
+
+
+def hybrid_tables(alloc, seqs, rows: int) -> list[torch.Tensor]:
+    """Each of a grouped allocator's tables as built from scratch, from its memory rows."""
+    per_seq = [alloc.memory_tables(seq) for seq in seqs]  # [seq][table]
+    return [
+        torch.from_numpy(block_table_array([BlockTable(tuple(r[t]), BLOCK) for r in per_seq], rows, WIDTH))
+        for t in range(len(alloc.memory_layout()))
+    ]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_hybrid_tables_updated_by_version_equal_tables_built_from_scratch(seed):
+    """`HybridAllocator.memory_versions` lets the update skip every row whose version its owner's
+    row already holds: through decode steps that append blocks and free window blocks, admissions,
+    frees (the batch shifts), recompute, and forks that copy on write, every table still equals
+    one built from scratch; and rows were skipped (a row changed behind the allocator's back,
+    its version kept, is not read again, where an update without versions reads it)."""
+    rng = np.random.default_rng(seed)
+    # 4 window layers and 2 full ones of 8 B a token: pages of 16 B, so 3 tables (vLLM's layout)
+    groups = kv_groups((SlidingWindow(1, 2, 6),) * 4 + (FullAttention(1, 2),) * 2)
+    alloc = HybridAllocator(400, BLOCK, groups, watermark=0.0)
+    count = len(alloc.memory_layout())
+    tables = [DeviceBlockTables(16, WIDTH, CPU) for _ in range(count)]
+    batch, next_id, seen = [], 0, dict.fromkeys(("freed", "forked", "recomputed", "shifted"), 0)
+
+    def admit(seq=None):
+        nonlocal next_id
+        if seq is None:
+            seq = sequence_for(Request(next_id, 0.0, int(rng.integers(1, 20)), int(rng.integers(4, 60))))
+            next_id += 1
+        if alloc.can_allocate(seq):
+            alloc.allocate(seq)
+            seq.advance(1, 0.0, 0.0)
+            batch.insert(int(rng.integers(0, len(batch) + 1)), seq)
+
+    for _ in range(5):
+        admit()
+    for _ in range(200):
+        if batch and alloc.append_all(batch) is not None:
+            rows = len(batch) + int(rng.integers(0, 3))
+            per_seq = [alloc.memory_tables(seq) for seq in batch]
+            versions = alloc.memory_versions(batch)
+            for t, device in enumerate(tables):
+                device.update([r[t] for r in per_seq], rows, [seq.sample_key for seq in batch], versions)
+            for device, expected in zip(tables, hybrid_tables(alloc, batch, rows), strict=True):
+                assert torch.equal(device.table[:rows], expected)
+            seen["freed"] = max(seen["freed"], sum(r.count(-1) for p in per_seq for r in p))
+            for seq in list(batch):
+                if seq.advance(1, 0.0):
+                    alloc.free(seq)
+                    seen["shifted"] += seq is not batch[-1]
+                    batch.remove(seq)
+        elif batch:  # no room: the newest is preempted and recomputed later
+            victim = batch.pop()
+            alloc.free(victim)
+            victim.preempt()
+            seen["recomputed"] += 1
+            admit(victim)
+        if batch and len(batch) < 8 and rng.random() < 0.1:  # a forked sample shares every block
+            parent = batch[int(rng.integers(0, len(batch)))]
+            child = sequence_for(Request(next_id, 0.0, parent.request.prompt_len, parent.request.output_len))
+            next_id += 1
+            child.copy_progress(parent)
+            alloc.fork(parent, child)
+            batch.append(child)
+            seen["forked"] += 1
+        if len(batch) < 4 or (len(batch) < 12 and rng.random() < 0.2):  # 16 rows: room for padding
+            admit()
+        alloc.check_integrity()
+    assert all(n > 0 for n in seen.values()), seen
+    # a change the versions do not announce is skipped; without versions it is read
+    keys = [seq.sample_key for seq in batch]
+    per_seq = [alloc.memory_tables(seq) for seq in batch]
+    full = count - 1  # the full group's table
+    per_seq[0][full][0] = 399  # behind the allocator's back, its version kept
+    tables[full].update([r[full] for r in per_seq], len(batch), keys, alloc.memory_versions(batch))
+    assert tables[full].table[0, 0] != 399
+    tables[full].update([r[full] for r in per_seq], len(batch), keys)
+    assert tables[full].table[0, 0] == 399
 
 
 class CheckingRunner(ModelRunner):

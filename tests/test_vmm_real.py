@@ -16,7 +16,7 @@ from kvbench.engine import Engine
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.weights import random_model
 from kvbench.models import get_model
-from kvbench.real.model_runner import _slots
+from kvbench.real.model_runner import _step_addressing
 from tests.support import VIRTUAL_CLOCK
 from tests.test_modeling import CPU, engine_options, small_trace
 from tests.test_modeling import RecordingRunner as _Recording
@@ -31,7 +31,7 @@ class PageCheckingRunner(_Recording):
         for seq in batch.seqs:
             where = alloc.addressing(seq)
             last = seq.num_tokens - 1 + (0 if batch.is_prefill else max_steps - 1)
-            slots = _slots(where, np.arange(seq.num_computed, last + 1))
+            slots = _step_addressing([where], [np.arange(seq.num_computed, last + 1)], CPU)[0]
             pages = (slots - where.start) // alloc.page_tokens
             assert (slots // alloc.range_slots == where.start // alloc.range_slots).all()
             assert pages.max() < len(alloc.page_table(seq)), f"seq {seq.seq_id} writes an unmapped page"

@@ -58,15 +58,21 @@ class DeviceBlockTables:
         self.host = self._mirror.numpy()  # the same memory, written with numpy
         self.held: list[Sequence[int]] = [()] * rows  # each row's blocks, as last written
         self._keys: list[Hashable] = []  # each row's owner, as of the last update
+        self._versions: list[object] = [None] * rows  # each row's version, as of the last update
         # recorded after each upload: once it has passed, the mirror may change (the segment's
         # results coming back waited for it already, so waiting on it costs nothing)
         self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
 
-    def update(self, tables: Sequence[Sequence[int]], rows: int, keys: Sequence[Hashable]) -> None:
+    def update(
+        self, tables: Sequence[Sequence[int]], rows: int, keys: Sequence[Hashable],
+        versions: Sequence[object] | None = None,
+    ) -> None:  # fmt: skip
         """Rows `[0, rows)` become `tables` (each row's block ids: a `BlockTable`'s blocks, or an
         allocator's own list, read and never kept) then padding, as `block_table_array` builds
         them. `keys` name each table's owner (a sequence's sampling key): a row whose owner sat
-        in another row last time starts from that row's blocks."""
+        in another row last time starts from that row's blocks. `versions` (optional) name each
+        table's content: a table whose version is the one its owner's row held last time has not
+        changed (the allocator's promise, `HybridAllocator.memory_versions`) and is not compared."""
         if self._uploaded is not None:
             self._uploaded.synchronize()
         count, before = len(tables), self.held
@@ -81,7 +87,16 @@ class DeviceBlockTables:
             refs = list(map(before.__getitem__, src))  # what each row holds once moved rows are copied
         held = refs + before[count:]
         writes: list[tuple[int, int, Sequence[int]]] = []  # (row, first column, values)
-        for i in compress(range(count), map(ne, tables, refs)):  # equal lists compare by identity
+        if versions is None:
+            changed = compress(range(count), map(ne, tables, refs))  # equal lists compare by identity
+            self._versions = [None] * len(self._versions)
+        else:  # a version seen in the owner's last row: nothing to compare
+            versions = list(versions)
+            last = list(map(self._versions.__getitem__, src))  # [B] what each row's source held
+            candidates = compress(range(count), map(ne, versions, last))
+            changed = [i for i in candidates if tables[i] != refs[i]]
+            self._versions = versions + [None] * (len(self._versions) - count)
+        for i in changed:
             blocks, base = tables[i], refs[i]
             n = len(base)
             if len(blocks) >= n and blocks[:n] == base:  # appended blocks only

@@ -98,11 +98,15 @@ class DecodeLoop:
             self._buffers(batch)
 
     # ------------------------------------------------------------------ loading a batch
-    def load(self, rows: int, tokens, positions, seq_ids, addressing: Sequence[Extent | BlockTable]) -> None:
+    def load(
+        self, rows: int, tokens, positions, seq_ids, addressing: Sequence[Extent | BlockTable],
+        versions: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
         """Fill the first `rows` buffer rows: the batch, then padding (`rows` >= batch).
 
         Paged, `addressing` may also be each row's block ids alone (`PagedAllocator.block_lists`);
-        with a table per KV group, it is `[table][row]` block ids (`ModelRunner._table_lists`).
+        with a table per KV group, it is `[table][row]` block ids (`ModelRunner._table_lists`), and
+        `versions` each row's version of them (`HybridAllocator.memory_versions`), if known.
         """
         batch = len(tokens)
         pad = rows - batch
@@ -119,7 +123,7 @@ class DecodeLoop:
         put(self.valid, np.ones(batch, dtype=np.int64))
         if self.num_tables > 1:
             for device_tables, tables in zip(self.group_tables, addressing, strict=True):
-                device_tables.update(tables, rows, seq_ids)
+                device_tables.update(tables, rows, seq_ids, versions)
         elif self.block_tables is not None:
             if addressing and isinstance(addressing[0], BlockTable):
                 addressing = [table.blocks for table in addressing]

@@ -314,15 +314,17 @@ class ModelRunner(ArenaCopies):
         loop = self.decoder
         loop.reserve(len(seqs))
         rows = loop.rows_for(len(seqs))
+        versions = None
         if loop.paged and self._block_lists is not None:
             where = self._block_lists(seqs)  # the allocator's lists: no tuple per row
         elif self.grouped is not None:
             where = self._table_lists(seqs)  # [table][seq] the allocator's lists
+            versions = self.allocator.memory_versions(seqs)  # after `_table_lists`: its rows exist
         else:
             where = [self.allocator.addressing(seq) for seq in seqs]
         loop.load(
             rows, [self._last_token(seq) for seq in seqs], [seq.num_tokens - 1 for seq in seqs],
-            [seq.sample_key for seq in seqs], where,
+            [seq.sample_key for seq in seqs], where, versions,
         )  # fmt: skip
         return rows
 
@@ -424,7 +426,7 @@ def _step_addressing(
     Why one pass: each row's table becomes a row of one array once, and every slot is read from
     that array. Converting every row twice (for its slots, then for the kernels' table) took a
     mixed step of Gemma 3 12B's long-context run 8.7 ms of host time for `hybrid`'s six tables
-    and 2.8 ms for `jenga`'s two, against 3.9 and 1.2 ms now (`benchmarks/prefill_addressing.py`,
+    and 2.8 ms for `jenga`'s two, against 3.9 and 1.2 ms now (`benchmarks/grouped_tables.py`,
     best of 30 on a 2-core CPU), all of it before the step's launches.
     """
     pos = np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)  # [T]
