@@ -46,6 +46,21 @@ def window_blocks(seq: Sequence) -> int:
     return -(-seq.num_tokens // BS) - first
 
 
+def retire(alloc, resident: list[Sequence], finished: list[Sequence]) -> None:
+    """Free the finished sequences, as the engine loop does after a step."""
+    for seq in finished:
+        resident.remove(seq)
+        alloc.free(seq)
+
+
+def evict(alloc, resident: list[Sequence], index: int) -> Sequence:
+    """Preempt one resident sequence (recompute): its blocks freed, its progress reset."""
+    seq = resident.pop(index % len(resident))
+    alloc.free(seq)
+    seq.preempt()
+    return seq
+
+
 class HybridMachine(RuleBasedStateMachine):
     """Engine-like steps (append every resident sequence, then advance it), admissions, finishes and
     recompute preemptions, checked against block counts computed here."""
@@ -83,17 +98,12 @@ class HybridMachine(RuleBasedStateMachine):
             # window blocks freed exactly when they leave the window: none held below it, none freed in it
             assert self.alloc.held_blocks(seq) == [window_blocks(seq), -(-seq.num_tokens // BS)]
         assert self.alloc.outside_window_slots() == 0
-        finished = [seq for seq in self.resident if seq.advance(1, 0.0)]
-        for seq in finished:
-            self.resident.remove(seq)
-            self.alloc.free(seq)
+        retire(self.alloc, self.resident, [seq for seq in self.resident if seq.advance(1, 0.0)])
 
     @precondition(lambda self: self.resident)
     @rule(index=st.integers(0, 100))
     def preempt(self, index):
-        seq = self.resident.pop(index % len(self.resident))
-        self.alloc.free(seq)
-        seq.preempt()
+        seq = evict(self.alloc, self.resident, index)
         if self.alloc.can_allocate(seq):  # recompute: prompt and outputs so far in one prefill
             self.alloc.allocate(seq)
             seq.advance(1, 0.0)
@@ -194,16 +204,12 @@ class ChunkedMachine(RuleBasedStateMachine):
                 seq.compute(STEP, 0.0)
             elif seq.advance(1, 0.0):
                 finished.append(seq)
-        for seq in finished:
-            self.resident.remove(seq)
-            self.alloc.free(seq)
+        retire(self.alloc, self.resident, finished)
 
     @precondition(lambda self: self.resident)
     @rule(index=st.integers(0, 100))
     def preempt(self, index):
-        seq = self.resident.pop(index % len(self.resident))
-        self.alloc.free(seq)
-        seq.preempt()
+        seq = evict(self.alloc, self.resident, index)
         if self.alloc.can_allocate(seq):  # recomputed chunk by chunk, as a new prompt
             self.alloc.allocate(seq)
             self.resident.append(seq)

@@ -36,6 +36,7 @@ from kvbench.requests import Request, Trace
 from kvbench.sequence import Sequence
 from kvbench.simulate import simulate
 from tests.support import steps
+from tests.test_hybrid import evict, retire
 from tests.test_hybrid_real import GEMMA3
 from tests.test_hybrid_real import decode as real_decode
 from workloads.spec import WorkloadSpec
@@ -263,17 +264,12 @@ class PrefixGroupsMachine(RuleBasedStateMachine):
         while self.resident and self.alloc.append_all(self.resident) is None:
             victim = self.resident.pop()
             self.alloc.free(victim)
-        finished = [seq for seq in self.resident if seq.advance(1, 0.0)]
-        for seq in finished:
-            self.resident.remove(seq)
-            self.alloc.free(seq)
+        retire(self.alloc, self.resident, [seq for seq in self.resident if seq.advance(1, 0.0)])
 
     @precondition(lambda self: self.resident)
     @rule(index=st.integers(0, 100))
     def preempt(self, index):
-        seq = self.resident.pop(index % len(self.resident))
-        self.alloc.free(seq)
-        seq.preempt()
+        seq = evict(self.alloc, self.resident, index)
         if self.alloc.can_allocate(seq):  # recompute, finding its own blocks again where cached
             self.alloc.allocate(seq)
             seq.advance(1, 0.0)

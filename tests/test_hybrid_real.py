@@ -113,22 +113,30 @@ def owners(allocator, arena: GroupedKVArena) -> np.ndarray:
 GROUPED = ("hybrid", "jenga", "hybrid-prefix", "jenga-prefix")  # a table per KV group
 
 
+def engine_and_arena(
+    spec: ModelSpec, engine: str, slots: int, block_size: int, scheduler: SchedulerConfig | None,
+    dtype: torch.dtype, device: torch.device,
+) -> tuple:  # fmt: skip
+    """The engine's scheduler over `slots` and the arena its runner writes: a grouped one (a table
+    per KV group over the pool's buffer) for the engines that keep one, else the plain arena."""
+    options = engine_options(slots, block_size=block_size)
+    if scheduler is not None:
+        options = replace(options, scheduler=scheduler)
+    if engine in GROUPED:
+        options = replace(options, kv_groups=spec.groups)
+    sched = ENGINES[engine].build(options)
+    if engine in GROUPED:
+        return sched, GroupedKVArena.for_allocator(spec, sched.allocator, dtype, device)
+    return sched, KVArena(spec, slots, dtype, device)
+
+
 def decode(
     spec: ModelSpec, engine: str, *, attention: str = "torch", slots: int = SLOTS, requests=None,
     temperature: float = 0.0, scheduler: SchedulerConfig | None = None,
 ):  # fmt: skip
     model = random_model(spec, torch.float32, CPU, seed=3)
-    options = engine_options(slots, block_size=4)
-    if scheduler is not None:
-        options = replace(options, scheduler=scheduler)
+    sched, arena = engine_and_arena(spec, engine, slots, 4, scheduler, torch.float32, CPU)
     grouped = engine in GROUPED
-    if grouped:
-        options = replace(options, kv_groups=spec.groups)
-    sched = ENGINES[engine].build(options)
-    if grouped:
-        arena = GroupedKVArena.for_allocator(spec, sched.allocator, torch.float32, CPU)
-    else:
-        arena = KVArena(spec, slots, torch.float32, CPU)
     arena.fill(float("nan"))
     runner = PoisoningRunner(
         model, arena, sched.allocator, max_batch=8, max_len=64, temperature=temperature, seed=5,
@@ -191,15 +199,7 @@ def test_a_chunked_run_compiles_no_kernel_after_the_warm_up(engine):
     timed step would add a second or more to it."""
     cuda = torch.device("cuda")
     model = random_model(GEMMA3, torch.bfloat16, cuda, seed=3)
-    options = replace(engine_options(4096, block_size=16), scheduler=CHUNKED)
-    grouped = engine in GROUPED
-    if grouped:
-        options = replace(options, kv_groups=GEMMA3.groups)
-    sched = ENGINES[engine].build(options)
-    if grouped:
-        arena = GroupedKVArena.for_allocator(GEMMA3, sched.allocator, torch.bfloat16, cuda)
-    else:
-        arena = KVArena(GEMMA3, 4096, torch.bfloat16, cuda)
+    sched, arena = engine_and_arena(GEMMA3, engine, 4096, 16, CHUNKED, torch.bfloat16, cuda)
     runner = ModelRunner(
         model, arena, sched.allocator, max_batch=8, max_len=64, attention="triton", clock=VIRTUAL_CLOCK
     )
