@@ -10,11 +10,15 @@ other only):
   (a GPU wait shows up as the call that synchronises: `tolist`, `item`, `synchronize`) and
   the most time with callees;
 - `--profiler torch`: torch operators by host time and by device time (`torch.profiler`),
-  which names the ATen op or CUDA API call behind a host cost.
+  which names the ATen op or CUDA API call behind a host cost. `--profile-mixed-steps K`
+  profiles only K mixed steps (chunked prefill), after the first `--skip-mixed-steps`: the
+  profiler records every kernel it sees, and over a whole long-context run that took longer than
+  a device call allows.
 
     python benchmarks/step_profile.py [--model opt-125m] [--kv-cache-gib GIB] [--engine paged]
         [--trace sharegpt-paper] [--num-requests 100] [--rate 160] [--beam-width K] [--n N]
         [--device cuda] [--profiler cprofile|torch] [--top 30]
+        [--profile-mixed-steps K] [--skip-mixed-steps S]
         [--chunked-prefill] [--emulate-gpu GPU] [--window-duration S] [--max-total-len N]
 
 A trace with timestamps (Mooncake's) replays them when `--rate` is 0; `--num-requests 0` takes
@@ -88,14 +92,45 @@ def cprofile_report(config, top: int) -> str:
     return "\n".join(parts)
 
 
-def torch_report(config, top: int) -> str:
+def torch_report(config, top: int, mixed_steps: int = 0, skip: int = 0) -> str:
+    """torch.profiler over the whole run, or (`mixed_steps` > 0) over that many mixed steps only,
+    after the first `skip` of them: the runner's `run` is wrapped to start and stop it."""
+    import torch
     import torch.profiler as tp
+
+    from kvbench.real.model_runner import ModelRunner
 
     activities = [tp.ProfilerActivity.CPU]
     if config.device.startswith("cuda"):
         activities.append(tp.ProfilerActivity.CUDA)
-    with tp.profile(activities=activities) as prof:
-        run_real(config)
+    prof = tp.profile(activities=activities)
+    if not mixed_steps:
+        with prof:
+            run_real(config)
+    else:
+        original, seen = ModelRunner.run, [0]
+
+        def run(self, batch, *args):
+            mixed = batch.kind == "mixed"
+            if mixed and seen[0] == skip:
+                prof.start()
+            try:
+                return original(self, batch, *args)
+            finally:
+                if mixed:
+                    seen[0] += 1
+                    if seen[0] == skip + mixed_steps:
+                        if torch.cuda.is_available():
+                            torch.cuda.synchronize()
+                        prof.stop()
+
+        ModelRunner.run = run
+        try:
+            run_real(config)
+        finally:
+            ModelRunner.run = original
+        if seen[0] < skip + mixed_steps:
+            return f"the run had {seen[0]} mixed steps, fewer than {skip} + {mixed_steps}: nothing profiled"
     events = prof.key_averages()
     parts = [f"--- by self host time ---\n{events.table(sort_by='self_cpu_time_total', row_limit=top)}"]
     if len(activities) > 1:
@@ -121,6 +156,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--profiler", choices=("cprofile", "torch"), default="cprofile")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--profile-mixed-steps", type=int, default=0, help="torch: only K mixed steps")
+    parser.add_argument("--skip-mixed-steps", type=int, default=20, help="torch: after S mixed steps")
     parser.add_argument("--chunked-prefill", action="store_true")
     parser.add_argument("--emulate-gpu", help="size the budget for this GPU (no preset --kv-cache-gib)")
     parser.add_argument("--window-duration", type=float, help="replay: the trace's first S seconds")
@@ -160,8 +197,12 @@ def main() -> None:
     print(f"{args.engine} on {args.model}, {args.trace} x {args.num_requests} at {args.rate:g} req/s "
           f"(n {args.n}, beams {args.beam_width}): {wall:.2f} s wall, busy {busy:.2f} s")  # fmt: skip
     print("\n".join(step_table(result.run) + rows_table(result.run)))
-    report = cprofile_report if args.profiler == "cprofile" else torch_report
-    print(f"\n{args.profiler} of the same run:\n" + report(config, args.top))
+    if args.profiler == "cprofile":
+        report = cprofile_report(config, args.top)
+    else:
+        report = torch_report(config, args.top, args.profile_mixed_steps, args.skip_mixed_steps)
+    window = f", mixed steps {args.skip_mixed_steps + 1}-{args.skip_mixed_steps + args.profile_mixed_steps}"
+    print(f"\n{args.profiler} of the same run{window if args.profile_mixed_steps else ''}:\n" + report)
 
 
 if __name__ == "__main__":

@@ -37,10 +37,10 @@
 #                    350 and 700 s), the engines in another order in each: jenga, hybrid, paged, then
 #                    hybrid, jenga, paged (results/reference/hybrid-long-chunked-windows-real/w<start>)
 #   mixed-profile    where a chunked step's time goes on Gemma 3 12B, paged and hybrid: the first 4 s of
-#                    Mooncake's conversations, chunked, under torch.profiler (benchmarks/step_profile.py;
-#                    results/reference/mixed-step-profile/<engine>.txt). On the H200 the profiled
-#                    pass of paged's 4 s window alone ran past 5 min (torch.profiler records every
-#                    kernel of the window): not yet measured
+#                    Mooncake's conversations, chunked, its mixed steps 21-30 under torch.profiler
+#                    (benchmarks/step_profile.py --profile-mixed-steps 10; the whole window profiled
+#                    ran past 5 min: torch.profiler records every kernel)
+#                    (results/reference/mixed-step-profile/<engine>.txt)
 #   fig12-alpaca-eager  Figure 12's Alpaca panel at OPT-13B for paged and orca-oracle with every step
 #                    run eagerly (`--no-cuda-graphs`, as the paper's vLLM and Orca ran), seed 0, the
 #                    shared bound 4 x the lower unloaded latency, bisected to a 10 % bracket
@@ -141,7 +141,8 @@ for job in "$@"; do
         grep -q "^torch of the same run" $folder/$engine.txt 2>/dev/null && continue
         timeout $left python -u benchmarks/step_profile.py --model gemma-3-12b --emulate-gpu h200-141gb \
           --engine $engine --trace mooncake-conv --rate 0 --num-requests 0 --window-duration 4 \
-          --max-total-len 131072 --chunked-prefill --profiler torch --top 25 > $folder/$engine.txt
+          --max-total-len 131072 --chunked-prefill --profiler torch --top 25 --profile-mixed-steps 10 \
+          --skip-mixed-steps 20 > $folder/$engine.txt
       done ;;
     fig12-alpaca-eager)
       folder=results/reference/fig12-alpaca-eager
