@@ -1,0 +1,84 @@
+"""tools/cell_commits.py: the commits a results folder's runs ran at, and whether their run code differs.
+
+Checked on a git repository made here: a commit that changes only docs keeps the run code, one
+that changes an engine does not, and a run whose commit the history lacks is reported as unknown.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tool():
+    spec = importlib.util.spec_from_file_location("cell_commits", ROOT / "tools" / "cell_commits.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def commit(repo: Path, path: str, text: str) -> str:
+    file = repo / path
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(text)
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    for args in (["add", path], ["commit", "-q", "-m", path]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, env=env, capture_output=True)
+    return subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def run_folder(root: Path, name: str, sha: str | None) -> None:
+    folder = root / "cells" / name
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text("{}")
+    (folder / "config.json").write_text("{}")
+    if sha is not None:
+        (folder / "env.json").write_text(json.dumps({"git_sha": sha}))
+
+
+def test_runs_are_grouped_by_commit_and_run_code_changes_named(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    first = commit(repo, "engines/paged.py", "a = 1\n")
+    docs = commit(repo, "docs/NOTE.md", "words\n")
+    engine = commit(repo, "engines/paged.py", "a = 2\n")
+    results = tmp_path / "results"
+    run_folder(results, "paged__seed-0", first)
+    run_folder(results, "paged__seed-1", docs)
+    run_folder(results, "static__seed-1", docs)
+    lines, same = tool().report([results], repo)
+    assert same and len(lines) == 2
+    assert lines[0].startswith(first[:12]) and "1 run (" in lines[0]
+    assert "2 runs" in lines[1] and "the same run code as the earliest" in lines[1]
+    run_folder(results, "paged__seed-2", engine)
+    run_folder(results, "orca__seed-2", None)  # no env.json: its commit unknown
+    lines, same = tool().report([results], repo)
+    assert not same
+    assert lines[2].startswith(engine[:12]) and "differs from" in lines[2] and "engines/paged.py" in lines[2]
+    assert lines[3].startswith("unknown") and "its code unknown" in lines[3]
+
+
+def test_a_folder_without_runs_is_one_line_and_exit_code_2(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "cell_commits.py"), str(tmp_path / "nothing")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'nothing'}: no run folder (summary.json and config.json) below it"
+    ]
