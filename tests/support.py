@@ -31,6 +31,17 @@ def steps(ci: int) -> int:
     return max(1, ci * settings.default.stateful_step_count // settings.get_profile("ci").stateful_step_count)
 
 
+def load_script(relative: str):
+    """A script of the repository (`tools/x.py`, `benchmarks/x.py`: not packages) as a module."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def compiled_variants() -> int:
     """Triton kernel variants compiled so far in this process, over every kernel of `kernels`
     that a real run launches (0 where nothing is compiled: Triton's interpreter)."""

@@ -6,21 +6,19 @@ that changes an engine does not, and a run whose commit the history lacks is rep
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.support import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def tool():
-    spec = importlib.util.spec_from_file_location("cell_commits", ROOT / "tools" / "cell_commits.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/cell_commits.py")
 
 
 def commit(repo: Path, path: str, text: str) -> str:

@@ -7,20 +7,18 @@ changed help line or default) fails with the command that regenerates the file.
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
+from tests.support import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("cli_reference", ROOT / "tools" / "cli_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/cli_reference.py")
 
 
 def test_the_cli_reference_is_generated_from_the_app():
