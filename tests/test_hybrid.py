@@ -230,6 +230,32 @@ def test_chunked_runs_take_window_blocks_chunk_by_chunk(machine):
     run_state_machine_as_test(machine, settings=settings(stateful_step_count=steps(40), deadline=None))
 
 
+@pytest.mark.parametrize("cls", [HybridAllocator, JengaAllocator])
+def test_admission_bounds_at_their_edges_by_hand(cls):
+    """The bounds admission rests on, at the values where an off-by-one shows: a window group's
+    peak under chunked steps, a request asking for exactly the whole pool, a beam group, and an
+    append that needs no new block in a full pool."""
+    whole = cls(60, BS, SMALL, watermark=0.0)
+    chunked = cls(60, BS, SMALL, watermark=0.0, step_tokens=4)
+    assert [whole.peak_blocks(g, 40) for g in (0, 1)] == [10, 10]  # every token, prefilled whole
+    # a window of 6 and 4-token steps: positions p - 5 .. p + 4, at most ceil(9 / 4) + 1 blocks
+    assert [chunked.peak_blocks(g, 40) for g in (0, 1)] == [4, 10]
+    assert chunked.peak_blocks(0, 7) == 2  # never more than the request's own blocks
+    if cls is HybridAllocator:  # 75 pages of 32 B: a window block 3 pages, a full one 2
+        # kv_len = prompt + output - 1 tokens
+        assert whole.can_ever_hold(Request(0, 0.0, 31, 30))  # 60: 15 blocks a group, exactly 75 pages
+        assert not whole.can_ever_hold(Request(0, 0.0, 31, 31))  # 61: 16 blocks, 80 pages
+        assert whole.can_ever_hold(Request(0, 0.0, 16, 16))  # 31: 8 blocks, 40 pages
+        assert not whole.can_ever_hold(Request(0, 0.0, 16, 16, beam_width=2))  # twice that
+        full = cls(60, BS, SMALL, watermark=0.0)
+        seqs = [Sequence(Request(i, 0.0, 2, 4)) for i in range(15)]  # one block a group: 5 pages each
+        for seq in seqs:
+            full.allocate(seq)
+            seq.advance(1, 0.0)  # 3 tokens: the next still in block 0
+        assert full.num_free_pages == 0
+        assert all(full.can_append(seq) for seq in seqs) and full.append_all(seqs) == []
+
+
 def test_a_gemma3_prompt_chunked_holds_its_window_and_one_step_by_hand():
     """Gemma 3 12B on 12 GiB (12,288 pages of 1 MiB; a window block 5 pages, a full one 1), a
     16,384-token prompt (1,024 blocks), steps of 2,048 tokens. Admitted whole, its window groups
