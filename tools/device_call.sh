@@ -6,7 +6,9 @@
 #     LIMIT=280 bash tools/device_call.sh JOB [JOB...]
 #
 # Jobs (the folder each writes is what README.md of that folder describes):
-#   fig12-seed-<s>   Figure 12 at OPT-13B, seed s (results/reproduce/opt-13b-h200)
+#   fig12-seed-<s>   Figure 12 at OPT-13B, seeds s to s + 2 (`--seed s --repeats 3`: finished runs are
+#                    resumed, so fig12-seed-0 goes on with the first seed not done; fig12-seed-2 would
+#                    run seeds 3 and 4 after 2) (results/reproduce/opt-13b-h200)
 #   fig19            Figure 19 at OPT-13B (recompute vs swap at block sizes 1, 16, 256), 3 seeds
 #                    (results/reproduce/opt-13b-h200/fig19)
 #   vmm-real         vmm sync and ahead beside orca-oracle and paged (results/reference/vmm-real)
