@@ -374,6 +374,9 @@ class _GroupedAllocator:
         return self.blocks_for(num_tokens)
 
     def _targets(self, seq: Sequence) -> list[int]:
+        """`target_blocks` of every group (an append's hot path: one division without chunking)."""
+        if not self.step_tokens:
+            return [self.blocks_for(seq.num_tokens)] * self.num_groups
         return [self.target_blocks(g, seq.num_tokens, seq.num_computed) for g in range(self.num_groups)]
 
     def held_blocks(self, seq: Sequence) -> list[int]:
