@@ -350,6 +350,29 @@ def test_forks_share_blocks_and_copy_on_write_in_every_group():
     assert len(copies) == 2  # block 1 of each group copied before the child writes into it
     assert free - alloc.num_free_pages == 3 + 2
     alloc.check_integrity()
+    # block 1 is the parent's alone now: its own write copies nothing and takes no page
+    assert alloc.append(parent) == [] and free - alloc.num_free_pages == 3 + 2
+    alloc.check_integrity()
+
+
+@pytest.mark.parametrize(("slots", "fits"), [(12, True), (11, False)])
+def test_copy_on_write_asks_for_exactly_the_shared_blocks_it_copies(slots, fits):
+    """A forked child's next write copies its shared last block in each group: 3 + 2 pages. With
+    12 slots (15 pages) the parent's 10 leave exactly those 5, with 11 (13 pages) only 3; and a
+    fresh allocation has computed nothing and shares nothing."""
+    alloc = HybridAllocator(slots, BS, SMALL, watermark=0.0)
+    parent = Sequence(Request(0, 0.0, 6, 4, n=2))
+    alloc.allocate(parent)
+    assert alloc.footprint().tokens == 0 and alloc.sharing_saved() == 0
+    parent.advance(1, 0.0)
+    child = Sequence(Request(0, 0.0, 6, 4, n=2), sample=1)
+    child.copy_progress(parent)
+    alloc.fork(parent, child)
+    assert alloc.num_free_pages == alloc.pool.num_pages - 10
+    assert alloc.can_append(child) is fits
+    if fits:
+        assert len(alloc.append(child)) == 2 and alloc.num_free_pages == 0
+        alloc.check_integrity()
 
 
 # ---------------------------------------------------------------- Gemma 3: one budget, three allocators
