@@ -658,8 +658,9 @@ class _GroupedAllocator:
         only if none of its rows changed since. Why: a decode step's table upload
         (`kvbench.real.block_tables.DeviceBlockTables`) would otherwise compare every row of
         every table with what it holds, each step, and Gemma 3 12B under vLLM's layout has six
-        tables: 0.47 ms of host work a decode step compared, 0.30 ms by version, for 22 rows of
-        2,000 to 25,000 tokens on a 2-core CPU (`benchmarks/grouped_tables.py`)."""
+        tables: 0.27-0.29 ms of host work a decode step compared, 0.22-0.23 ms by version (the
+        median step of three runs), for 22 rows of 2,000 to 25,000 tokens on a 2-core CPU
+        (`benchmarks/grouped_tables.py`)."""
         return [self._versions[seq] for seq in seqs]
 
     def _touch(self, seq: Sequence) -> None:

@@ -125,7 +125,10 @@ class DeviceBlockTables:
         for i, first, values in writes:  # a few dozen a segment: a slice each beats one scatter
             host[i, first : first + len(values)] = values
         rows = [i for i, _, _ in writes] + ([int(dst[0]), int(dst[-1])] if len(dst) else [])
-        lo, hi = min(rows), max(rows) + 1
+        self._upload(min(rows), max(rows) + 1)
+
+    def _upload(self, lo: int, hi: int) -> None:
+        """Copy the mirror's rows `[lo, hi)` to the device table (asynchronous on CUDA)."""
         self.table[lo:hi].copy_(self._mirror[lo:hi], non_blocking=True)
         if self._uploaded is not None:
             self._uploaded.record()

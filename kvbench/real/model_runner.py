@@ -426,7 +426,7 @@ def _step_addressing(
     Why one pass: each row's table becomes a row of one array once, and every slot is read from
     that array. Converting every row twice (for its slots, then for the kernels' table) took a
     mixed step of Gemma 3 12B's long-context run 8.7 ms of host time for `hybrid`'s six tables
-    and 2.8 ms for `jenga`'s two, against 4.2 and 1.4 ms now (`benchmarks/grouped_tables.py`,
+    and 2.8 ms for `jenga`'s two, against 3.9-4.0 and 1.3 ms now (`benchmarks/grouped_tables.py`,
     best of 30 on a 2-core CPU), all of it before the step's launches.
     """
     pos = np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)  # [T]
