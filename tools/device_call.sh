@@ -55,6 +55,8 @@
 #   gpu-tests        the GPU-marked tests (their report: $OUT/gpu-tests.log); GPU_TESTS_K=EXPR runs
 #                    only those pytest's -k EXPR selects
 # Traces are read from .carry/shared/traces (copy ../shared/traces there; carry ".carry/shared").
+# The committed results are larger than a call may carry: cut the tree to the folders the jobs
+# write first (tools/device_tree.sh keep FOLDER...; restore after).
 # Every job's folder comes back as $OUT/<job>.tgz (paths relative to the repository root: unpack
 # with `tar -xzf <job>.tgz` there), its log as $OUT/<job>.log.
 set -u
@@ -173,7 +175,12 @@ for job in "$@"; do
   esac > "$OUT/$job.log" 2>&1
   echo "== $job rc $? $(date -u +%T)" >> "$OUT/calls.log"
   # large step and request tables come back packed (tools/pack_results.py): the tree a call
-  # carries stays within the device's size limit as runs accumulate
-  [ -z "$folder" ] || { python tools/pack_results.py "$folder" >> "$OUT/calls.log"; tar -czf "$OUT/$job.tgz" "$folder"; }
+  # carries stays within the device's size limit as runs accumulate; only the files this call
+  # wrote come back (newer than gpu.txt, written after the tree was copied), so a folder grown past
+  # the size of one returned file (16 MiB) still returns what is new in it
+  [ -z "$folder" ] || {
+    python tools/pack_results.py "$folder" >> "$OUT/calls.log"
+    find "$folder" -type f -newer "$OUT/gpu.txt" -print0 | tar -czf "$OUT/$job.tgz" --null -T -
+  }
 done
 cat "$OUT/calls.log"
