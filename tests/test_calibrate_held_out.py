@@ -7,6 +7,7 @@ and named; the errors of runs that queued are counted apart from those of runs t
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +129,19 @@ def test_an_older_sets_file_without_the_split_still_reads():
                                        "within_target": 3}}  # fmt: skip
     table = held_out_markdown([HeldOutSet(**{"label": "Figures 14-17", "summary": old})])
     assert table.splitlines()[2] == "| Figures 14-17 | output_token_throughput | none | - | - | none | - |"
+
+
+def test_runs_set_aside_in_a_seed_folder_are_not_held_out(runs, tmp_path):
+    """A seed's panel run again at one commit's run code leaves the earlier panel beside it
+    (`<seed>/earlier/`): the reproduction's held-out sets take the panel that replaced it only,
+    not the same draw twice."""
+    from kvbench.reproduce.calibration import _real_runs
+
+    out = tmp_path / "out"
+    kept = out / "fig12" / "seed-0" / "alpaca-paper" / "cells" / "paged-1"
+    aside = out / "fig12" / "seed-0" / "earlier" / "alpaca-paper" / "cells" / "paged-1"
+    for folder in (kept, aside):
+        shutil.copytree(runs / "held" / "queued", folder)
+    assert _real_runs(out, ("fig12",)) == [kept]
+    shutil.rmtree(kept)
+    assert _real_runs(out, ("fig12",)) == []

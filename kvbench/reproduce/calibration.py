@@ -27,7 +27,7 @@ from pathlib import Path
 
 from kvbench.calibrate.check import LOADS, TARGET, fit_and_check, format_checks, summarize
 from kvbench.demo import DEMO_ENGINES
-from kvbench.reproduce.rows import seed_folder
+from kvbench.reproduce.rows import SET_ASIDE, seed_folder
 from kvbench.results.files import read_json, write_json, write_run_atomically
 from kvbench.results.load import runs_below
 from kvbench.results.packed import table_path
@@ -121,5 +121,11 @@ def _real(run: Path) -> bool:
 
 
 def _real_runs(out: Path, figures: tuple[str, ...]) -> list[Path]:
-    """Real run folders under the figures' folders, in name order."""
-    return [run for figure in figures for run in runs_below(out / figure, steps=False) if _real(run)]
+    """Real run folders under the figures' folders, in name order; runs set aside (`SET_ASIDE`)
+    are left out: they repeat a seed's draw at other run code, and would count it twice."""
+    return [
+        run
+        for figure in figures
+        for run in runs_below(out / figure, steps=False)
+        if _real(run) and SET_ASIDE not in run.relative_to(out).parts
+    ]

@@ -19,6 +19,9 @@ from kvbench.reproduce.verdicts import Interval
 from kvbench.results.files import atomic_open, read_json, write_text
 
 SEED_PREFIX = "seed-"  # <figure>/seed-<s>/: one seed's runs, in the layout of a single-seed figure
+# a seed's runs made at another commit's run code, kept as evidence beside the runs that replaced
+# them (`<seed folder>/earlier/<sweep>/`): not the figure's, and not held out by its calibration
+SET_ASIDE = "earlier"
 # low/high/n came later: files written before them read as points of one seed
 COLUMNS = ("figure", "engine", "workload", "metric", "kvbench", "paper", "ratio", "low", "high", "n")
 

@@ -1,11 +1,13 @@
-"""Figure 12's Alpaca cells of seeds 0 and 1: what moved paged's sustained rate between them.
+"""Figure 12's Alpaca cells of every seed: what moved paged's sustained rate between seeds 0 and 1.
 
     KVBENCH_TRACE_DIR=../shared/traces PYTHONPATH=. \
         python results/reproduce/opt-13b-h200/fig12_alpaca_seeds.py
 
-Writes fig12/alpaca-seeds.md: for every loaded paged and orca-oracle cell, the kvbench commit it
-ran at (env.json), its decode and prefill steps (count, mean ms, the median prefill and requests
-per prefill, from steps.csv), and its normalized latency, mean batch and preemptions beside a
+Writes fig12/alpaca-seeds.md: for every loaded paged and orca-oracle cell of the seeds' panels
+(`fig12/seed-<s>/alpaca-paper/`) and of the earlier panels of seeds 0 and 1, run at other commits
+and kept as evidence (`fig12/seed-<s>/earlier/alpaca-paper/`), the kvbench commit it ran at
+(env.json), its decode and prefill steps (count, mean ms, the median prefill and requests per
+prefill, from steps.csv), and its normalized latency, mean batch and preemptions beside a
 simulation of its own config.json on the cost model calibrated on seed 0's cells
 (`calibration/cost.json`). A cell the simulator prices well ran as seed 0's did; one it
 overprices ran faster steps than those it was fitted on. About a minute on a 2-core CPU.
@@ -27,8 +29,12 @@ COST = HERE / "calibration" / "cost.json"
 ENGINES = ("paged", "orca-oracle")
 
 
-def cells(seed: int, engine: str) -> list[Path]:
-    folders = (HERE / "fig12" / f"seed-{seed}" / "alpaca-paper" / "cells").glob(f"{engine}__*")
+SEEDS = (0, 1, 2)
+PANELS = ("earlier/alpaca-paper", "alpaca-paper")  # a seed's panel set aside, then the one that replaced it
+
+
+def cells(seed: int, panel: str, engine: str) -> list[Path]:
+    folders = (HERE / "fig12" / f"seed-{seed}" / panel / "cells").glob(f"{engine}__*")
     loaded = [f for f in folders if "rate-unloaded" not in f.name]
     return sorted(loaded, key=lambda f: json.loads((f / "config.json").read_text())["workload"]["rate"])
 
@@ -59,9 +65,10 @@ def main() -> None:
         "| preemptions real | simulated |",
         "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for seed in (0, 1):
-        for engine in ENGINES:
-            lines += [row(seed, engine, folder) for folder in cells(seed, engine)]
+    for seed in SEEDS:
+        for panel in PANELS:
+            for engine in ENGINES:
+                lines += [row(seed, engine, folder) for folder in cells(seed, panel, engine)]
     write_text(HERE / "fig12" / "alpaca-seeds.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
