@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from kvbench.paper import FIG12_SUSTAINED, FIG13_BATCHED, FIG16_RATIO
 from kvbench.reproduce.engines import fig2_verdict, fig13_verdict
@@ -13,6 +18,7 @@ from kvbench.reproduce.sharing import fig16_verdict
 from kvbench.reproduce.sweeps import BOUND, fig12_verdict, fig18b_verdict, fig19_verdict
 
 SIMULATED = Options(True, Setting())
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _batched(trace: str, values: dict[str, float]) -> list[Row]:
@@ -206,3 +212,52 @@ def test_a_real_opt_13b_setting_holds_the_papers_15728_slots():
     setting = setting_for(True, None, quick=False, model="opt-13b")
     assert setting.real and setting.model == "opt-13b" and setting.rate_scale == 3.0
     assert budget_from_gib(setting.kv_cache_gib, resolve_model(setting.model)).num_slots == 15728
+
+
+def _kvbench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvbench", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_rejudge_applies_todays_rules_to_a_written_figure_and_runs_nothing(tmp_path):
+    """`kvbench reproduce --rejudge`: a figure written under a looser rule ("matches" on an
+    interval of two seeds too wide to tell) is judged again from its rows alone."""
+    out = tmp_path / "out"
+    (out / "fig13").mkdir(parents=True)
+    (out / "kvbench.json").write_text(json.dumps({"kind": "reproduce"}))
+    rows = tuple(
+        Row("fig13", e, trace, "mean_batched_requests", v, v, v * 0.3, v * 1.9, 2)
+        for trace in ("sharegpt-paper", "alpaca-paper")
+        for e, v in FIG13_BATCHED[trace].items()
+    )
+    stale = FigureResult("fig13", "Mean batched requests", rows, "matches: as judged before")
+    write_figure(stale, out / "fig13")
+    done = _kvbench("reproduce", "fig13", "--rejudge", "--mode", "simulate", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    judged = read_figure(out / "fig13")
+    assert judged.rows == rows  # the measurement is untouched
+    assert judged.verdict == fig13_verdict(rows, SIMULATED)
+    # the ratios' parts cannot tell the paper's value from half or twice it; the engines' order ties
+    assert "inconclusive: sharegpt-paper mean batched requests" in judged.verdict
+    assert "too wide to tell" in judged.verdict and "(tied)" in judged.verdict
+    assert judged.verdict in (out / "reproduce.md").read_text()
+    assert "seeds 0-1" in (out / "reproduce.md").read_text()  # the seeds the rows were merged over
+    written = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    assert written == {"kvbench.json", "fig13/figure.json", "fig13/figure.csv", "reproduce.md", "claims.md"}
+
+
+@pytest.mark.parametrize(
+    "make, figures, message",
+    [
+        (False, ["fig13"], "is not a folder kvbench reproduce wrote"),
+        (True, ["fig2"], "fig2 holds no figure.json to judge"),
+        (True, [], "holds no figure to judge"),
+    ],
+)
+def test_rejudge_refuses_a_folder_without_the_figures_in_one_line(tmp_path, make, figures, message):
+    out = tmp_path / "out"
+    out.mkdir()
+    if make:
+        (out / "kvbench.json").write_text(json.dumps({"kind": "reproduce"}))
+    done = _kvbench("reproduce", *figures, "--rejudge", "--mode", "simulate", "--out", str(out))
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in out.iterdir()) == (["kvbench.json"] if make else [])

@@ -8,8 +8,10 @@ import pytest
 
 from kvbench.reproduce.verdicts import (
     DIFFERS,
+    INCONCLUSIVE,
     MATCHES,
     NOT_MEASURED,
+    RESOLUTION,
     TOLERANCE,
     Interval,
     Verdict,
@@ -34,6 +36,27 @@ def test_a_value_matches_only_inside_the_interval_widened_by_the_tolerance():
     assert "paper 30.4" in text  # both sides of the evidence
 
 
+def test_an_interval_that_holds_half_or_twice_the_papers_value_is_inconclusive():
+    """A match must be able to tell the paper's number from one twice or half as large."""
+    assert RESOLUTION == 2.0
+    measured = Interval(10.0, 5.0, 20.0)  # widened: [4.25, 23.0]
+    for paper in (8.0, 11.0, 4.25, 23.0):  # 4.0 or 16.0 / 2.125 or 8.5 / 11.5 / 46: one end holds
+        assert value_verdict("sustained ratio", measured, paper).outcome == INCONCLUSIVE
+    text = str(value_verdict("sustained ratio", measured, 8.0))
+    assert text.startswith("inconclusive: sustained ratio: kvbench 10 [5, 20]")
+    assert text.endswith("too wide to tell: it holds 4 or 16 as well")
+    assert value_verdict("sustained ratio", measured, 24.0).outcome == DIFFERS  # outside: refutes
+    narrow = Interval(10.0, 8.0, 12.0)  # widened: [6.8, 13.8]
+    assert value_verdict("sustained ratio", narrow, 7.0).outcome == MATCHES  # 3.5 and 14 outside
+    assert value_verdict("sustained ratio", narrow, 6.85).outcome == INCONCLUSIVE  # 13.7 = 2 x 6.85 inside
+    # three seeds that spread like Figure 12's paged/static on ShareGPT at OPT-13B
+    spread = Interval.of_samples([9.14, 7.83, 13.87])
+    assert value_verdict("paged/static", spread, 8.39).outcome == INCONCLUSIVE
+    assert overall([Verdict(MATCHES, "a", ""), Verdict(INCONCLUSIVE, "b", "")]) == INCONCLUSIVE
+    assert overall([Verdict(INCONCLUSIVE, "a", ""), Verdict(NOT_MEASURED, "b", "")]) == NOT_MEASURED
+    assert overall([Verdict(INCONCLUSIVE, "a", ""), Verdict(DIFFERS, "b", "")]) == DIFFERS
+
+
 def test_the_interval_of_repeated_runs_is_the_95_percent_t_interval():
     interval = Interval.of_samples([10.0, 12.0, 14.0])  # mean 12, sd 2, t(2) = 4.303
     assert interval.value == 12.0
@@ -46,9 +69,9 @@ def test_a_ratio_of_two_sustained_rate_brackets_is_an_interval():
     paged, oracle = Interval.of_bracket(2.0, 2.2), Interval.of_bracket(1.0, 1.1)  # ratio in [1.82, 2.2]
     assert ratio_verdict("sustained rate ratio paged/orca-oracle", paged, oracle, 1.75).outcome == MATCHES
     assert ratio_verdict("sustained rate ratio paged/orca-oracle", paged, oracle, 2.7).outcome == DIFFERS
-    # grid points 2-4x apart cannot confirm a ratio: the interval is wide, and says so
+    # grid points 2-4x apart cannot confirm a ratio: the interval is wide, and the verdict says so
     coarse = ratio_verdict("ratio", Interval.of_bracket(2.0, 8.0), Interval.of_bracket(1.0, 4.0), 1.75)
-    assert coarse.outcome == MATCHES and "[0.5, 8]" in coarse.evidence
+    assert coarse.outcome == INCONCLUSIVE and "[0.5, 8]" in coarse.evidence
 
 
 def test_a_lower_bound_alone_refutes_but_never_confirms():

@@ -57,6 +57,13 @@ def reproduce(
             "CPU), so a later real invocation on a GPU finds them finished; no real run."
         ),
     ] = False,
+    rejudge: Annotated[
+        bool,
+        typer.Option(
+            help="Judge the figures already in --out again by today's verdict rules, from the rows "
+            "they hold (no run), and rewrite their verdicts, reproduce.md and claims.md."
+        ),
+    ] = False,
     num_requests: Annotated[int | None, typer.Option(hidden=True, help="Requests per run (tests).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the traces (the first, with --repeats).")] = 0,
     repeats: Annotated[
@@ -70,6 +77,7 @@ def reproduce(
     """Run, collect and report the paper's figures; kvbench's numbers beside the paper's."""
     from kvbench.reproduce.rows import Options
     from kvbench.reproduce.run import parse_figures, placement_for, run_reproduce, setting_for
+    from kvbench.reproduce.run import rejudge as judge_again
 
     names = parse_figures(figures or [])
     if mode not in ("auto", "simulate", "real"):
@@ -84,6 +92,10 @@ def reproduce(
         raise KvbenchError("--place-only: give the cost file to place with (--place-with)")
     setting = replace(setting, place_only=place_only)
     options = Options(quick, setting, num_requests, seed, repeats)
+    if rejudge:
+        judge_again(names, options, out, functools.partial(print, flush=True), named=bool(figures))
+        typer.echo(f"judged again: {out / 'reproduce.md'}, {out / 'claims.md'}")
+        return
     start = time.perf_counter()
     # print, not typer.echo: under the progress bar (stderr), a terminal's stdout lines go above it
     run_reproduce(names, options, out, echo=functools.partial(print, flush=True))

@@ -56,7 +56,7 @@ from kvbench.reproduce.sweeps import (
     plot_into,
 )
 from kvbench.results.files import write_text
-from kvbench.results.outputs import prepare_out
+from kvbench.results.outputs import MARKER, prepare_out
 from kvbench.sweep.progress import Progress
 
 
@@ -197,6 +197,41 @@ def run_reproduce(
     if options.setting.real:
         _calibrate(out, echo)
     write_reports(out, options)
+    return results
+
+
+def rejudge(
+    figures: Sequence[str], options: Options, out: Path, echo: Callable[[str], None], *, named: bool
+) -> list[FigureResult]:
+    """`--rejudge`: judge the figures already in `out` again by today's verdict rules, from the
+    rows their figure.json holds (means and intervals as written; no run, no calibration), and
+    rewrite their verdicts, reproduce.md and claims.md. `named`: the figures were named (each
+    must be there), else every figure found is judged.
+
+    Why: a verdict rule tightened since a reproduction ran (a match too wide to tell the paper's
+    value from half or twice it) applies to its committed figures without re-running hours of
+    GPU work; the rows, the measurement, are untouched."""
+    from kvbench.results.files import read_json
+
+    if read_json(out / MARKER).get("kind") != "reproduce":
+        raise KvbenchError(f"--rejudge: {out} is not a folder kvbench reproduce wrote (its {MARKER})")
+    results = []
+    for name in figures:
+        found = read_figure(out / name)
+        if found is None:
+            if named:
+                raise KvbenchError(f"--rejudge: {out / name} holds no figure.json to judge")
+            continue
+        result = replace(found, verdict=FIGURES[name].verdict(found.rows, options))
+        if result.verdict != found.verdict:
+            write_figure(result, out / name)
+        echo(f"{name}: {result.verdict}")
+        results.append(result)
+    if not results:
+        raise KvbenchError(f"--rejudge: {out} holds no figure to judge")
+    # the reports' setting line names the seeds the rows were merged over, not the flag's default
+    merged = max((row.n or 1 for r in results for row in r.rows), default=1)
+    write_reports(out, replace(options, repeats=max(options.repeats, merged)))
     return results
 
 

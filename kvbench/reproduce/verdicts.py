@@ -10,7 +10,12 @@ A verdict names its metric (and weighting) and reads one of:
 - **order only**: where only an order is compared (no value to hold the interval against),
   said so beside "matches"/"differs";
 - **not measured**: the measurement rests on a constant that was assumed, not fitted or measured
-  (a cost-model term without data behind it), so it cannot confirm or refute the paper.
+  (a cost-model term without data behind it), so it cannot confirm or refute the paper;
+- **inconclusive**: the paper's value lies inside the widened interval, but so does half or
+  twice the paper's value (`RESOLUTION`): a "matches" that could not have told the paper's number
+  from one twice as large or half as large confirms nothing. Seeds whose results spread widely
+  give such an interval (a 95 % t interval over 3 seeds is 2.5 standard deviations either side);
+  more seeds narrow it.
 
 The evidence of both sides is in the verdict's text: measured interval and paper value.
 """
@@ -25,7 +30,8 @@ from pathlib import Path
 from kvbench.sweep.stats import mean_ci95, ratio_interval
 
 TOLERANCE = 0.15  # +-15 % around a measured interval: the paper's values are read off its figures
-MATCHES, DIFFERS, NOT_MEASURED = "matches", "differs", "not measured"
+RESOLUTION = 2.0  # a match must rule out the paper's value divided or multiplied by this
+MATCHES, DIFFERS, NOT_MEASURED, INCONCLUSIVE = "matches", "differs", "not measured", "inconclusive"
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ class Interval:
 
 @dataclass(frozen=True)
 class Verdict:
-    outcome: str  # MATCHES, DIFFERS or NOT_MEASURED
+    outcome: str  # MATCHES, DIFFERS, NOT_MEASURED or INCONCLUSIVE
     metric: str  # what was compared, with its weighting ("token states, saturated-weighted")
     evidence: str  # both sides: the measured interval and the paper's value
     order_only: bool = False
@@ -90,7 +96,13 @@ def value_verdict(
         return Verdict(NOT_MEASURED, metric, f"{evidence}; rests on an assumed {assumed}")
     if math.isinf(high) and low <= paper:  # a lower bound alone: it can refute, never confirm
         return Verdict(NOT_MEASURED, metric, f"{evidence}; no upper end (no rate swept failed)")
-    return Verdict(MATCHES if low <= paper <= high else DIFFERS, metric, evidence)
+    if not low <= paper <= high:
+        return Verdict(DIFFERS, metric, evidence)
+    half, double = paper / RESOLUTION, paper * RESOLUTION
+    if low <= half or double <= high:
+        wide = f"{evidence}; too wide to tell: it holds {half:.3g} or {double:.3g} as well"
+        return Verdict(INCONCLUSIVE, metric, wide)
+    return Verdict(MATCHES, metric, evidence)
 
 
 def ratio_verdict(
@@ -177,9 +189,10 @@ def assumed_terms(cost_model: str | None, real: bool) -> frozenset[str]:
 
 
 def overall(verdicts: Sequence[Verdict]) -> str:
-    """One word for a figure: differs if any part differs, not measured if any part is, else matches."""
+    """One word for a figure: differs if any part differs, not measured if any part is,
+    inconclusive if any part is, else matches."""
     outcomes = {v.outcome for v in verdicts}
-    for outcome in (DIFFERS, NOT_MEASURED):
+    for outcome in (DIFFERS, NOT_MEASURED, INCONCLUSIVE):
         if outcome in outcomes:
             return outcome
     return MATCHES if verdicts else NOT_MEASURED
