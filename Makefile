@@ -43,7 +43,7 @@ clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis
 
 # Mutation testing (slow, not part of `make test`; docs/MUTATION.md): engines first, then the
-# metrics and trace validation; reports land in results/mutation/<scope>/
+# metrics and trace validation, then the hybrid allocators; reports land in results/mutation/<scope>/
 .PHONY: mutation
 mutation: $(VENV)/.dev
 	$(PIP) install -q "mutmut==3.8.1"
@@ -58,3 +58,6 @@ mutation: $(VENV)/.dev
 		kvbench/metrics/latency.py workloads/columns.py --tests tests/test_definitions.py \
 		tests/test_trace_validation.py tests/test_rules.py tests/test_metrics.py tests/test_tracefile.py \
 		tests/test_metric_mutants.py
+	nice $(PY) tools/mutation.py --scope engines-hybrid --paths engines/hybrid.py engines/hybrid_prefix.py \
+		--tests tests/test_hybrid.py tests/test_hybrid_prefix.py tests/test_block_table_upload.py \
+		tests/test_hybrid_real.py tests/test_hybrid_mutants.py tests/test_hybrid_prefix_mutants.py
