@@ -261,3 +261,26 @@ def test_rejudge_refuses_a_folder_without_the_figures_in_one_line(tmp_path, make
     done = _kvbench("reproduce", *figures, "--rejudge", "--mode", "simulate", "--out", str(out))
     assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in out.iterdir()) == (["kvbench.json"] if make else [])
+
+
+def test_merged_rows_keep_each_seeds_value_in_seed_order_through_figure_json(tmp_path):
+    """The paired order check compares engines seed by seed: a merged row keeps every seed's value
+    at its seed's place (NaN where that seed has none), and figure.json keeps them (null for NaN);
+    figure.csv does not carry them."""
+    rate = "sustained_rate_req_s"
+    seeds = [
+        [Row("fig12", "paged", "sharegpt-paper", rate, 7.2)],
+        [],  # this seed's run of paged never finished
+        [Row("fig12", "paged", "sharegpt-paper", rate, 9.2)],
+    ]
+    (merged,) = merge_seeds(seeds)
+    assert merged.n == 2 and merged.seeds[0] == 7.2 and math.isnan(merged.seeds[1]) and merged.seeds[2] == 9.2
+    assert merged.interval.seeds == merged.seeds
+    write_figure(FigureResult("fig12", "t", (merged,), "x"), tmp_path / "fig12")
+    written = json.loads((tmp_path / "fig12" / "figure.json").read_text())["rows"][0]
+    assert written["seeds"] == [7.2, None, 9.2]
+    assert "seeds" not in (tmp_path / "fig12" / "figure.csv").read_text().splitlines()[0]
+    (back,) = read_figure(tmp_path / "fig12").rows
+    assert back.seeds[0] == 7.2 and math.isnan(back.seeds[1]) and back.kvbench == merged.kvbench
+    (single,) = merge_seeds([seeds[0]])
+    assert single.seeds == () and "seeds" not in single.to_dict()  # one seed: nothing to pair

@@ -82,6 +82,9 @@ class Row:
     low: float | None = None
     high: float | None = None
     n: int = 1
+    # merged over seeds: each seed's value in seed order (NaN: that seed has none); what the
+    # verdicts compare seed by seed (`Interval.paired_ratio`); figure.json keeps it, figure.csv not
+    seeds: tuple[float, ...] = ()
 
     @property
     def interval(self) -> Interval | None:
@@ -90,7 +93,7 @@ class Row:
             return None
         low = self.kvbench if self.low is None else self.low
         high = self.kvbench if self.high is None else self.high
-        return Interval(self.kvbench, low, high)
+        return Interval(self.kvbench, low, high, self.seeds)
 
     @property
     def ratio(self) -> float | None:
@@ -99,7 +102,11 @@ class Row:
         return self.kvbench / self.paper
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "ratio": self.ratio}
+        data = {**asdict(self), "ratio": self.ratio}
+        seeds = data.pop("seeds")
+        if seeds:  # a seed without a value as null: JSON has no NaN
+            data["seeds"] = [None if math.isnan(v) else v for v in seeds]
+        return data
 
 
 @dataclass(frozen=True)
@@ -140,7 +147,13 @@ def read_figure(folder: Path) -> FigureResult | None:
     if not path.is_file():
         return None
     data = read_json(path)  # a broken file: one line naming it
-    rows = tuple(Row(**{k: r[k] for k in COLUMNS if k != "ratio" and k in r}) for r in data["rows"])
+    rows = tuple(
+        Row(
+            **{k: r[k] for k in COLUMNS if k != "ratio" and k in r},
+            seeds=tuple(math.nan if v is None else v for v in r.get("seeds") or ()),
+        )
+        for r in data["rows"]
+    )
     return FigureResult(
         data["name"], data["title"], rows, data["verdict"], tuple(data["plots"]), tuple(data["notes"])
     )
@@ -180,11 +193,15 @@ def merge_seeds(runs: Sequence[Sequence[Row]]) -> tuple[Row, ...]:
     if len(runs) == 1:
         return tuple(runs[0])
     keyed: dict[tuple, list[Row]] = {}
-    for rows in runs:
+    by_seed: dict[tuple, list[float]] = {}  # each seed's value, in seed order: NaN where it has none
+    for seed, rows in enumerate(runs):
         for row in rows:
-            keyed.setdefault((row.figure, row.engine, row.workload, row.metric), []).append(row)
+            key = (row.figure, row.engine, row.workload, row.metric)
+            keyed.setdefault(key, []).append(row)
+            finite = row.kvbench is not None and math.isfinite(row.kvbench)
+            by_seed.setdefault(key, [math.nan] * len(runs))[seed] = row.kvbench if finite else math.nan
     merged = []
-    for same in keyed.values():
+    for key, same in keyed.items():
         values = [r.kvbench for r in same if r.kvbench is not None and math.isfinite(r.kvbench)]
         first = same[0]
         if not values:
@@ -196,7 +213,8 @@ def merge_seeds(runs: Sequence[Sequence[Row]]) -> tuple[Row, ...]:
         high = max(spread.high, statistics.fmean(i.high for i in measured))
         point = low == high == spread.value
         merged.append(replace(first, kvbench=spread.value, low=None if point else low,
-                              high=None if point else high, n=len(values)))  # fmt: skip
+                              high=None if point else high, n=len(values),
+                              seeds=tuple(by_seed[key])))  # fmt: skip
     return tuple(merged)
 
 
