@@ -9,6 +9,9 @@
 #   fig12-seed-<s>   Figure 12 at OPT-13B, seeds s to s + 2 (`--seed s --repeats 3`: finished runs are
 #                    resumed, so fig12-seed-0 goes on with the first seed not done; fig12-seed-2 would
 #                    run seeds 3 and 4 after 2) (results/reproduce/opt-13b-h200)
+#   fig2-13          Figures 2 and 13 at OPT-13B, seeds 0-2 (`--repeats 3`: finished runs are resumed, so it
+#                    goes on with the first seed not done; one seed is about 10.5 GPU-minutes)
+#                    (results/reproduce/opt-13b-h200)
 #   fig19            Figure 19 at OPT-13B (recompute vs swap at block sizes 1, 16, 256), 3 seeds
 #                    (results/reproduce/opt-13b-h200/fig19)
 #   vmm-real         vmm sync and ahead beside orca-oracle and paged (results/reference/vmm-real)
@@ -73,6 +76,10 @@ for job in "$@"; do
       folder=results/reproduce/opt-13b-h200
       timeout $left python -m kvbench reproduce fig12 --mode real --model opt-13b \
         --place-with $folder/calibration/cost.json --seed "${job#fig12-seed-}" --repeats 3 --out $folder ;;
+    fig2-13)
+      folder=results/reproduce/opt-13b-h200
+      timeout $left python -m kvbench reproduce fig2 fig13 --mode real --model opt-13b --num-requests 200 \
+        --repeats 3 --out $folder ;;
     fig19)
       folder=results/reproduce/opt-13b-h200
       timeout $left python -m kvbench reproduce fig19 --mode real --model opt-13b --num-requests 200 \
