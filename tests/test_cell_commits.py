@@ -39,10 +39,10 @@ def commit(repo: Path, path: str, text: str) -> str:
     ).stdout.strip()
 
 
-def run_folder(root: Path, name: str, sha: str | None) -> None:
+def run_folder(root: Path, name: str, sha: str | None, mode: str | None = None) -> None:
     folder = root / "cells" / name
     folder.mkdir(parents=True)
-    (folder / "summary.json").write_text("{}")
+    (folder / "summary.json").write_text(json.dumps({"mode": mode} if mode else {}))
     (folder / "config.json").write_text("{}")
     if sha is not None:
         (folder / "env.json").write_text(json.dumps({"git_sha": sha}))
@@ -79,4 +79,33 @@ def test_a_folder_without_runs_is_one_line_and_exit_code_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'nothing'}: no run folder (summary.json and config.json) below it"
+    ]
+
+
+def test_a_real_figure_is_judged_by_its_real_runs_not_its_placements_nor_runs_set_aside(tmp_path):
+    """Figure 12's layout: a seed's placement simulations (CPU, an older commit), the real panel
+    run again at one run code, and the earlier panel set aside in `earlier/`: only the real runs
+    of the panel count, and the set-aside ones are reported when their folder is named."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    placed = commit(repo, "engines/paged.py", "a = 1\n")
+    earlier = commit(repo, "kvbench/real/run.py", "b = 1\n")
+    now = commit(repo, "kvbench/real/run.py", "b = 2\n")
+    seed = tmp_path / "fig12" / "seed-0"
+    run_folder(seed / "alpaca-paper.placement", "paged__rate-60", placed, "simulated")
+    run_folder(seed / "alpaca-paper", "paged__rate-64", now, "real")
+    run_folder(seed / "alpaca-paper", "static__rate-5", now, "real")
+    run_folder(seed / "earlier" / "alpaca-paper", "paged__rate-59", earlier, "real")
+    lines, same = tool().report([tmp_path / "fig12"], repo)
+    assert same and lines == [
+        f"{now[:12]} 2 runs (paged__rate-64 .. static__rate-5): the same run code as the earliest"
+    ]
+    lines, same = tool().report([tmp_path / "fig12", seed / "earlier"], repo)
+    assert not same and len(lines) == 2 and lines[0].startswith(earlier[:12])
+    assert "run code differs from" in lines[1] and "kvbench/real/run.py" in lines[1]
+    # a folder of simulations alone is judged by them
+    lines, _ = tool().report([seed / "alpaca-paper.placement"], repo)
+    assert lines == [
+        f"{placed[:12]} 1 run (paged__rate-60 .. paged__rate-60): the same run code as the earliest"
     ]

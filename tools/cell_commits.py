@@ -11,6 +11,8 @@ executes that differ: the engines, the kernels, the model and runner code, the w
 
     python tools/cell_commits.py FOLDER [FOLDER ...]
 
+A folder holding real runs is judged by them alone (its placement simulations left out), and
+runs a seed set aside (`<seed>/earlier/`) are left out unless that folder is named itself.
 Reads the repository's history with git (the folder's commits must be in it). Prints one line
 per commit (runs, first and last run folder) and the run code that differs; exits 0 when every
 run ran the same run code, 1 when some differ, 2 on a folder that does not exist or holds no run.
@@ -27,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from kvbench.reproduce.rows import SET_ASIDE
+from kvbench.results.files import read_json
 from kvbench.results.load import runs_below
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,11 +56,21 @@ RUN_CODE = (
 )
 
 
+def compared(folder: Path) -> list[Path]:
+    """The runs below `folder` a figure compares: where any is real, its real runs only (a real
+    figure's placement simulations ran on a CPU, often at other commits, and compare nothing), and
+    never the runs a seed set aside (`<seed>/earlier/`: made at other run code, kept as evidence;
+    name that folder itself to see them)."""
+    runs = [run for run in runs_below(folder) if SET_ASIDE not in run.relative_to(folder).parts]
+    real = [run for run in runs if read_json(run / "summary.json").get("mode") == "real"]
+    return real or runs
+
+
 def commits_of(folders: list[Path]) -> dict[str, list[Path]]:
     """Run folders by the commit their env.json records ("unknown" without one)."""
     by_commit: dict[str, list[Path]] = defaultdict(list)
     for folder in folders:
-        for run in runs_below(folder):
+        for run in compared(folder):
             env = run / "env.json"
             sha = json.loads(env.read_text()).get("git_sha") if env.is_file() else None
             by_commit[sha or "unknown"].append(run)
