@@ -39,6 +39,14 @@ def commit(repo: Path, path: str, text: str) -> str:
     ).stdout.strip()
 
 
+def new_repo(tmp_path: Path) -> Path:
+    """An empty git repository the commits of a test go into."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    return repo
+
+
 def run_folder(root: Path, name: str, sha: str | None, mode: str | None = None) -> None:
     folder = root / "cells" / name
     folder.mkdir(parents=True)
@@ -49,9 +57,7 @@ def run_folder(root: Path, name: str, sha: str | None, mode: str | None = None) 
 
 
 def test_runs_are_grouped_by_commit_and_run_code_changes_named(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    repo = new_repo(tmp_path)
     first = commit(repo, "engines/paged.py", "a = 1\n")
     docs = commit(repo, "docs/NOTE.md", "words\n")
     engine = commit(repo, "engines/paged.py", "a = 2\n")
@@ -86,9 +92,7 @@ def test_a_real_figure_is_judged_by_its_real_runs_not_its_placements_nor_runs_se
     """Figure 12's layout: a seed's placement simulations (CPU, an older commit), the real panel
     run again at one run code, and the earlier panel set aside in `earlier/`: only the real runs
     of the panel count, and the set-aside ones are reported when their folder is named."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    repo = new_repo(tmp_path)
     placed = commit(repo, "engines/paged.py", "a = 1\n")
     earlier = commit(repo, "kvbench/real/run.py", "b = 1\n")
     now = commit(repo, "kvbench/real/run.py", "b = 2\n")
