@@ -1,9 +1,9 @@
 """tools/device_tree.sh: the working tree a GPU call copies, cut to the results folders it names.
 
 Checked on a git repository made here: the folders not kept leave the working tree while git
-still sees a clean checkout (nothing of theirs is lost or shows as deleted), the kept folder and
-everything outside results/ stay, a folder that does not exist is refused in one line with exit
-code 2, and `restore` brings every file back.
+still sees a clean checkout (nothing of theirs is lost or shows as deleted), the kept folder (but
+the runs a seed set aside in it, `earlier/`) and everything outside results/ stay, a folder that
+does not exist is refused in one line with exit code 2, and `restore` brings every file back.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ FILES = {
     "engines/paged.py": "a = 1\n",
     "results/README.md": "index\n",
     "results/reproduce/opt/fig12/runs.csv": "x\n1\n",
+    "results/reproduce/opt/fig12/seed-0/earlier/alpaca/runs.csv": "x\n0\n",
     "results/reproduce/quick/runs.csv": "x\n2\n",
     "results/reference/vmm/runs.csv": "x\n3\n",
 }
@@ -57,7 +58,7 @@ def test_keep_leaves_only_the_named_results_folder_and_git_sees_no_change(tmp_pa
     assert done.returncode == 0, done.stderr
     assert present(repo) == {"engines/paged.py", "results/README.md", "results/reproduce/opt/fig12/runs.csv"}
     assert git(repo, "status", "--porcelain") == ""
-    assert "2 tracked files out of the tree" in done.stdout
+    assert "3 tracked files out of the tree" in done.stdout  # the set-aside runs of the kept folder too
     # what a call brings back into the kept folder is seen by git as usual
     (repo / "results/reproduce/opt/fig12/new.csv").write_text("x\n4\n")
     assert git(repo, "status", "--porcelain").split() == ["??", "results/reproduce/opt/fig12/new.csv"]

@@ -10,7 +10,8 @@
 #
 # Only folders two levels under results/ (results/<kind>/<name>) are taken out; results written
 # into a folder that was not kept would be hidden by git until `restore`, so keep every folder the
-# jobs of the calls write (tools/device_call.sh names each job's folder).
+# jobs of the calls write (tools/device_call.sh names each job's folder). Runs a seed set aside
+# (`earlier/` folders: kept as evidence, read by no job) are taken out of kept folders too.
 set -eu
 cd "$(git rev-parse --show-toplevel)"
 case ${1:-} in
@@ -22,6 +23,7 @@ case ${1:-} in
       [ -d "$folder" ] || { echo "device_tree.sh: no folder $folder" >&2; exit 2; }
       patterns+=("/$folder/")
     done
+    patterns+=('!/results/**/earlier/')
     git sparse-checkout set --no-cone "${patterns[@]}"
     echo "kept: ${*:-no results folder}; $(git ls-files -t | grep -c '^S') tracked files out of the tree" ;;
   restore)
