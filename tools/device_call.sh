@@ -62,11 +62,25 @@
 # write first (tools/device_tree.sh keep FOLDER...; restore after).
 # Every job's folder comes back as $OUT/<job>.tgz (paths relative to the repository root: unpack
 # with `tar -xzf <job>.tgz` there), its log as $OUT/<job>.log.
+#
+# PIN=<commit>: the OPT-13B reproduction's jobs (fig12-seed-*, fig2-13, fig19) run kvbench as it
+# was at that commit (a git worktree of it on the GPU machine; each run's env.json records it),
+# writing into this tree's folders. A figure whose runs span several device sessions keeps one
+# run code so, while the engines, kernels and runner go on changing (tools/cell_commits.py checks
+# that the commits its runs record share their run code).
 set -u
-export PYTHONPATH=. KVBENCH_TRACE_DIR=${KVBENCH_TRACE_DIR:-$PWD/.carry/shared/traces}
+ROOT=$PWD
+export PYTHONPATH=. KVBENCH_TRACE_DIR=${KVBENCH_TRACE_DIR:-$ROOT/.carry/shared/traces}
 LIMIT=${LIMIT:-280}
 end=$((SECONDS + LIMIT))
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+CODE=$ROOT  # where the reproduction's kvbench is run from
+if [ -n "${PIN:-}" ]; then
+  CODE=/tmp/kvbench-at-${PIN}
+  [ -d "$CODE" ] || git worktree add -q --detach "$CODE" "$PIN" >> "$OUT/calls.log" 2>&1 \
+    || { echo "PIN=$PIN: no such commit here" | tee -a "$OUT/calls.log"; exit 2; }
+  echo "reproduction jobs run kvbench at $(git -C "$CODE" rev-parse HEAD)" >> "$OUT/calls.log"
+fi
 for job in "$@"; do
   left=$((end - SECONDS))
   [ $left -gt 30 ] || { echo "$job: no time left" >> "$OUT/calls.log"; continue; }
@@ -74,16 +88,17 @@ for job in "$@"; do
   case $job in
     fig12-seed-*)
       folder=results/reproduce/opt-13b-h200
-      timeout $left python -m kvbench reproduce fig12 --mode real --model opt-13b \
-        --place-with $folder/calibration/cost.json --seed "${job#fig12-seed-}" --repeats 3 --out $folder ;;
+      (cd "$CODE" && timeout $left python -m kvbench reproduce fig12 --mode real --model opt-13b \
+        --place-with "$ROOT/$folder/calibration/cost.json" --seed "${job#fig12-seed-}" --repeats 3 \
+        --out "$ROOT/$folder") ;;
     fig2-13)
       folder=results/reproduce/opt-13b-h200
-      timeout $left python -m kvbench reproduce fig2 fig13 --mode real --model opt-13b --num-requests 200 \
-        --repeats 3 --out $folder ;;
+      (cd "$CODE" && timeout $left python -m kvbench reproduce fig2 fig13 --mode real --model opt-13b \
+        --num-requests 200 --repeats 3 --out "$ROOT/$folder") ;;
     fig19)
       folder=results/reproduce/opt-13b-h200
-      timeout $left python -m kvbench reproduce fig19 --mode real --model opt-13b --num-requests 200 \
-        --repeats 3 --out $folder ;;
+      (cd "$CODE" && timeout $left python -m kvbench reproduce fig19 --mode real --model opt-13b \
+        --num-requests 200 --repeats 3 --out "$ROOT/$folder") ;;
     vmm-real)
       folder=results/reference/vmm-real
       timeout $left python benchmarks/vmm_real.py --out $folder \
