@@ -110,9 +110,9 @@ def value_verdict(
         return Verdict(NOT_MEASURED, metric, f"{evidence}; no upper end (no rate swept failed)")
     if not low <= paper <= high:
         return Verdict(DIFFERS, metric, evidence)
-    half, double = paper / RESOLUTION, paper * RESOLUTION
-    if low <= half or double <= high:
-        wide = f"{evidence}; too wide to tell: it holds {half:.3g} or {double:.3g} as well"
+    held = [v for v in (paper / RESOLUTION, paper * RESOLUTION) if low <= v <= high]
+    if held:
+        wide = f"{evidence}; too wide to tell: it holds {' and '.join(f'{v:.3g}' for v in held)} as well"
         return Verdict(INCONCLUSIVE, metric, wide)
     return Verdict(MATCHES, metric, evidence)
 
