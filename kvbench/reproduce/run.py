@@ -55,7 +55,7 @@ from kvbench.reproduce.sweeps import (
     fig19_verdict,
     plot_into,
 )
-from kvbench.results.files import write_text
+from kvbench.results.files import read_json, write_text
 from kvbench.results.outputs import MARKER, prepare_out
 from kvbench.sweep.progress import Progress
 
@@ -136,8 +136,6 @@ def setting_for(real: bool, cost_model: str | None, *, quick: bool, model: str |
         )
     if cost_model is None:
         return Setting()
-    from kvbench.results.files import read_json
-
     fitted = read_json(Path(cost_model)).get("model")
     if fitted is None:
         return Setting(cost_model=cost_model)
@@ -156,8 +154,6 @@ def placement_for(setting: Setting, place_with: str | None) -> Setting:
         return setting
     if not setting.real:
         raise KvbenchError("--place-with places real runs: use it with --mode real (or auto on a GPU)")
-    from kvbench.results.files import read_json
-
     if not Path(place_with).is_file():
         raise KvbenchError(f"--place-with {place_with}: no such file")
     fitted = read_json(Path(place_with)).get("model")
@@ -211,8 +207,6 @@ def rejudge(
     Why: a verdict rule tightened since a reproduction ran (a match too wide to tell the paper's
     value from half or twice it) applies to its committed figures without re-running hours of
     GPU work; the rows, the measurement, are untouched."""
-    from kvbench.results.files import read_json
-
     if read_json(out / MARKER).get("kind") != "reproduce":
         raise KvbenchError(f"--rejudge: {out} is not a folder kvbench reproduce wrote (its {MARKER})")
     results = []
