@@ -8,6 +8,7 @@ and, to bisect, asks the sweep to run more cells.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from kvbench.sweep.grid import BASELINE, BISECT, Cell
@@ -74,19 +75,28 @@ def _threshold(plan: SweepPlan, state: Cells, cell: Cell) -> tuple[float | None,
         return plan.sustained.threshold_s, None, "--latency-threshold"
     own = state.rows[_baseline(cell, cell.engine).id]
     unloaded = own["normalized_latency_s"] if own["status"] == "ok" else None
-    rows = [(state.rows[_baseline(cell, engine).id], engine) for engine in plan.axes.engines]
-    ok = [(row["normalized_latency_s"], engine, row) for row, engine in rows if row["status"] == "ok"]
+    rows = [state.rows[_baseline(cell, engine).id] for engine in plan.axes.engines]
+    ok = [row for row in rows if row["status"] == "ok"]
     if not ok:
         return None, unloaded, f"every baseline of {cell.trace} failed"
-    lowest, engine, row = min(ok, key=lambda item: item[0])
+    threshold, source = shared_bound(ok, plan.sustained.multiple)
+    return threshold, unloaded, source
+
+
+def shared_bound(baselines: Sequence[Mapping], multiple: float) -> tuple[float, str]:
+    """(bound, where it came from): `multiple` x the lowest normalized latency among the compared
+    engines' finished unloaded baselines (sweep.csv rows: engine, normalized_latency_s,
+    peak_batched_requests), the one bound every engine of the comparison is judged against."""
+    row = min(baselines, key=lambda row: row["normalized_latency_s"])
+    lowest = row["normalized_latency_s"]
     source = (
-        f"{plan.sustained.multiple:g} x {lowest:.4g} s/token, the lowest unloaded latency of "
-        f"{len(ok)} engines ({engine}), shared by all"
+        f"{multiple:g} x {lowest:.4g} s/token, the lowest unloaded latency of "
+        f"{len(baselines)} engines ({row['engine']}), shared by all"
     )
     if row["peak_batched_requests"] > 1:
         peak = row["peak_batched_requests"]
         source += f"; its requests overlapped (peak batch {peak}): lower --baseline-rate"
-    return plan.sustained.multiple * lowest, unloaded, source
+    return multiple * lowest, source
 
 
 def _baseline(cell: Cell, engine: str) -> Cell:
