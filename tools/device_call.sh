@@ -74,12 +74,17 @@ export PYTHONPATH=. KVBENCH_TRACE_DIR=${KVBENCH_TRACE_DIR:-$ROOT/.carry/shared/t
 LIMIT=${LIMIT:-280}
 end=$((SECONDS + LIMIT))
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
-CODE=$ROOT  # where the reproduction's kvbench is run from
+# The reproduction's kvbench: this tree's, or with PIN the worktree's, imported from there alone
+# (`-P`: not from the current directory) while the command runs here, so the paths it records
+# (the placement's cost file, --out) read as from a run in this tree and a resumed placement
+# finds its settings unchanged
+KVBENCH=(python -m kvbench)
 if [ -n "${PIN:-}" ]; then
   CODE=/tmp/kvbench-at-${PIN}
   [ -d "$CODE" ] || git worktree add -q --detach "$CODE" "$PIN" >> "$OUT/calls.log" 2>&1 \
     || { echo "PIN=$PIN: no such commit here" | tee -a "$OUT/calls.log"; exit 2; }
   echo "reproduction jobs run kvbench at $(git -C "$CODE" rev-parse HEAD)" >> "$OUT/calls.log"
+  KVBENCH=(env PYTHONPATH="$CODE" python -P -m kvbench)
 fi
 for job in "$@"; do
   left=$((end - SECONDS))
@@ -88,17 +93,16 @@ for job in "$@"; do
   case $job in
     fig12-seed-*)
       folder=results/reproduce/opt-13b-h200
-      (cd "$CODE" && timeout $left python -m kvbench reproduce fig12 --mode real --model opt-13b \
-        --place-with "$ROOT/$folder/calibration/cost.json" --seed "${job#fig12-seed-}" --repeats 3 \
-        --out "$ROOT/$folder") ;;
+      timeout $left "${KVBENCH[@]}" reproduce fig12 --mode real --model opt-13b \
+        --place-with $folder/calibration/cost.json --seed "${job#fig12-seed-}" --repeats 3 --out $folder ;;
     fig2-13)
       folder=results/reproduce/opt-13b-h200
-      (cd "$CODE" && timeout $left python -m kvbench reproduce fig2 fig13 --mode real --model opt-13b \
-        --num-requests 200 --repeats 3 --out "$ROOT/$folder") ;;
+      timeout $left "${KVBENCH[@]}" reproduce fig2 fig13 --mode real --model opt-13b \
+        --num-requests 200 --repeats 3 --out $folder ;;
     fig19)
       folder=results/reproduce/opt-13b-h200
-      (cd "$CODE" && timeout $left python -m kvbench reproduce fig19 --mode real --model opt-13b \
-        --num-requests 200 --repeats 3 --out "$ROOT/$folder") ;;
+      timeout $left "${KVBENCH[@]}" reproduce fig19 --mode real --model opt-13b \
+        --num-requests 200 --repeats 3 --out $folder ;;
     vmm-real)
       folder=results/reference/vmm-real
       timeout $left python benchmarks/vmm_real.py --out $folder \
