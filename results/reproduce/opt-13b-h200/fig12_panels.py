@@ -63,7 +63,7 @@ def brackets(folder: Path) -> dict[str, tuple[float, float]]:
             if low == low and high == high:
                 found[row["engine"]] = (float(low), float(high))
         return found
-    done = sweep.cells[sweep.cells.status == "ok"]
+    done = finished(sweep)
     bound, _ = _bound(folder, done)
     loaded = done[done.role != "baseline"]
     for engine in ENGINES if bound == bound else ():
@@ -74,10 +74,18 @@ def brackets(folder: Path) -> dict[str, tuple[float, float]]:
     return found
 
 
+def finished(sweep):
+    """sweep.csv's finished rows whose run is here: a run set aside (moved to `earlier/`) keeps its
+    row until the sweep runs it again."""
+    here = {folder.name for folder in sweep.folders}
+    return sweep.cells[(sweep.cells.status == "ok") & sweep.cells.cell_id.isin(here)]
+
+
 def panel_text(seed: int, folder: Path) -> list[str]:
     sweep = load_sweep(folder)
     cells = sweep.cells
-    done = cells[cells.status == "ok"]
+    done = finished(sweep)
+    gone = int((cells.status == "ok").sum()) - len(done)
     loaded = done[done.role != "baseline"]
     lines = [f"### {TRACES[folder.name]}, seed {seed}", ""]
     bound, source = _bound(folder, done)
@@ -87,7 +95,11 @@ def panel_text(seed: int, folder: Path) -> list[str]:
     lines += [
         f"Runs: {baselines} baselines and {len(loaded)} loaded runs, {done.wall_s.sum():,.0f} s of wall time "
         f"(model loads not included); kvbench at {commits(folder) or 'no run yet'}."
-        + (f" {pending} placed runs not run yet (the sweep steps past a pair that misses)." * (pending > 0)),
+        + (f" {pending} placed runs not run yet (the sweep steps past a pair that misses)." * (pending > 0))
+        + (
+            f" {gone} finished in sweep.csv but set aside (moved to `earlier/`): they run again, and the"
+            " bound and brackets here are the sweep's from before they were set aside." * (gone > 0)
+        ),
         "",
     ]
     if len(loaded):
