@@ -34,10 +34,10 @@ ROW_HEADER = (
 )
 
 
-def panels(trace: str) -> list[tuple[int, Path]]:
-    """(seed, folder) of every current panel of `trace` that has run at least one cell."""
+def panels(root: Path, trace: str) -> list[tuple[int, Path]]:
+    """(seed, folder) of every current panel of `trace` under `root` that has run a cell."""
     found = []
-    for folder in sorted((HERE / "fig12").glob(f"seed-*/{trace}")):
+    for folder in sorted((root / "fig12").glob(f"seed-*/{trace}")):
         if (folder / "sweep.csv").is_file():
             found.append((int(folder.parent.name.removeprefix("seed-")), folder))
     return sorted(found)
@@ -166,7 +166,8 @@ def ratios_text(trace: str, seeds: list[tuple[int, Path]]) -> list[str]:
     return [*lines, ""]
 
 
-def main() -> None:
+def render(root: Path = HERE) -> str:
+    """panels.md's text for the reproduction folder `root` (this script's own by default)."""
     lines = [
         "# Figure 12 at OPT-13B: the panels as they stand",
         "",
@@ -177,13 +178,17 @@ def main() -> None:
         "",
     ]
     for trace in TRACES:
-        seeds = panels(trace)
+        seeds = panels(root, trace)
         lines += [f"## {TRACES[trace]}", ""]
         for seed, folder in seeds:
             lines += panel_text(seed, folder)
         if seeds:
             lines += ratios_text(trace, seeds)
-    text = "\n".join(lines).rstrip() + "\n"
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main() -> None:
+    text = render()
     write_text(HERE / "fig12" / "panels.md", text)
     print(text)
 
