@@ -284,3 +284,24 @@ def test_merged_rows_keep_each_seeds_value_in_seed_order_through_figure_json(tmp
     assert back.seeds[0] == 7.2 and math.isnan(back.seeds[1]) and back.kvbench == merged.kvbench
     (single,) = merge_seeds([seeds[0]])
     assert single.seeds == () and "seeds" not in single.to_dict()  # one seed: nothing to pair
+
+
+def test_the_throughput_claim_is_not_measured_without_figure_12_and_differs_without_its_ratio():
+    """The claims table judges "2-4x higher throughput" on Figure 12's sustained-rate ratios: a
+    folder that never ran Figure 12 has nothing to judge it on ("not measured", as every other
+    claim whose figure is missing), while a Figure 12 that ran a trace but has no ratio for it (an
+    engine sustained no rate swept) is a measurement that cannot match ("differs")."""
+    from kvbench.reproduce.claims import CLAIMS, claim_verdict
+
+    claim = next(c for c in CLAIMS if c.text == "2-4x higher throughput")
+    fig2_only = [Row("fig2", "paged", "sharegpt-paper", "token_states", 96.0, 96.3)]
+    assert claim_verdict(claim, fig2_only) == "not measured"
+    ran = [*fig2_only, Row("fig12", "paged", "sharegpt-paper", "sustained_rate", 7.4, 1.93)]
+    verdict = claim_verdict(claim, ran)
+    assert verdict.startswith("differs (") and "no measurement: an engine sustained no rate swept" in verdict
+    inside = [
+        *ran,
+        Row("fig12", "paged/orca-oracle", "sharegpt-paper", "sustained_ratio", 2.5, 1.75, 2.2, 2.8),
+        Row("fig12", "paged/orca-max", "sharegpt-paper", "sustained_ratio", 3.4, 3.71, 3.1, 3.7),
+    ]
+    assert claim_verdict(claim, inside) == "matches"
