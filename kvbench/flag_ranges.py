@@ -128,6 +128,7 @@ RANGES: dict[str, Range] = {
     "max_gib": POSITIVE,
     # sweep
     "cell_timeout": POSITIVE,
+    "deadline_s": POSITIVE,  # seconds this invocation may run
     "latency_threshold": POSITIVE,
     "threshold_multiple": POSITIVE,
     "bisect": Range(0, 64),  # each round is one more rate per engine

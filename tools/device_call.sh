@@ -63,11 +63,16 @@
 # Every job's folder comes back as $OUT/<job>.tgz (paths relative to the repository root: unpack
 # with `tar -xzf <job>.tgz` there), its log as $OUT/<job>.log.
 #
+# Every sweep and reproduction stops before a cell it expects to end past the call's limit
+# (`--deadline-s`, 15 s kept for packing: kvbench.sweep.deadline), so a call loses no cell half
+# run; `timeout` stays as the safety net.
+#
 # PIN=<commit>: the OPT-13B reproduction's jobs (fig12-seed-*, fig2-13, fig19) run kvbench as it
 # was at that commit (a git worktree of it on the GPU machine; each run's env.json records it),
 # writing into this tree's folders. A figure whose runs span several device sessions keeps one
 # run code so, while the engines, kernels and runner go on changing (tools/cell_commits.py checks
-# that the commits its runs record share their run code).
+# that the commits its runs record share their run code). The commit must know --deadline-s
+# (kvbench.sweep.deadline): an older one refuses the flag with exit code 2.
 set -u
 ROOT=$PWD
 export PYTHONPATH=. KVBENCH_TRACE_DIR=${KVBENCH_TRACE_DIR:-$ROOT/.carry/shared/traces}
@@ -93,15 +98,15 @@ for job in "$@"; do
   case $job in
     fig12-seed-*)
       folder=results/reproduce/opt-13b-h200
-      timeout $left "${KVBENCH[@]}" reproduce fig12 --mode real --model opt-13b \
+      timeout $left "${KVBENCH[@]}" reproduce --deadline-s $((left - 15)) fig12 --mode real --model opt-13b \
         --place-with $folder/calibration/cost.json --seed "${job#fig12-seed-}" --repeats 3 --out $folder ;;
     fig2-13)
       folder=results/reproduce/opt-13b-h200
-      timeout $left "${KVBENCH[@]}" reproduce fig2 fig13 --mode real --model opt-13b \
+      timeout $left "${KVBENCH[@]}" reproduce --deadline-s $((left - 15)) fig2 fig13 --mode real --model opt-13b \
         --num-requests 200 --repeats 3 --out $folder ;;
     fig19)
       folder=results/reproduce/opt-13b-h200
-      timeout $left "${KVBENCH[@]}" reproduce fig19 --mode real --model opt-13b \
+      timeout $left "${KVBENCH[@]}" reproduce --deadline-s $((left - 15)) fig19 --mode real --model opt-13b \
         --num-requests 200 --repeats 3 --out $folder ;;
     vmm-real)
       folder=results/reference/vmm-real
@@ -109,7 +114,7 @@ for job in "$@"; do
         --variants orca-oracle,paged,vmm:per-layer:sync,vmm:per-layer:ahead,vmm:per-request:sync ;;
     hybrid-arxiv)
       folder=results/reference/hybrid-real/arxiv-sum
-      timeout $left python -m kvbench sweep --real --engines paged,hybrid,jenga,orca-oracle \
+      timeout $left python -m kvbench sweep --deadline-s $((left - 15)) --real --engines paged,hybrid,jenga,orca-oracle \
         --model gemma-3-12b --trace arxiv-sum --kv-cache-gib 12 --seeds 0,1,2 --rates 12 \
         --num-requests 40 --latency-threshold 1 --resume --continue-on-error --collectors torch,nvml \
         --out $folder ;;
@@ -134,23 +139,23 @@ for job in "$@"; do
         left=$((end - SECONDS)); [ $left -gt 30 ] || break
         # pages mapped ahead held by the allocator (since 18c412e); the -ahead folders ran the design before
         suffix=$([ "$5" = sync ] || echo "-$5-held")
-        timeout $left python -m kvbench sweep --real --engines $4 --vmm-layout $3 --vmm-map $5 --model opt-13b \
+        timeout $left python -m kvbench sweep --deadline-s $((left - 15)) --real --engines $4 --vmm-layout $3 --vmm-map $5 --model opt-13b \
           --trace $1 --rates $2 --duration 30 --seeds ${SEEDS:-0,1,2} --latency-threshold 1 --resume \
           --continue-on-error --collectors torch,nvml --out $folder/$1-$3$suffix
       done ;;
     mooncake-window)
       folder=results/reference/mooncake-window-real
-      timeout $left python -m kvbench sweep --real --engines paged,orca-oracle,vmm --model llama-3.1-8b \
+      timeout $left python -m kvbench sweep --deadline-s $((left - 15)) --real --engines paged,orca-oracle,vmm --model llama-3.1-8b \
         --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --seeds 0 --resume \
         --continue-on-error --collectors torch,nvml --out $folder ;;
     hybrid-long)
       folder=results/reference/hybrid-long-real
-      timeout $left python -m kvbench sweep --real --engines paged,hybrid,jenga,orca-oracle --model gemma-3-12b \
+      timeout $left python -m kvbench sweep --deadline-s $((left - 15)) --real --engines paged,hybrid,jenga,orca-oracle --model gemma-3-12b \
         --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --max-total-len 131072 --seeds 0 \
         --resume --continue-on-error --collectors torch,nvml --out $folder ;;
     hybrid-long-chunked|hybrid-long-chunked-split|hybrid-long-chunked-warm)
       folder=results/reference/$job-real
-      timeout $left python -m kvbench sweep --real --chunked-prefill --engines hybrid,paged,jenga --model gemma-3-12b \
+      timeout $left python -m kvbench sweep --deadline-s $((left - 15)) --real --chunked-prefill --engines hybrid,paged,jenga --model gemma-3-12b \
         --emulate-gpu h200-141gb --trace mooncake-conv --window-duration 30 --max-total-len 131072 --seeds 0 \
         --resume --continue-on-error --collectors torch,nvml --out $folder ;;
     hybrid-long-chunked-windows)
@@ -158,7 +163,7 @@ for job in "$@"; do
       for setting in "350 jenga,hybrid,paged" "700 hybrid,jenga,paged"; do
         set -- $setting
         left=$((end - SECONDS)); [ $left -gt 30 ] || break
-        timeout $left python -m kvbench sweep --real --chunked-prefill --engines $2 --model gemma-3-12b \
+        timeout $left python -m kvbench sweep --deadline-s $((left - 15)) --real --chunked-prefill --engines $2 --model gemma-3-12b \
           --emulate-gpu h200-141gb --trace mooncake-conv --window-start $1 --window-duration 30 \
           --max-total-len 131072 --seeds 0 --resume --continue-on-error --collectors torch,nvml --out $folder/w$1
       done ;;
@@ -176,7 +181,7 @@ for job in "$@"; do
       done ;;
     fig12-alpaca-eager)
       folder=results/reference/fig12-alpaca-eager
-      timeout $left python -m kvbench sweep --real --no-cuda-graphs --engines paged,orca-oracle --model opt-13b \
+      timeout $left python -m kvbench sweep --deadline-s $((left - 15)) --real --no-cuda-graphs --engines paged,orca-oracle --model opt-13b \
         --trace alpaca-paper --rates 38,48,60,75,94 --duration 60 --seeds 0 --baseline-requests 5 \
         --threshold-multiple 4 --bisect 3 --bracket 0.1 --resume --continue-on-error --collectors torch \
         --out $folder ;;
@@ -185,7 +190,7 @@ for job in "$@"; do
       for setting in "paged 149,164,171.5,179,197" "orca-oracle 103,108,113.5,118.75,130"; do
         set -- $setting
         left=$((end - SECONDS)); [ $left -gt 30 ] || break
-        timeout $left python -m kvbench sweep --real --chunked-prefill --engines $1 --model opt-13b \
+        timeout $left python -m kvbench sweep --deadline-s $((left - 15)) --real --chunked-prefill --engines $1 --model opt-13b \
           --trace alpaca-paper --rates $2 --duration 60 --seeds 0 --latency-threshold 0.0327 --bisect 2 \
           --bracket 0.05 --resume --continue-on-error --collectors torch --out $folder/$1
       done ;;

@@ -101,9 +101,28 @@ def without(command, **fixed):
     return wrapper
 
 
+DeadlineOption = Annotated[
+    float | None,
+    typer.Option(
+        help="Seconds this invocation may run (a time-limited GPU call): start no cell expected to "
+        "end later (the longest finished cell of its kind, + 10 %), stop there with exit code 75, "
+        "resumable."
+    ),
+]
+
+
+def deadline(seconds: float | None):
+    """`--deadline-s` as a `kvbench.sweep.deadline.Deadline` counted from now (None: none)."""
+    from kvbench.sweep.deadline import Deadline
+
+    return None if seconds is None else Deadline.in_seconds(seconds)
+
+
 def user_errors(command):
     """Check every numeric flag's range (`kvbench.flag_ranges`) before the command runs, and
-    turn a KvbenchError into `error: <one line>` on stderr and exit code 2."""
+    turn a KvbenchError into `error: <one line>` on stderr and exit code 2; a sweep stopped by
+    its `--deadline-s` says so in one line and exits with `DEADLINE_EXIT`."""
+    from kvbench.sweep.deadline import DEADLINE_EXIT, DeadlineReached
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -113,6 +132,9 @@ def user_errors(command):
         except KvbenchError as error:
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(2) from None
+        except DeadlineReached as stop:
+            typer.echo(f"stopped: {stop}", err=True)
+            raise typer.Exit(DEADLINE_EXIT) from None
 
     return wrapper
 

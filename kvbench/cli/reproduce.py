@@ -65,6 +65,7 @@ def reproduce(
         ),
     ] = False,
     num_requests: Annotated[int | None, typer.Option(hidden=True, help="Requests per run (tests).")] = None,
+    deadline_s: opt.DeadlineOption = None,
     seed: Annotated[int, typer.Option(help="Seed of the traces (the first, with --repeats).")] = 0,
     repeats: Annotated[
         int,
@@ -91,7 +92,7 @@ def reproduce(
     if place_only and setting.placement is None:
         raise KvbenchError("--place-only: give the cost file to place with (--place-with)")
     setting = replace(setting, place_only=place_only)
-    options = Options(quick, setting, num_requests, seed, repeats)
+    options = Options(quick, setting, num_requests, seed, repeats, opt.deadline(deadline_s))
     if rejudge:
         judge_again(names, options, out, functools.partial(print, flush=True), named=bool(figures))
         typer.echo(f"judged again: {out / 'reproduce.md'}, {out / 'claims.md'}")

@@ -54,6 +54,7 @@ def _sweep(
     isolate: Annotated[bool, typer.Option(help="Run each cell in its own kvbench process.")] = False,
     cell_timeout: Annotated[float | None, typer.Option(help="--isolate: stop a cell after seconds.")] = None,
     resume: Annotated[bool, typer.Option(help="Skip the cells already finished in --out.")] = False,
+    deadline_s: opt.DeadlineOption = None,
     overwrite: Annotated[bool, typer.Option(help="Replace the sweep already in --out.")] = False,
     continue_on_error: Annotated[
         bool, typer.Option(help="Record a failing cell in sweep.csv and go on (default: stop).")
@@ -144,7 +145,9 @@ def _sweep(
     start = time.perf_counter()
     where = _executor(executor, parallel_gpus, ray_address, ray_retries, real.device if real_mode else None)
     try:
-        result = run_sweep(plan, out, resume=resume, overwrite=overwrite, executor=where)
+        result = run_sweep(
+            plan, out, resume=resume, overwrite=overwrite, executor=where, deadline=opt.deadline(deadline_s)
+        )
     finally:
         where.close()
     typer.echo(

@@ -14,9 +14,13 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvbench.reproduce.verdicts import Interval
 from kvbench.results.files import atomic_open, read_json, write_text
+
+if TYPE_CHECKING:
+    from kvbench.sweep.deadline import Deadline
 
 SEED_PREFIX = "seed-"  # <figure>/seed-<s>/: one seed's runs, in the layout of a single-seed figure
 # a seed's runs made at another commit's run code, kept as evidence beside the runs that replaced
@@ -52,6 +56,7 @@ class Options:
     num_requests: int | None = None  # overrides the figures' counts (tests)
     seed: int = 0
     repeats: int = 1  # seeds seed .. seed + repeats - 1, each in <figure>/seed-<s>/
+    deadline: Deadline | None = None  # sweeps start no cell expected to end past it (never recorded)
 
     def pick(self, quick, full, real=None):
         """This run's size of a grid: `real` for a quick run on a GPU, where every point is a

@@ -128,11 +128,11 @@ def sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes,
     plan = SweepPlan(axes, base, CellRun(real=s.real, tables=tables), sustained, duration_s=duration)
     if (folder / "sweep.json").is_file():
         try:  # an interrupted figure resumes: finished cells of these settings are kept
-            return run_sweep(plan, folder, resume=True)
+            return run_sweep(plan, folder, resume=True, deadline=options.deadline)
         except OtherSettings as other:  # another setting's sweep: replaced, and said so
             print(f"reproduce: {other.folder} ran {other.settings}: the figure's runs in {folder} run again",
                   file=sys.stderr)  # fmt: skip
-    return run_sweep(plan, folder, overwrite=True)
+    return run_sweep(plan, folder, overwrite=True, deadline=options.deadline)
 
 
 PLACEMENT_BRACKET = 0.02  # the calibrated simulation bisects each sustained rate this fine

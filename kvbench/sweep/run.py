@@ -29,6 +29,7 @@ from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
 from kvbench.results.outputs import prepare_out
 from kvbench.sweep.cell import Outcome, config_differences
+from kvbench.sweep.deadline import Deadline, expected_s
 from kvbench.sweep.executor import CellJob, Executor, LocalExecutor
 from kvbench.sweep.files import (
     CELL_COLUMNS,
@@ -66,9 +67,17 @@ class SweepResult:
 class _Sweep:
     """One invocation's state: the rows so far, by cell id, in the order cells were planned."""
 
-    def __init__(self, plan: SweepPlan, out: Path, resume: bool, progress: Progress, executor: Executor):
+    def __init__(
+        self,
+        plan: SweepPlan,
+        out: Path,
+        resume: bool,
+        progress: Progress,
+        executor: Executor,
+        deadline: Deadline | None = None,
+    ):
         self.plan, self.out, self.resume, self.progress = plan, out, resume, progress
-        self.executor = executor
+        self.executor, self.deadline = executor, deadline
         self.rows: dict[str, dict] = {}
         self.finished: set[str] = set()  # cells whose row is final in this invocation
         self.previous = read_table(out / "sweep.csv")  # wall times of resumed cells
@@ -100,9 +109,22 @@ class _Sweep:
         if not jobs:
             return
         # closed at once when a failed cell stops the sweep: the executor hands out nothing more
-        with closing(self.executor.run(jobs, lambda job: self.progress.begin(job.cell_id))) as outcomes:
+        with closing(self.executor.run(jobs, self._started)) as outcomes:
             for job, outcome in outcomes:
                 self._ran(by_id[job.cell_id], job.config, outcome)
+
+    def _started(self, job: CellJob) -> None:
+        """A cell is about to start: first, where the sweep has a deadline, check the cell is
+        expected to end before it (raises `DeadlineReached`, and nothing more is handed out)."""
+        if self.deadline is not None:
+            kind = self.rows[job.cell_id]["role"] == BASELINE  # baselines timed apart from loaded cells
+            walls = (
+                row["wall_s"]
+                for cell_id, row in self.rows.items()
+                if cell_id in self.finished and row["status"] == "ok" and (row["role"] == BASELINE) == kind
+            )
+            self.deadline.check(job.cell_id, expected_s(walls))
+        self.progress.begin(job.cell_id)
 
     def _found(self, cell: Cell, config: RunConfig, folder: Path) -> None:
         """A cell a previous invocation finished (after checking it ran these settings)."""
@@ -170,10 +192,13 @@ def run_sweep(
     overwrite: bool = False,
     progress: Progress | None = None,
     executor: Executor | None = None,
+    deadline: Deadline | None = None,
 ) -> SweepResult:
     """Run every cell of `plan` into `out`; write sweep.csv, sweep.json and sustained.csv.
 
     `executor`: where the cells run (default: in order, in this process); the caller closes it.
+    `deadline`: start no cell expected to end past it (`kvbench.sweep.deadline`): the sweep then
+    raises `DeadlineReached`, its folder written as far as it got, for `resume` to go on.
     """
     out = Path(out)
     executor = executor or LocalExecutor()
@@ -184,7 +209,7 @@ def run_sweep(
         _check_resumable(plan, out, baselines + grid)
     progress = progress or Progress(len(baselines) + len(grid) + upfront_cells(plan, grid))
     write_json_atomically(out / "sweep.json", _description(plan, len(baselines) + len(grid), executor))
-    state = _Sweep(plan, out, resume, progress, executor)
+    state = _Sweep(plan, out, resume, progress, executor, deadline)
     try:
         state.plan_cells(baselines + grid)
         state.write()

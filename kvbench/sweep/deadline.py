@@ -1,0 +1,58 @@
+"""A sweep that must end by a given time (a time-limited GPU call): it starts no cell that it
+expects to end past that time, and stops there, resumable.
+
+Why: a real cell of a paper-scale sweep lasts its trace plus the drain (60-100 s at OPT-13B), and
+a call that is killed at its time limit loses the cell in progress, on average half a cell of
+GPU time per call. A sweep told its deadline (`--deadline-s`) instead stops before the first
+cell that would not finish, its folder as a `--resume` expects it, and exits with
+`DEADLINE_EXIT` so a script can tell "stopped in time" from a failure. The expected duration of a
+cell is the longest wall time among the sweep's finished cells of its kind (unloaded baselines
+apart from loaded cells: a baseline of 5 requests is far shorter), with a margin; a cell of a
+kind no finished cell has timed is started (nothing to judge it by), so a deadline never stops a
+sweep before its first cell of each kind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+DEADLINE_EXIT = 75  # sysexits' EX_TEMPFAIL: nothing failed; run again (with --resume) to go on
+MARGIN = 1.1  # a cell is expected to last up to 10 % longer than the longest of its kind so far
+
+
+class DeadlineReached(Exception):
+    """The sweep stopped before a cell it expects to end past its deadline. Not a user error
+    (`KvbenchError`): the CLI says so in one line and exits with `DEADLINE_EXIT`."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A point in time (`time.monotonic()` seconds) by which the sweep must have ended."""
+
+    at: float
+
+    @classmethod
+    def in_seconds(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def left_s(self) -> float:
+        return self.at - time.monotonic()
+
+    def check(self, cell_id: str, expected_s: float | None) -> None:
+        """Raise `DeadlineReached` where a cell expected to last `expected_s` would end past the
+        deadline (None: no estimate, the cell starts)."""
+        left = self.left_s()
+        if expected_s is not None and expected_s > left:
+            raise DeadlineReached(
+                f"{cell_id} not started: it is expected to take {expected_s:.0f} s and {max(left, 0):.0f} s "
+                "are left before --deadline-s; --resume goes on from it"
+            )
+
+
+def expected_s(walls: Iterable[float | None]) -> float | None:
+    """How long the next cell of a kind is expected to last, from the wall times (s) of the
+    finished cells of that kind: the longest, with `MARGIN` (None: none has been timed)."""
+    timed = [w for w in walls if w is not None and w == w]
+    return MARGIN * max(timed) if timed else None

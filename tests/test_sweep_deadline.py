@@ -1,0 +1,81 @@
+"""A sweep with a deadline (`--deadline-s`) starts no cell it expects to end past it, stops with
+its folder ready for `--resume`, and a resumed sweep ends with exactly the cells of one that never
+stopped. Deadlines here lie far in the past or the future, so no test depends on how fast the
+machine runs a cell."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kvbench.sweep.deadline import DEADLINE_EXIT, MARGIN, Deadline, DeadlineReached, expected_s
+from kvbench.sweep.plan import SustainedOptions
+from kvbench.sweep.run import run_sweep
+from tests.test_cli import kvbench
+from tests.test_sweep import plan, quiet, rows_of
+
+PAST = -1e6  # seconds from now: every timed cell would end past it
+FUTURE = 1e6
+
+
+def test_the_next_cell_is_expected_to_last_the_longest_of_its_kind_with_a_margin():
+    assert expected_s([3.0, None, 7.5, math.nan, 1.0]) == pytest.approx(MARGIN * 7.5)
+    assert expected_s([]) is None and expected_s([None, math.nan]) is None  # nothing timed: no estimate
+    Deadline.in_seconds(FUTURE).check("c", 10.0)  # fits
+    Deadline.in_seconds(FUTURE).check("c", None)  # no estimate: starts
+    Deadline.in_seconds(PAST).check("c", None)  # even past the deadline
+    with pytest.raises(DeadlineReached, match=r"^c not started: it is expected to take 2000000 s and \d+ s"):
+        Deadline.in_seconds(FUTURE).check("c", 2 * FUTURE)
+    with pytest.raises(
+        DeadlineReached, match=r"and 0 s are left before --deadline-s; --resume goes on from it$"
+    ):
+        Deadline.in_seconds(PAST).check("c", 0.5)
+
+
+def test_a_sweep_past_its_deadline_runs_one_cell_of_each_kind_then_resumes_to_the_same_cells(tmp_path):
+    """Baselines (unloaded, short) are timed apart from loaded cells: the first of each kind has
+    nothing to be judged by and starts; the next of a kind does not, the deadline having passed."""
+    p = plan(engines=("paged", "orca-oracle"), rates=(1.0, 3.0), sustained=SustainedOptions(multiple=4.0))
+    out, whole = tmp_path / "stopped", tmp_path / "whole"
+    with pytest.raises(DeadlineReached, match=r"^orca-oracle__.*rate-unloaded.* not started"):
+        run_sweep(p, out, progress=quiet(), deadline=Deadline.in_seconds(PAST))
+    statuses = {row["cell_id"]: row["status"] for row in rows_of(out / "sweep.csv")}
+    assert [cell for cell, status in statuses.items() if status == "ok"] == [
+        "paged__trace-sharegpt-paper__rate-unloaded__bs-16__kv-4__seed-0__rep-0"
+    ]
+    assert len(statuses) == 6 and sorted(p.name for p in (out / "cells").iterdir()) == [next(iter(statuses))]
+    assert not (out / "sustained.csv").exists()
+
+    # resumed under a past deadline: baselines are timed now (the finished one), so it stops at
+    # once, before the next baseline, having run nothing
+    with pytest.raises(DeadlineReached, match=r"^orca-oracle__.*rate-unloaded"):
+        run_sweep(p, out, resume=True, progress=quiet(), deadline=Deadline.in_seconds(PAST))
+    resumed = run_sweep(p, out, resume=True, progress=quiet(), deadline=Deadline.in_seconds(FUTURE))
+    assert (resumed.ran, resumed.resumed, resumed.failed) == (5, 1, 0)
+    run_sweep(p, whole, progress=quiet())
+
+    def cells(folder):
+        keep = ("cell_id", "status", "rate", "normalized_latency_s", "num_preemptions", "makespan_s")
+        return [{k: row[k] for k in keep} for row in rows_of(folder / "sweep.csv")]
+
+    assert cells(out) == cells(whole)
+    assert (out / "sustained.csv").read_text() == (whole / "sustained.csv").read_text()
+
+
+def test_the_cli_stops_at_its_deadline_with_exit_75_and_refuses_a_deadline_that_is_not_positive(tmp_path):
+    out = tmp_path / "s"
+    args = [
+        "sweep", "--engines", "paged,orca-oracle", "--rates", "1,3", "--num-requests", "30",
+        "--kv-cache-gib", "4", "--max-total-len", "1000", "--out", str(out),
+    ]  # fmt: skip
+    proc = kvbench(*args, "--deadline-s", "0.001")
+    assert proc.returncode == DEADLINE_EXIT, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("stopped: orca-oracle__") and last.endswith("--resume goes on from it")
+    assert "Traceback" not in proc.stderr
+    proc = kvbench(*args, "--resume", "--deadline-s", "1000000")
+    assert proc.returncode == 0, proc.stderr
+    assert "6 cells (5 run, 1 resumed, 0 failed)" in proc.stdout
+    bad = kvbench(*args, "--resume", "--deadline-s", "0")
+    assert bad.returncode == 2 and "--deadline-s" in bad.stderr and "Traceback" not in bad.stderr
