@@ -61,3 +61,7 @@ mutation: $(VENV)/.dev
 	nice $(PY) tools/mutation.py --scope engines-hybrid --paths engines/hybrid.py engines/hybrid_prefix.py \
 		--tests tests/test_hybrid.py tests/test_hybrid_prefix.py tests/test_block_table_upload.py \
 		tests/test_hybrid_real.py tests/test_hybrid_mutants.py tests/test_hybrid_prefix_mutants.py
+	nice $(PY) tools/mutation.py --scope verdicts --paths kvbench/reproduce/verdicts.py \
+		kvbench/sweep/stats.py kvbench/sweep/sustained.py --tests tests/test_verdicts.py \
+		tests/test_reproduce_verdicts.py tests/test_reproduce_seeds.py tests/test_sweep.py \
+		tests/test_verdict_mutants.py
