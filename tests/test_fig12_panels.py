@@ -10,12 +10,12 @@ against the shared bound of its baselines.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "results" / "reproduce" / "opt-13b-h200"
@@ -24,12 +24,7 @@ REGENERATE = "PYTHONPATH=. python results/reproduce/opt-13b-h200/fig12_panels.py
 
 @pytest.fixture(scope="module")
 def panels():
-    spec = importlib.util.spec_from_file_location("fig12_panels", FOLDER / "fig12_panels.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    return load_script("results/reproduce/opt-13b-h200/fig12_panels.py")
 
 
 def test_the_committed_page_is_what_the_runs_give(panels):
