@@ -46,7 +46,7 @@ class Deadline:
         left = self.left_s()
         if expected_s is not None and expected_s > left:
             raise DeadlineReached(
-                f"{cell_id} not started: it is expected to take {expected_s:.0f} s and {max(left, 0):.0f} s "
+                f"{cell_id} not started: it is expected to take {expected_s:.1f} s and {max(left, 0):.1f} s "
                 "are left before --deadline-s; --resume goes on from it"
             )
 
