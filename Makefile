@@ -31,7 +31,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/kvbench demo --out runs/demo
 
 test: $(VENV)/.dev
-	$(PY) -m pytest -n 2 --durations=15
+	$(PY) -m pytest -n 2 --dist worksteal --durations=15
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .

@@ -77,8 +77,9 @@ def test_cpu_rule_is_the_k_v_kernels_few_splits():
 
 
 # (splits, merge): more splits than one merge step unrolls (16), a count that is no multiple of
-# it (the last step masked), and the cap, with the merge kernel and the fused merge
-RUNS = [(64, "fused"), (40, "fused"), (40, "kernel"), (128, "kernel")]
+# it (the last step masked), and the cap, with the merge kernel and the fused merge (the merge
+# kernel's masked last step alone: test_merge_kernel_weighs_every_split_of_a_wide_row's 40)
+RUNS = [(64, "fused"), (40, "fused"), (128, "kernel")]
 CASES = [  # (context lengths, block size; 0 = contiguous, query heads)
     ([1024, 0, 300, 1000], 16, 4),  # 64 splits: all read, 19 read, none read, the last ones partly
     ([2048, 17], 0, 18),  # contiguous; two head groups, the second of 2 heads (masked rows)

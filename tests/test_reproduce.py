@@ -16,7 +16,7 @@ from kvbench.reproduce.rows import COLUMNS
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ("fig2", "fig13", "fig12", "fig18b", "fig19")
 SHARING = ("fig14", "fig15", "fig16", "fig17")
-SHARING_REQUESTS = 50  # the sharing figures' module fixture: a resumed run must ask for the same
+SHARING_REQUESTS = 30  # the sharing figures' module fixture: a resumed run must ask for the same
 ENGINES = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged")
 
 
@@ -36,7 +36,7 @@ def quick_simulated(out: Path, figures: tuple[str, ...], requests: int) -> Path:
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory) -> Path:
-    return quick_simulated(tmp_path_factory.mktemp("reproduce") / "out", FIGURES, 300)
+    return quick_simulated(tmp_path_factory.mktemp("reproduce") / "out", FIGURES, 200)
 
 
 @pytest.fixture(scope="module")

@@ -28,9 +28,10 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import astuple, fields
+from dataclasses import fields
 from datetime import UTC, datetime
 from importlib import metadata
+from operator import attrgetter
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
@@ -109,14 +110,18 @@ def _gpu() -> dict:
 def write_csv(path: Path, rows: Iterable, row_type: type, extra: Sequence[dict] = ()) -> None:
     """Rows of a dataclass, plus optional extra columns per row (collectors' measurements)."""
     names = list(dict.fromkeys(key for columns in extra for key in columns))  # first-seen order
+    header = [field.name for field in fields(row_type)]
+    # a shallow tuple of the row's scalar fields: `dataclasses.astuple` deep-copies every value,
+    # which made writing a long run's steps.csv cost as much as simulating it
+    values = attrgetter(*header) if len(header) > 1 else lambda row: (getattr(row, header[0]),)
     with atomic_open(path, newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([field.name for field in fields(row_type)] + names)
+        writer.writerow(header + names)
         if not names:
-            writer.writerows(astuple(row) for row in rows)
+            writer.writerows(values(row) for row in rows)
             return
         for row, columns in zip(rows, extra, strict=True):
-            writer.writerow([*astuple(row), *(columns.get(name, "") for name in names)])
+            writer.writerow([*values(row), *(columns.get(name, "") for name in names)])
 
 
 def read_json(path: Path) -> dict:
