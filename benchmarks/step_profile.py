@@ -10,15 +10,18 @@ other only):
   (a GPU wait shows up as the call that synchronises: `tolist`, `item`, `synchronize`) and
   the most time with callees;
 - `--profiler torch`: torch operators by host time and by device time (`torch.profiler`),
-  which names the ATen op or CUDA API call behind a host cost. `--profile-mixed-steps K`
-  profiles only K mixed steps (chunked prefill), after the first `--skip-mixed-steps`: the
-  profiler records every kernel it sees, and over a whole long-context run that took longer than
-  a device call allows.
+  which names the ATen op or CUDA API call behind a host cost. `--profile-steps K` profiles
+  only K steps of one kind (`--profile-kind`: mixed, the default, under chunked prefill;
+  prefill; decode, where each is one call of the runner: a segment of one or more decode steps),
+  after the first `--skip-steps` of that kind: the profiler records every
+  kernel it sees, and over a whole long-context run that took longer than a device call allows;
+  and one kind's steps alone say where that kind's time goes (a short prefill beside a decode
+  step). `--profile-mixed-steps` and `--skip-mixed-steps` are the same flags' earlier names.
 
     python benchmarks/step_profile.py [--model opt-125m] [--kv-cache-gib GIB] [--engine paged]
         [--trace sharegpt-paper] [--num-requests 100] [--rate 160] [--beam-width K] [--n N]
         [--device cuda] [--profiler cprofile|torch] [--top 30]
-        [--profile-mixed-steps K] [--skip-mixed-steps S]
+        [--profile-steps K] [--profile-kind mixed|prefill|decode] [--skip-steps S]
         [--chunked-prefill] [--emulate-gpu GPU] [--window-duration S] [--max-total-len N]
 
 A trace with timestamps (Mooncake's) replays them when `--rate` is 0; `--num-requests 0` takes
@@ -92,9 +95,10 @@ def cprofile_report(config, top: int) -> str:
     return "\n".join(parts)
 
 
-def torch_report(config, top: int, mixed_steps: int = 0, skip: int = 0) -> str:
-    """torch.profiler over the whole run, or (`mixed_steps` > 0) over that many mixed steps only,
-    after the first `skip` of them: the runner's `run` is wrapped to start and stop it."""
+def torch_report(config, top: int, steps: int = 0, skip: int = 0, kind: str = "mixed") -> str:
+    """torch.profiler over the whole run, or (`steps` > 0) over that many steps of `kind` only,
+    after the first `skip` of them: the runner's `run` is wrapped to start and stop it around
+    each such step, so steps of other kinds between them stay out of the profile."""
     import torch
     import torch.profiler as tp
 
@@ -104,33 +108,43 @@ def torch_report(config, top: int, mixed_steps: int = 0, skip: int = 0) -> str:
     if config.device.startswith("cuda"):
         activities.append(tp.ProfilerActivity.CUDA)
     prof = tp.profile(activities=activities)
-    if not mixed_steps:
+    if not steps:
         with prof:
             run_real(config)
     else:
         original, seen = ModelRunner.run, [0]
 
+        def sync() -> None:  # a step's kernels finish inside its own window
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+
         def run(self, batch, *args):
-            mixed = batch.kind == "mixed"
-            if mixed and seen[0] == skip:
-                prof.start()
+            profiled = batch.kind == kind and skip <= seen[0] < skip + steps
+            if profiled:
+                sync()
+                if seen[0] == skip:
+                    prof.start()
+                else:
+                    prof.toggle_collection_dynamic(True, activities)
             try:
                 return original(self, batch, *args)
             finally:
-                if mixed:
+                if batch.kind == kind:
                     seen[0] += 1
-                    if seen[0] == skip + mixed_steps:
-                        if torch.cuda.is_available():
-                            torch.cuda.synchronize()
+                if profiled:
+                    sync()
+                    if seen[0] == skip + steps:
                         prof.stop()
+                    else:
+                        prof.toggle_collection_dynamic(False, activities)
 
         ModelRunner.run = run
         try:
             run_real(config)
         finally:
             ModelRunner.run = original
-        if seen[0] < skip + mixed_steps:
-            return f"the run had {seen[0]} mixed steps, fewer than {skip} + {mixed_steps}: nothing profiled"
+        if seen[0] < skip + steps:
+            return f"the run had {seen[0]} {kind} steps, fewer than {skip} + {steps}: nothing profiled"
     events = prof.key_averages()
     parts = [f"--- by self host time ---\n{events.table(sort_by='self_cpu_time_total', row_limit=top)}"]
     if len(activities) > 1:
@@ -156,8 +170,11 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--profiler", choices=("cprofile", "torch"), default="cprofile")
     parser.add_argument("--top", type=int, default=30)
-    parser.add_argument("--profile-mixed-steps", type=int, default=0, help="torch: only K mixed steps")
-    parser.add_argument("--skip-mixed-steps", type=int, default=20, help="torch: after S mixed steps")
+    only = "torch: only K steps of --profile-kind"
+    parser.add_argument("--profile-steps", "--profile-mixed-steps", type=int, default=0, help=only)
+    parser.add_argument("--profile-kind", choices=("mixed", "prefill", "decode"), default="mixed")
+    after = "torch: after S such steps"
+    parser.add_argument("--skip-steps", "--skip-mixed-steps", type=int, default=20, help=after)
     parser.add_argument("--chunked-prefill", action="store_true")
     parser.add_argument("--emulate-gpu", help="size the budget for this GPU (no preset --kv-cache-gib)")
     parser.add_argument("--window-duration", type=float, help="replay: the trace's first S seconds")
@@ -200,9 +217,9 @@ def main() -> None:
     if args.profiler == "cprofile":
         report = cprofile_report(config, args.top)
     else:
-        report = torch_report(config, args.top, args.profile_mixed_steps, args.skip_mixed_steps)
-    window = f", mixed steps {args.skip_mixed_steps + 1}-{args.skip_mixed_steps + args.profile_mixed_steps}"
-    print(f"\n{args.profiler} of the same run{window if args.profile_mixed_steps else ''}:\n" + report)
+        report = torch_report(config, args.top, args.profile_steps, args.skip_steps, args.profile_kind)
+    window = f", {args.profile_kind} steps {args.skip_steps + 1}-{args.skip_steps + args.profile_steps}"
+    print(f"\n{args.profiler} of the same run{window if args.profile_steps else ''}:\n" + report)
 
 
 if __name__ == "__main__":
