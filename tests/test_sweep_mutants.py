@@ -10,6 +10,7 @@ trace token, and the time a deadline leaves.
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 
 import pytest
@@ -22,6 +23,7 @@ from kvbench.sweep.grid import (
     BASELINE,
     BISECT,
     GRID,
+    Axes,
     Cell,
     cell_config,
     number_token,
@@ -31,6 +33,9 @@ from kvbench.sweep.grid import (
     parse_seeds,
     trace_token,
 )
+from kvbench.sweep.plan import SustainedOptions, SweepPlan
+from kvbench.sweep.progress import Progress
+from kvbench.sweep.run import run_sweep
 from workloads.spec import WorkloadSpec
 
 LATENCIES = [
@@ -195,3 +200,31 @@ def test_sweep_csv_reads_back_a_field_with_a_carriage_return_unchanged(tmp_path)
         "a": {"cell_id": "a", "error": "Traceback\r\nline 2"},
         "b": {"cell_id": "b", "error": ""},
     }
+
+
+@pytest.mark.parametrize(
+    ("rates", "sustained", "bisect_rows"),
+    [
+        # bisection from (0.5, 2.0) to a 50 % bracket around orca-max's knee (near 1.11 req/s):
+        # two of the five rounds counted up front, the other three skipped
+        ((0.5, 2.0), SustainedOptions(threshold_s=0.1, bisect=5, bracket=0.5), 2),
+        # a pair that both pass steps up twice past the grid: cells no round counted up front
+        ((0.9, 0.95), SustainedOptions(threshold_s=0.1, bracket=0.1, extend=4), 2),
+    ],
+    ids=["fewer-than-counted", "more-than-counted"],
+)
+def test_the_progress_total_ends_at_the_cells_run_however_many_rounds_bisection_took(
+    tmp_path, rates, sustained, bisect_rows
+):
+    """The bar counts `bisect` rounds per group up front; a round beyond them grows the total,
+    and those not run count as skipped at the end, so it ends full, never past its total."""
+    axes = Axes(("orca-max",), ("sharegpt-paper",), rates, (16,), (12.0,), (0,))
+    base = RunConfig("paged", workload=WorkloadSpec(num_requests=150, max_total_len=1000))
+    plan = SweepPlan(axes, base, sustained=sustained)
+    counted = sustained.bisect  # one group, one repeat
+    progress = Progress(len(rates) + counted, stream=io.StringIO())
+    result = run_sweep(plan, tmp_path / "s", progress=progress)
+    assert sum(row["role"] == BISECT for row in result.rows) == bisect_rows
+    assert progress.ran == len(result.rows) == len(rates) + bisect_rows
+    assert progress.total == len(rates) + max(counted, bisect_rows)
+    assert progress.skipped == max(0, counted - bisect_rows) and progress.done == progress.total
