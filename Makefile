@@ -43,7 +43,8 @@ clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis
 
 # Mutation testing (slow, not part of `make test`; docs/MUTATION.md): engines first, then the
-# metrics and trace validation, then the hybrid allocators; reports land in results/mutation/<scope>/
+# metrics and trace validation, then the hybrid allocators, the verdicts and the sweep; reports land in
+# results/mutation/<scope>/
 .PHONY: mutation
 mutation: $(VENV)/.dev
 	$(PIP) install -q "mutmut==3.8.1"
@@ -65,3 +66,6 @@ mutation: $(VENV)/.dev
 		kvbench/sweep/stats.py kvbench/sweep/sustained.py --tests tests/test_verdicts.py \
 		tests/test_reproduce_verdicts.py tests/test_reproduce_seeds.py tests/test_sweep.py \
 		tests/test_verdict_mutants.py
+	nice $(PY) tools/mutation.py --scope sweep --paths kvbench/sweep/deadline.py kvbench/sweep/rounds.py \
+		kvbench/sweep/grid.py kvbench/sweep/files.py --tests tests/test_sweep.py tests/test_sweep_deadline.py \
+		tests/test_sweep_executor.py tests/test_sweep_mutants.py

@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+from dataclasses import dataclass, field
 
 import pytest
 
 from kvbench.config import RunConfig, Slo
 from kvbench.errors import KvbenchError
 from kvbench.sweep.deadline import Deadline
+from kvbench.sweep.executor import LocalExecutor
 from kvbench.sweep.files import cell_row, metric_columns, read_table, write_table
 from kvbench.sweep.grid import (
     BASELINE,
@@ -31,6 +33,7 @@ from kvbench.sweep.grid import (
     parse_budgets,
     parse_engines,
     parse_seeds,
+    parse_traces,
     trace_token,
 )
 from kvbench.sweep.plan import SustainedOptions, SweepPlan
@@ -178,6 +181,9 @@ def test_trace_tokens_are_the_spec_when_safe_else_a_cleaned_prefix_and_a_hash():
         return hashlib.sha1(spec.encode()).hexdigest()[:8]
 
     assert trace_token("ShareGPT-v3.json") == "ShareGPT-v3.json"  # capitals are safe
+    assert trace_token("X-trace-X") == "X-trace-X"  # only dashes and dots are cleaned off the ends
+    ends_in_x = "a" * 39 + "X" + "b" * 5
+    assert trace_token(ends_in_x) == f"{'a' * 39}X-{digest(ends_in_x)}"
     forty = "a" * 40
     assert trace_token(forty) == forty  # 40 characters: kept
     assert trace_token(forty + "b") == f"{forty}-{digest(forty + 'b')}"  # 41: cut and hashed
@@ -228,3 +234,36 @@ def test_the_progress_total_ends_at_the_cells_run_however_many_rounds_bisection_
     assert progress.ran == len(result.rows) == len(rates) + bisect_rows
     assert progress.total == len(rates) + max(counted, bisect_rows)
     assert progress.skipped == max(0, counted - bisect_rows) and progress.done == progress.total
+
+
+@dataclass(frozen=True)
+class BatchesSeen(LocalExecutor):
+    """This machine's executor, noting how many cells each batch it was handed held."""
+
+    sizes: list[int] = field(default_factory=list)
+
+    def run(self, jobs, started):
+        self.sizes.append(len(jobs))
+        return super().run(jobs, started)
+
+
+def test_a_bisection_round_batches_every_groups_next_midpoint(tmp_path):
+    """Each round hands the executor one batch with the next midpoint of every group still
+    bisecting (what lets a cluster run them at once), not one group's at a time."""
+    axes = Axes(("orca-max", "static"), ("sharegpt-paper",), (0.1, 2.0), (16,), (12.0,), (0,))
+    base = RunConfig("paged", workload=WorkloadSpec(num_requests=60, max_total_len=1000))
+    plan = SweepPlan(axes, base, sustained=SustainedOptions(threshold_s=0.06, bisect=2))
+    executor = BatchesSeen()
+    result = run_sweep(plan, tmp_path / "s", progress=Progress(0, stream=io.StringIO()), executor=executor)
+    assert sum(row["role"] == BISECT for row in result.rows) == 4  # two rounds of both groups
+    assert executor.sizes == [4, 2, 2]  # the grid, then each round: both groups' midpoints
+
+
+def test_trace_specs_default_to_sharegpt_drop_repeats_and_refuse_an_empty_one():
+    assert parse_traces(None) == ("sharegpt-paper",)
+    assert parse_traces([" alpaca-paper ", "alpaca-paper", "sharegpt-paper"]) == (
+        "alpaca-paper",
+        "sharegpt-paper",
+    )
+    with pytest.raises(KvbenchError, match=r"^--trace: empty trace spec$"):
+        parse_traces(["alpaca-paper", "  "])
