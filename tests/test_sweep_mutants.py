@@ -267,3 +267,12 @@ def test_trace_specs_default_to_sharegpt_drop_repeats_and_refuse_an_empty_one():
     )
     with pytest.raises(KvbenchError, match=r"^--trace: empty trace spec$"):
         parse_traces(["alpaca-paper", "  "])
+
+
+def test_a_sweep_without_rates_counts_no_bisection_in_its_progress_total(tmp_path, capsys):
+    """A trace at its own timestamps has no rate to bisect: its bar's total is its cells."""
+    axes = Axes(("paged", "orca-max"), ("sharegpt-paper",), (None,), (16,), (12.0,), (0,))
+    base = RunConfig("paged", workload=WorkloadSpec(num_requests=20, max_total_len=1000))
+    run_sweep(SweepPlan(axes, base, sustained=SustainedOptions(threshold_s=0.1, bisect=3)), tmp_path / "s")
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "] 2/2 cells" in last, last
