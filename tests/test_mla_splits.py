@@ -100,7 +100,9 @@ def test_mla_decode_with_many_splits_matches_reference(device, dtype, lens, bloc
     where = arena.addressing()
     expected = mla_decode_attention_ref(q, arena.k, arena.lens, scale=scale, latent=LATENT, **where)
     workspace = poisoned_workspace(len(lens), heads, head_groups(heads), LATENT, MLA_MAX_SPLITS, device)
-    for num_splits, merge in RUNS:
+    # interpreted, the contiguous case leaves 64 fused splits to the paged case (a third of its time)
+    runs = RUNS[1:] if block_size == 0 and torch.device(device).type == "cpu" else RUNS
+    for num_splits, merge in runs:
         out = torch.full((len(lens), heads, LATENT), float("nan"), dtype=dtype, device=device)
         mla_decode_attention(
             q, arena.k, arena.lens, scale=scale, latent=LATENT, num_splits=num_splits, out=out, merge=merge,
