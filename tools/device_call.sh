@@ -47,9 +47,10 @@
 #                    ran past 5 min: torch.profiler records every kernel)
 #                    (results/reference/mixed-step-profile/<engine>.txt)
 #   alpaca-prefill-profile  where a short prefill's time goes at Figure 12's Alpaca setting (OPT-13B,
-#                    15,728 slots, 600 requests at 53.57 req/s, where paged first fails the bound): paged
-#                    and orca-oracle, prefill steps 51-70 then decode calls 51-70 under torch.profiler
-#                    (benchmarks/step_profile.py --profile-kind) (results/reference/alpaca-prefill-profile)
+#                    12 GiB: 15,728 slots, as its cells; 600 requests at 53.57 req/s, where paged first
+#                    fails the bound): paged and orca-oracle, prefill steps 51-70 then decode calls 51-70
+#                    under torch.profiler (benchmarks/step_profile.py --profile-kind)
+#                    (results/reference/alpaca-prefill-profile)
 #   fig12-alpaca-eager  Figure 12's Alpaca panel at OPT-13B for paged and orca-oracle with every step
 #                    run eagerly (`--no-cuda-graphs`, as the paper's vLLM and Orca ran), seed 0, the
 #                    shared bound 4 x the lower unloaded latency, bisected to a 10 % bracket
@@ -191,7 +192,7 @@ for job in "$@"; do
         left=$((end - SECONDS)); [ $left -gt 30 ] || break
         # a finished profile is kept; output unbuffered, so a run cut short still shows its step table
         grep -q "^torch of the same run" $folder/$1-$2.txt 2>/dev/null && continue
-        timeout $left python -u benchmarks/step_profile.py --model opt-13b --emulate-gpu a100-40gb \
+        timeout $left python -u benchmarks/step_profile.py --model opt-13b --emulate-gpu a100-40gb --kv-cache-gib 12 \
           --engine $1 --trace alpaca-paper --rate 53.57 --num-requests 600 --profiler torch --top 30 \
           --profile-kind $2 --profile-steps 20 --skip-steps 50 > $folder/$1-$2.txt
       done ;;
