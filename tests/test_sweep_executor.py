@@ -8,7 +8,6 @@ scheduling is checked on a machine without GPUs and without faking any of it.
 from __future__ import annotations
 
 import contextlib
-import io
 import math
 import os
 import signal
@@ -25,17 +24,12 @@ from kvbench.errors import KvbenchError
 from kvbench.sweep.cell import Outcome
 from kvbench.sweep.executor import CellJob, LocalExecutor, Started, gpu_devices
 from kvbench.sweep.plan import SustainedOptions
-from kvbench.sweep.progress import Progress
 from kvbench.sweep.run import run_sweep
 from tests.support import proc_state
 from tests.test_cli import kvbench
-from tests.test_sweep import plan, rows_of
+from tests.test_sweep import plan, quiet, rows_of
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def quiet() -> Progress:
-    return Progress(0, stream=io.StringIO())
 
 
 def same_table(a: list[dict], b: list[dict]) -> None:
@@ -191,6 +185,19 @@ def test_bisection_hands_every_groups_next_midpoint_over_in_one_batch(tmp_path):
     resumed = run_sweep(p, tmp_path / "s", resume=True, progress=quiet(), executor=again)
     assert (resumed.ran, resumed.resumed, again.sizes) == (0, 18, [])
     assert rows_of(tmp_path / "s" / "sustained.csv") == table
+
+
+def test_groups_bisecting_to_different_midpoints_still_share_each_rounds_batch(tmp_path):
+    """Orca (Max) passes 0.1 and fails 2 req/s under 0.06 s/token and bisects up from 1.05;
+    static fails at 1.05 and bisects down: their second midpoints differ, and each round is
+    still one batch of both (not one group's midpoint, then the other's)."""
+    p = plan(engines=("orca-max", "static"), rates=(0.1, 2.0), num_requests=60, kv=(12.0,),
+             sustained=SustainedOptions(threshold_s=0.06, bisect=2))  # fmt: skip
+    batches = CountingExecutor()
+    result = run_sweep(p, tmp_path / "s", progress=quiet(), executor=batches)
+    assert batches.sizes == [4, 2, 2]  # the grid, then each round: both groups' midpoints
+    bisected = {(r["engine"], round(r["rate"], 4)) for r in result.rows if r["role"] == "bisect"}
+    assert bisected == {("orca-max", 1.05), ("orca-max", 1.525), ("static", 1.05), ("static", 0.575)}
 
 
 @pytest.mark.parametrize(

@@ -12,20 +12,18 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 import pytest
 
 from kvbench.config import RunConfig, Slo
 from kvbench.errors import KvbenchError
 from kvbench.sweep.deadline import Deadline
-from kvbench.sweep.executor import LocalExecutor
 from kvbench.sweep.files import cell_row, metric_columns, read_table, write_table
 from kvbench.sweep.grid import (
     BASELINE,
     BISECT,
     GRID,
-    Axes,
     Cell,
     cell_config,
     number_token,
@@ -36,9 +34,10 @@ from kvbench.sweep.grid import (
     parse_traces,
     trace_token,
 )
-from kvbench.sweep.plan import SustainedOptions, SweepPlan
+from kvbench.sweep.plan import SustainedOptions
 from kvbench.sweep.progress import Progress
 from kvbench.sweep.run import run_sweep
+from tests.test_sweep import plan
 from workloads.spec import WorkloadSpec
 
 LATENCIES = [
@@ -111,7 +110,7 @@ def test_a_duration_sets_a_loaded_cells_request_count_and_nothing_else_does():
     assert (config.engine, config.block_size, config.kv_cache_gib) == ("orca-max", 32, 6.0)
     assert config.workload.num_requests == 21  # ceil(2.01 x 10)
     assert (config.workload.source, config.workload.rate, config.workload.seed) == ("alpaca-paper", 2.01, 3)
-    slow = replace_rate(loaded, 0.5)
+    slow = replace(loaded, rate=0.5)
     assert cell_config(base, slow, duration_s=10.0).workload.num_requests == 20  # at least 20
     assert cell_config(base, loaded).workload.num_requests == 300  # no duration: the base's count
     # a baseline ignores the duration: a few requests, far apart, at most the base's count
@@ -121,12 +120,6 @@ def test_a_duration_sets_a_loaded_cells_request_count_and_nothing_else_does():
     )
     assert (few.workload.num_requests, few.workload.rate, few.workload.arrivals) == (10, 0.001, "constant")
     assert cell_config(RunConfig("paged"), baseline, duration_s=10.0).workload.num_requests == 50
-
-
-def replace_rate(cell: Cell, rate: float | None) -> Cell:
-    return Cell(
-        cell.role, cell.engine, cell.trace, rate, cell.block_size, cell.kv_cache_gib, cell.seed, cell.repeat
-    )
 
 
 def test_a_preset_without_a_rate_runs_at_one_request_a_second_and_a_timed_trace_at_its_own_times():
@@ -224,39 +217,14 @@ def test_the_progress_total_ends_at_the_cells_run_however_many_rounds_bisection_
 ):
     """The bar counts `bisect` rounds per group up front; a round beyond them grows the total,
     and those not run count as skipped at the end, so it ends full, never past its total."""
-    axes = Axes(("orca-max",), ("sharegpt-paper",), rates, (16,), (12.0,), (0,))
-    base = RunConfig("paged", workload=WorkloadSpec(num_requests=150, max_total_len=1000))
-    plan = SweepPlan(axes, base, sustained=sustained)
+    p = plan(engines=("orca-max",), rates=rates, num_requests=150, kv=(12.0,), sustained=sustained)
     counted = sustained.bisect  # one group, one repeat
     progress = Progress(len(rates) + counted, stream=io.StringIO())
-    result = run_sweep(plan, tmp_path / "s", progress=progress)
+    result = run_sweep(p, tmp_path / "s", progress=progress)
     assert sum(row["role"] == BISECT for row in result.rows) == bisect_rows
     assert progress.ran == len(result.rows) == len(rates) + bisect_rows
     assert progress.total == len(rates) + max(counted, bisect_rows)
     assert progress.skipped == max(0, counted - bisect_rows) and progress.done == progress.total
-
-
-@dataclass(frozen=True)
-class BatchesSeen(LocalExecutor):
-    """This machine's executor, noting how many cells each batch it was handed held."""
-
-    sizes: list[int] = field(default_factory=list)
-
-    def run(self, jobs, started):
-        self.sizes.append(len(jobs))
-        return super().run(jobs, started)
-
-
-def test_a_bisection_round_batches_every_groups_next_midpoint(tmp_path):
-    """Each round hands the executor one batch with the next midpoint of every group still
-    bisecting (what lets a cluster run them at once), not one group's at a time."""
-    axes = Axes(("orca-max", "static"), ("sharegpt-paper",), (0.1, 2.0), (16,), (12.0,), (0,))
-    base = RunConfig("paged", workload=WorkloadSpec(num_requests=60, max_total_len=1000))
-    plan = SweepPlan(axes, base, sustained=SustainedOptions(threshold_s=0.06, bisect=2))
-    executor = BatchesSeen()
-    result = run_sweep(plan, tmp_path / "s", progress=Progress(0, stream=io.StringIO()), executor=executor)
-    assert sum(row["role"] == BISECT for row in result.rows) == 4  # two rounds of both groups
-    assert executor.sizes == [4, 2, 2]  # the grid, then each round: both groups' midpoints
 
 
 def test_trace_specs_default_to_sharegpt_drop_repeats_and_refuse_an_empty_one():
@@ -271,8 +239,10 @@ def test_trace_specs_default_to_sharegpt_drop_repeats_and_refuse_an_empty_one():
 
 def test_a_sweep_without_rates_counts_no_bisection_in_its_progress_total(tmp_path, capsys):
     """A trace at its own timestamps has no rate to bisect: its bar's total is its cells."""
-    axes = Axes(("paged", "orca-max"), ("sharegpt-paper",), (None,), (16,), (12.0,), (0,))
-    base = RunConfig("paged", workload=WorkloadSpec(num_requests=20, max_total_len=1000))
-    run_sweep(SweepPlan(axes, base, sustained=SustainedOptions(threshold_s=0.1, bisect=3)), tmp_path / "s")
+    sustained = SustainedOptions(threshold_s=0.1, bisect=3)
+    run_sweep(
+        plan(engines=("paged", "orca-max"), rates=(None,), num_requests=20, kv=(12.0,), sustained=sustained),
+        tmp_path / "s",
+    )
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "] 2/2 cells" in last, last
