@@ -1,10 +1,19 @@
 """Where a real run's time goes: prefill and decode steps, and the host functions behind them.
 
 Runs one engine with real decoding twice: first on another seed's trace (it compiles the Triton
-kernels and captures the CUDA graphs, without showing cuBLAS this trace's prefill shapes), then
-on the trace unprofiled (its step times by kind and by rows per decode step are the honest
-ones), then again under a profiler, which slows host-bound code (compare profiles with each
-other only):
+kernels and captures the CUDA graphs, without showing cuBLAS this trace's prefill shapes;
+`--warm-up-requests` shortens it), then on the trace unprofiled (its step times by kind and by
+rows per decode step are the honest ones), then again under a profiler, which slows host-bound
+code (compare profiles with each other only; `--profiler none` skips it).
+
+The unprofiled run also splits each prefill step's wall time on the host (`host_table`): the
+time until the model's forward pass returned (every kernel launched: on a host-bound step,
+most of the step) against the rest (sampling, and the wait for the device), beside the `host`
+collector's columns (`kvbench.real.host`: the thread's CPU time, its context switches, the
+machine's runnable threads and busy and stolen CPU), for the fastest and slowest quarters of
+the steps apart. A slow quarter whose launches took longer on as much CPU time ran on a slower
+or shared CPU; one with preemptions or steal lost its CPU; one whose launches kept their time
+waited on the device. The profilers then say where the time went:
 
 - `--profiler cprofile` (default): the Python functions that took the most time of their own
   (a GPU wait shows up as the call that synchronises: `tolist`, `item`, `synchronize`) and
@@ -20,7 +29,7 @@ other only):
 
     python benchmarks/step_profile.py [--model opt-125m] [--kv-cache-gib GIB] [--engine paged]
         [--trace sharegpt-paper] [--num-requests 100] [--rate 160] [--beam-width K] [--n N]
-        [--device cuda] [--profiler cprofile|torch] [--top 30]
+        [--device cuda] [--profiler cprofile|torch|none] [--top 30] [--warm-up-requests N]
         [--profile-steps K] [--profile-kind mixed|prefill|decode] [--skip-steps S]
         [--chunked-prefill] [--emulate-gpu GPU] [--window-duration S] [--max-total-len N]
 
@@ -36,12 +45,17 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import math
 import pstats
 import time
 from dataclasses import replace
 from itertools import pairwise
 
+import numpy as np
+
 from kvbench.config import RunConfig
+from kvbench.modeling.causal_lm import CausalLM
+from kvbench.real.model_runner import ModelRunner
 from kvbench.real.run import run_real
 from kvbench.reproduce.run import GPU_SETTINGS
 from workloads.spec import WorkloadSpec
@@ -81,6 +95,69 @@ def rows_table(run, edges=(0, 32, 64, 128, 192, 256, 384, 512)) -> list[str]:
     return lines
 
 
+# the `host` collector's columns (kvbench.real.host)
+HOST_COLUMNS = (
+    "host_cpu_s", "host_preemptions", "host_waits", "host_runnable", "host_busy_pct", "host_steal_pct"
+)  # fmt: skip
+
+
+def timed_run(config):
+    """`run_real(config)`, with each runner call's host timeline: `[start, forward returned,
+    end]` (`time.perf_counter`; NaN where no eager forward pass ran, as in a replayed decode
+    graph), one per step row, in order. The wrappers cost a few us a call."""
+    calls: list[list[float]] = []
+    run, forward = ModelRunner.run, CausalLM.forward
+
+    def timed(self, batch, *args):
+        calls.append([time.perf_counter(), math.nan, math.nan])
+        try:
+            return run(self, batch, *args)
+        finally:
+            calls[-1][2] = time.perf_counter()
+
+    def launched(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        if calls and math.isnan(calls[-1][2]):  # inside a call, not a warm-up or a capture
+            calls[-1][1] = time.perf_counter()
+        return out
+
+    ModelRunner.run, CausalLM.forward = timed, launched
+    try:
+        result = run_real(config)
+    finally:
+        ModelRunner.run, CausalLM.forward = run, forward
+    return result, np.array(calls).reshape(-1, 3)
+
+
+def host_table(result, calls: np.ndarray, kind: str = "prefill") -> list[str]:
+    """`kind`'s runner calls (a prefill step, a decode segment) in quarters by wall time, fastest
+    first: mean wall, launch (start to the forward's return) and the rest, and the `host`
+    collector's columns where the run has them."""
+    rows = [i for i, step in enumerate(result.run.steps) if step.kind == kind]
+    if len(rows) < 4 or len(calls) != len(result.run.steps):
+        return []
+    wall = calls[rows, 2] - calls[rows, 0]  # [n]
+    launch = calls[rows, 1] - calls[rows, 0]  # [n]
+    columns = result.step_columns or [{}] * len(result.run.steps)
+    host = {name: np.array([columns[i].get(name, math.nan) for i in rows]) for name in HOST_COLUMNS}
+    order = np.argsort(wall)
+    lines = [
+        f"{kind} calls by wall time, quarters (host columns: kvbench.real.host):",
+        f"{'quarter':9s} {'calls':>5s} {'wall ms':>8s} {'launch ms':>9s} {'rest ms':>8s} {'cpu ms':>7s} "
+        f"{'preempt':>7s} {'waits':>6s} {'runnable':>8s} {'busy %':>6s} {'steal %':>7s}",
+    ]
+    for q, part in enumerate(np.array_split(order, 4), start=1):
+        mean = {name: float(np.nanmean(values[part])) if np.isfinite(values[part]).any() else math.nan
+                for name, values in host.items()}  # fmt: skip
+        lines.append(
+            f"Q{q:<8d} {len(part):5d} {1e3 * wall[part].mean():8.2f} {1e3 * launch[part].mean():9.2f} "
+            f"{1e3 * (wall[part] - launch[part]).mean():8.2f} {1e3 * mean['host_cpu_s']:7.2f} "
+            f"{mean['host_preemptions']:7.2f} {mean['host_waits']:6.2f} {mean['host_runnable']:8.1f} "
+            f"{mean['host_busy_pct']:6.1f} {mean['host_steal_pct']:7.2f}"
+        )
+    return lines
+
+
 def cprofile_report(config, top: int) -> str:
     profiler = cProfile.Profile()
     profiler.enable()
@@ -101,8 +178,6 @@ def torch_report(config, top: int, steps: int = 0, skip: int = 0, kind: str = "m
     each such step, so steps of other kinds between them stay out of the profile."""
     import torch
     import torch.profiler as tp
-
-    from kvbench.real.model_runner import ModelRunner
 
     activities = [tp.ProfilerActivity.CPU]
     if config.device.startswith("cuda"):
@@ -168,7 +243,9 @@ def main() -> None:
     parser.add_argument("--beam-width", type=int, default=1)
     parser.add_argument("--n", type=int, default=1, help="parallel samples per request")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--profiler", choices=("cprofile", "torch"), default="cprofile")
+    parser.add_argument("--profiler", choices=("cprofile", "torch", "none"), default="cprofile")
+    warm = "the warm-up trace's requests (default: --num-requests)"
+    parser.add_argument("--warm-up-requests", type=int, help=warm)
     parser.add_argument("--top", type=int, default=30)
     only = "torch: only K steps of --profile-kind"
     parser.add_argument("--profile-steps", "--profile-mixed-steps", type=int, default=0, help=only)
@@ -204,16 +281,21 @@ def main() -> None:
     )  # fmt: skip
     # warm-up on other prompts: another seed's draw, or a replayed window's next window
     other = replace(workload, seed=1)
+    if args.warm_up_requests:
+        other = replace(other, num_requests=args.warm_up_requests)
     if args.window_duration is not None:
         other = replace(other, window_start_s=args.window_duration)
     run_real(replace(config, workload=other))
     start = time.perf_counter()
-    result = run_real(config)
+    result, calls = timed_run(config)
     wall = time.perf_counter() - start
     busy = result.summary["busy_s"]
     print(f"{args.engine} on {args.model}, {args.trace} x {args.num_requests} at {args.rate:g} req/s "
           f"(n {args.n}, beams {args.beam_width}): {wall:.2f} s wall, busy {busy:.2f} s")  # fmt: skip
     print("\n".join(step_table(result.run) + rows_table(result.run)))
+    print("\n".join(["", *host_table(result, calls, "prefill"), "", *host_table(result, calls, "decode")]))
+    if args.profiler == "none":
+        return
     if args.profiler == "cprofile":
         report = cprofile_report(config, args.top)
     else:

@@ -73,7 +73,7 @@ class RealOptions:
     cuda_graphs: bool = True
     expert_dispatch: str = "auto"
     tensor_parallel: int = 1
-    collectors: str = "torch,nvml,roofline"
+    collectors: str = "torch,nvml,roofline,host"
     hf_batch_size: int = 32
     hf_block_size: int | None = None
     hf_memory: float | None = None
@@ -99,7 +99,7 @@ REAL_FLAGS = (
         "experts only, grouped (grouped); auto: grouped on a model with experts, dense otherwise.",
     ),
     Flag("tensor_parallel", int, "Split the model across this many GPUs of the host (budget: the model's)."),
-    Flag("collectors", str, "CUDA runs: torch (allocator), nvml (memory, power), roofline; or none."),
+    Flag("collectors", str, "CUDA runs: torch (allocator), nvml (power), roofline, host (CPU); or none."),
     Flag("hf_batch_size", int, "hf-generate: requests per padded generate() batch."),
     Flag("hf_block_size", int | None, "hf-cb: tokens per cache block (default: transformers', 256)."),
     Flag("hf_memory", float | None, "hf-cb: share of free GPU memory for its cache (default: KV budget)."),

@@ -6,8 +6,10 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +48,12 @@ def test_roofline_counts_weights_once_per_step_and_the_kv_each_step_moves():
 class Counting:
     """A collector that numbers the rows it saw: proves the wrapper calls every collector."""
 
+    def begin(self):
+        self.began = getattr(self, "began", 0) + 1
+
     def row(self, batch, contexts, result):
+        assert self.began == getattr(self, "rows", 0) + 1  # each call begun once, before its row
+        self.rows = self.began
         return {"batch_seen": len(contexts), "steps_seen": len(result.durations)}
 
     def finish(self, rows, spans):
@@ -93,8 +100,9 @@ def test_unknown_collector_is_a_one_line_error():
         capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["error: --collectors: unknown collector 'bogus'; "
-                                                "choose from torch, nvml, roofline or none"]  # fmt: skip
+    assert done.stderr.strip().splitlines() == [
+        "error: --collectors: unknown collector 'bogus'; choose from torch, nvml, roofline, host or none"
+    ]
 
 
 @pytest.mark.gpu
@@ -121,3 +129,60 @@ def test_a_real_run_with_every_collector(tmp_path):
         assert summary["nvml_samples"] > 0 and float(rows[0]["nvml_used_bytes"]) > summary["arena_bytes"]
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert env["gpu"] and env["packages"]["torch"]
+
+
+def test_host_counters_parse_proc_files_as_linux_writes_them():
+    from kvbench.real.host import _shares, cpu_counters, runnable_threads
+
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    busy, steal, total = cpu_counters(b"cpu  100 20 30 500 40 5 5 50 7 0")
+    assert (busy, steal, total) == (160.0, 50.0, 750.0)  # guest time is inside user already
+    assert cpu_counters(b"cpu  1 2 3 4") == (6.0, 0.0, 10.0)  # an old kernel's four fields
+    assert runnable_threads(b"0.50 0.40 0.30 3/345 12345\n") == 3.0
+    shares = _shares((160.0, 50.0, 750.0), (260.0, 100.0, 1000.0))
+    assert shares == {"host_busy_pct": 40.0, "host_steal_pct": 20.0}
+    assert all(math.isnan(v) for v in _shares((1.0, 0.0, 5.0), (1.0, 0.0, 5.0)).values())  # no tick
+
+
+class Waiting:
+    """A runner whose call blocks (as a step waiting on a device that yields the CPU) or burns
+    CPU on the calling thread (a host-bound step), for `seconds` each."""
+
+    allocates_ahead = False
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def run(self, batch, max_steps, start_s, until_s):
+        if batch.is_prefill:
+            end = time.thread_time() + self.seconds
+            while time.thread_time() < end:
+                pass
+        else:
+            time.sleep(self.seconds)
+        return StepResult(np.array([self.seconds]))
+
+
+def test_host_clock_tells_a_step_that_waited_from_one_that_ran_on_the_cpu():
+    from kvbench.real.host import HostClock
+
+    seqs = (decoding(9),)
+    runner = CollectingRunner(Waiting(0.03), [HostClock()])
+    prefill = Batch(seqs, is_prefill=True, num_tokens=10, num_context=10)
+    decode = Batch(seqs, is_prefill=False, num_tokens=1, num_context=10, steps_to_finish=49)
+    runner.run(prefill, 1, 0.0, math.inf)
+    runner.run(decode, 1, 0.0, math.inf)
+    (ran, waited), spans = runner.rows, runner.spans
+    # over the call alone: `begin` and `row` bracket its wall span with a few us of bookkeeping
+    assert 0.03 <= ran["host_cpu_s"] <= spans[0][1] - spans[0][0] + 1e-3
+    assert waited["host_cpu_s"] < 0.015 <= 0.03 <= spans[1][1] - spans[1][0]
+    assert waited["host_waits"] >= 1  # a sleep gives the CPU up
+    for row in runner.rows:
+        assert row["host_preemptions"] >= 0 and row["host_runnable"] >= 1  # this thread ran
+        assert set(row) == {"host_cpu_s", "host_waits", "host_preemptions", "host_runnable",
+                            "host_busy_pct", "host_steal_pct"}  # fmt: skip
+    summary = runner.finish()
+    assert summary["host_cpus"] == os.cpu_count()
+    assert 0 < summary["host_cpu_share"] < 1  # one call of two burnt its CPU, the other slept
+    assert 0 <= summary["host_preempted_rows"] <= 2
+    assert 0 <= summary["host_run_busy_pct"] <= 100 and 0 <= summary["host_run_steal_pct"] <= 100

@@ -49,6 +49,9 @@ class Seen:
         self.reads = reads
         self.calls: list[dict] = []
 
+    def begin(self) -> None:
+        """Nothing to note before a call."""
+
     def row(self, batch, contexts, result):
         k = len(result.durations)
         self.calls.append(

@@ -47,3 +47,31 @@ def test_a_window_past_the_runs_steps_profiles_nothing_and_says_so():
     report = torch_report(config(), top=10, steps=3, skip=500, kind="prefill")
     assert report.startswith("the run had ")
     assert "prefill steps, fewer than 500 + 3: nothing profiled" in report
+
+
+def test_each_prefill_steps_wall_time_splits_at_the_forward_passs_return():
+    """One host timeline per step row, in order: a prefill's forward pass returns inside its
+    call; the table puts the steps in quarters by wall time, fastest first, each quarter's
+    launch time within its wall time."""
+    from dataclasses import replace
+
+    from benchmarks.step_profile import host_table, timed_run
+
+    run_config = replace(config(), workload=replace(config().workload, num_requests=10))
+    result, calls = timed_run(run_config)
+    steps = result.run.steps
+    assert calls.shape == (len(steps), 3)
+    prefill = [i for i, step in enumerate(steps) if step.kind == "prefill"]
+    assert len(prefill) >= 4
+    start, launched, end = calls[prefill].T
+    assert (start < launched).all() and (launched <= end).all()
+    assert (calls[1:, 0] >= calls[:-1, 2]).all()  # calls in step order, none overlapping
+    header, columns, *quarters = host_table(result, calls, "prefill")
+    assert header.startswith("prefill calls by wall time")
+    assert columns.split()[:4] == ["quarter", "calls", "wall", "ms"]
+    assert [line.split()[0] for line in quarters] == ["Q1", "Q2", "Q3", "Q4"]
+    assert sum(int(line.split()[1]) for line in quarters) == len(prefill)
+    walls = [float(line.split()[2]) for line in quarters]
+    launches = [float(line.split()[3]) for line in quarters]
+    assert walls == sorted(walls) and all(0 < a <= w for a, w in zip(launches, walls, strict=True))
+    assert host_table(result, calls[:-1], "prefill") == []  # a timeline that lost a row: no table

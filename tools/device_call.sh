@@ -47,10 +47,13 @@
 #                    ran past 5 min: torch.profiler records every kernel)
 #                    (results/reference/mixed-step-profile/<engine>.txt)
 #   alpaca-prefill-profile  where a short prefill's time goes at Figure 12's Alpaca setting (OPT-13B,
-#                    12 GiB: 15,728 slots, as its cells; 600 requests at 53.57 req/s, where paged first
-#                    fails the bound): paged and orca-oracle, prefill steps 51-70 then decode calls 51-70
-#                    under torch.profiler (benchmarks/step_profile.py --profile-kind)
-#                    (results/reference/alpaca-prefill-profile)
+#                    12 GiB: 15,728 slots), each engine on its Figure 12 cell's own workload (seed 0):
+#                    paged at 53.57 req/s (3,215 requests, where it first fails the bound), then
+#                    orca-oracle at 94.02 (5,642 requests, its last pass). Each prefill step's wall time
+#                    split on the host (launches against the rest; CPU time, context switches, machine
+#                    load: the host collector) by quarters of wall time; paged's prefill steps 701-720
+#                    (past the point where its committed cell's prefill steps went from 12 to 22 ms)
+#                    under torch.profiler (benchmarks/step_profile.py) (results/reference/alpaca-prefill-profile)
 #   fig12-alpaca-eager  Figure 12's Alpaca panel at OPT-13B for paged and orca-oracle with every step
 #                    run eagerly (`--no-cuda-graphs`, as the paper's vLLM and Orca ran), seed 0, the
 #                    shared bound 4 x the lower unloaded latency, bisected to a 10 % bracket
@@ -187,14 +190,16 @@ for job in "$@"; do
     alpaca-prefill-profile)
       folder=results/reference/alpaca-prefill-profile
       mkdir -p $folder
-      for run in "paged prefill" "orca-oracle prefill" "paged decode" "orca-oracle decode"; do
+      for run in "paged 53.57 3215 torch" "orca-oracle 94.02 5642 none"; do
         set -- $run
         left=$((end - SECONDS)); [ $left -gt 30 ] || break
-        # a finished profile is kept; output unbuffered, so a run cut short still shows its step table
-        grep -q "^torch of the same run" $folder/$1-$2.txt 2>/dev/null && continue
+        # a finished run is kept (the last thing it prints: the profile, else the decode calls'
+        # host table); output unbuffered, so a run cut short still shows its tables
+        last=$([ $4 = none ] && echo "decode calls by wall time" || echo "torch of the same run")
+        grep -q "^$last" $folder/$1-$2.txt 2>/dev/null && continue
         timeout $left python -u benchmarks/step_profile.py --model opt-13b --emulate-gpu a100-40gb --kv-cache-gib 12 \
-          --engine $1 --trace alpaca-paper --rate 53.57 --num-requests 600 --profiler torch --top 30 \
-          --profile-kind $2 --profile-steps 20 --skip-steps 50 > $folder/$1-$2.txt
+          --engine $1 --trace alpaca-paper --rate $2 --num-requests $3 --warm-up-requests 300 --profiler $4 --top 30 \
+          --profile-kind prefill --profile-steps 20 --skip-steps 700 > $folder/$1-$2.txt
       done ;;
     fig12-alpaca-eager)
       folder=results/reference/fig12-alpaca-eager

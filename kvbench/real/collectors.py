@@ -15,6 +15,9 @@ span and its result. Allocator occupancy is not here: the engine records it on e
   written) over the read bandwidth measured once per run, beside the measured time. K/V read is
   per layer group, as the cost model prices it (`KvReads`): a sliding-window layer reads only
   its window of a row, so a Gemma or Mistral run's floor is not inflated by K/V it never reads.
+- `host`: the engine thread's CPU time and context switches in each call, and how busy the
+  machine's CPUs were (`kvbench.real.host`): whether a slow host-bound step (an eager prefill)
+  waited on the device or on a shared or slower CPU.
 """
 
 from __future__ import annotations
@@ -31,11 +34,11 @@ from kvbench.cost_model import KvReads
 from kvbench.errors import KvbenchError
 from kvbench.runner import Runner, StepResult
 
-COLLECTORS = ("torch", "nvml", "roofline")
+COLLECTORS = ("torch", "nvml", "roofline", "host")
 
 
 def parse_collectors(text: str) -> tuple[str, ...]:
-    """`--collectors torch,nvml,roofline` (or `none`) -> names, checked."""
+    """`--collectors torch,nvml,roofline,host` (or `none`) -> names, checked."""
     if text.strip() in ("", "none"):
         return ()
     names = tuple(name.strip() for name in text.split(","))
@@ -47,6 +50,10 @@ def parse_collectors(text: str) -> tuple[str, ...]:
 
 
 class Collector(Protocol):
+    def begin(self) -> None:
+        """Note what a call's columns are measured from, just before the call."""
+        ...
+
     def row(self, batch: Batch, contexts: Sequence[int], result: StepResult) -> dict[str, float]:
         """Columns for the row just run; `contexts`: each sequence's tokens before it ran."""
         ...
@@ -69,6 +76,8 @@ class CollectingRunner:
 
     def run(self, batch: Batch, max_steps: int, start_s: float, until_s: float) -> StepResult:
         contexts = [seq.num_tokens for seq in batch.seqs]
+        for collector in self.collectors:
+            collector.begin()
         start = time.perf_counter()
         result = self.inner.run(batch, max_steps, start_s, until_s)
         self.spans.append((start, time.perf_counter()))
@@ -105,6 +114,9 @@ class TorchMemory:
         self._read_at = -math.inf
         self._reading: dict[str, float] = {}
 
+    def begin(self) -> None:
+        """Nothing to note before a call: a row reads the latest state."""
+
     def row(self, batch: Batch, contexts: Sequence[int], result: StepResult) -> dict[str, float]:
         now = time.perf_counter()
         if now - self._read_at >= self.PERIOD_S:
@@ -140,6 +152,9 @@ class Roofline:
         self.bandwidth = read_bandwidth
         self.reads = reads or KvReads()
 
+    def begin(self) -> None:
+        """Nothing to note before a call: a row's floor is the batch's arithmetic."""
+
     def row(self, batch: Batch, contexts: Sequence[int], result: StepResult) -> dict[str, float]:
         if batch.is_prefill:
             return {"roofline_s": math.nan}
@@ -174,6 +189,10 @@ def build_collectors(
         collectors.append(TorchMemory(device))
     if "roofline" in names and read_bandwidth:
         collectors.append(Roofline(weight_bytes, kv_bytes_per_token, read_bandwidth, reads))
+    if "host" in names:
+        from kvbench.real.host import HostClock
+
+        collectors.append(HostClock())
     if "nvml" in names:
         from kvbench.real.nvml import NvmlSampler
 

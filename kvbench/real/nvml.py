@@ -78,6 +78,9 @@ class NvmlSampler:
             self.samples.append(self._read())
             self._stop.wait(PERIOD_S)
 
+    def begin(self) -> None:
+        """Nothing to note before a call: rows are joined to samples by wall time."""
+
     def row(self, batch: Batch, contexts: Sequence[int], result: StepResult) -> dict[str, float]:
         return {}  # filled in `finish`, once samples after the row exist
 
