@@ -277,7 +277,7 @@ def main() -> None:
     gpu = {} if args.emulate_gpu is None else {"emulate_gpu": args.emulate_gpu}
     config = RunConfig(
         args.engine, model=args.model, workload=workload, kv_cache_gib=gib, device=args.device,
-        chunked_prefill=args.chunked_prefill, **gpu,
+        chunked_prefill=args.chunked_prefill, collectors="torch,nvml,roofline,host", **gpu,
     )  # fmt: skip
     # warm-up on other prompts: another seed's draw, or a replayed window's next window
     other = replace(workload, seed=1)

@@ -64,7 +64,7 @@ class RunConfig:
     cuda_graphs: bool = True  # real runs: replay decode steps as CUDA graphs (needs the kernels)
     expert_dispatch: str = "dense"  # real runs of MoE models: how a decode step runs the experts
     tensor_parallel: int = 1  # real runs: GPUs one model is split across; budgets stay the model's
-    collectors: str = "torch,nvml,roofline,host"  # real runs on CUDA: what to measure beside the steps
+    collectors: str = "torch,nvml,roofline"  # real runs on CUDA: what to measure beside the steps; or +host
     hf_batch_size: int = 32  # hf-generate: requests per padded generate() batch
     hf_block_size: int | None = None  # hf-cb: tokens per cache block; None: transformers' default
     hf_memory: float | None = None  # hf-cb: share of free GPU memory for its cache; None: the KV budget

@@ -73,7 +73,7 @@ class RealOptions:
     cuda_graphs: bool = True
     expert_dispatch: str = "auto"
     tensor_parallel: int = 1
-    collectors: str = "torch,nvml,roofline,host"
+    collectors: str = "torch,nvml,roofline"
     hf_batch_size: int = 32
     hf_block_size: int | None = None
     hf_memory: float | None = None
