@@ -31,7 +31,7 @@ waited on the device. The profilers then say where the time went:
         [--trace sharegpt-paper] [--num-requests 100] [--rate 160] [--beam-width K] [--n N]
         [--device cuda] [--profiler cprofile|torch|none] [--top 30] [--warm-up-requests N]
         [--profile-steps K] [--profile-kind mixed|prefill|decode] [--skip-steps S]
-        [--chunked-prefill] [--emulate-gpu GPU] [--window-duration S] [--max-total-len N]
+        [--chunked-prefill] [--prefill-graphs] [--emulate-gpu GPU] [--window-duration S] [--max-total-len N]
 
 A trace with timestamps (Mooncake's) replays them when `--rate` is 0; `--num-requests 0` takes
 every request of the trace (or of the window); `--window-duration` keeps its first S seconds,
@@ -253,6 +253,7 @@ def main() -> None:
     after = "torch: after S such steps"
     parser.add_argument("--skip-steps", "--skip-mixed-steps", type=int, default=20, help=after)
     parser.add_argument("--chunked-prefill", action="store_true")
+    parser.add_argument("--prefill-graphs", action="store_true", help="short prefills as CUDA graphs")
     parser.add_argument("--emulate-gpu", help="size the budget for this GPU (no preset --kv-cache-gib)")
     parser.add_argument("--window-duration", type=float, help="replay: the trace's first S seconds")
     parser.add_argument("--max-total-len", type=int, help="drop requests longer than this (prompt + output)")
@@ -277,7 +278,8 @@ def main() -> None:
     gpu = {} if args.emulate_gpu is None else {"emulate_gpu": args.emulate_gpu}
     config = RunConfig(
         args.engine, model=args.model, workload=workload, kv_cache_gib=gib, device=args.device,
-        chunked_prefill=args.chunked_prefill, collectors="torch,nvml,roofline,host", **gpu,
+        chunked_prefill=args.chunked_prefill, prefill_graphs=args.prefill_graphs,
+        collectors="torch,nvml,roofline,host", **gpu,
     )  # fmt: skip
     # warm-up on other prompts: another seed's draw, or a replayed window's next window
     other = replace(workload, seed=1)

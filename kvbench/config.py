@@ -62,6 +62,7 @@ class RunConfig:
     weights_seed: int = 0  # real runs: seed of a preset's random weights
     attention: str = "auto"  # real runs: triton kernels, torch reference, or auto (triton on CUDA)
     cuda_graphs: bool = True  # real runs: replay decode steps as CUDA graphs (needs the kernels)
+    prefill_graphs: bool = False  # real runs: short prefills from static buffers, graphed with decode
     expert_dispatch: str = "dense"  # real runs of MoE models: how a decode step runs the experts
     tensor_parallel: int = 1  # real runs: GPUs one model is split across; budgets stay the model's
     collectors: str = "torch,nvml,roofline"  # real runs on CUDA: what to measure beside the steps; or +host

@@ -71,6 +71,7 @@ class RealOptions:
     weights_seed: int = 0
     attention: str = "auto"
     cuda_graphs: bool = True
+    prefill_graphs: bool = False
     expert_dispatch: str = "auto"
     tensor_parallel: int = 1
     collectors: str = "torch,nvml,roofline"
@@ -91,6 +92,13 @@ REAL_FLAGS = (
         bool,
         "Replay decode steps as CUDA graphs (CUDA with the Triton kernels).",
         "--cuda-graphs/--no-cuda-graphs",
+    ),
+    Flag(
+        "prefill_graphs",
+        bool,
+        "Short prefills (<= 256 tokens, <= 16 prompts) from static buffers, as CUDA graphs where "
+        "decode steps are: no longer host-bound (kvbench/real/prefill_graphs.py).",
+        "--prefill-graphs/--no-prefill-graphs",
     ),
     Flag(
         "expert_dispatch",

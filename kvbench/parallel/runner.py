@@ -61,6 +61,7 @@ class ParallelRunner(ModelRunner):
 
     def __init__(self, session, arena: KVArena, allocator, **options) -> None:
         options["cuda_graphs"] = False  # eager decode: see the module docstring
+        options["prefill_graphs"] = False  # and eager prefill, as the workers run it
         super().__init__(session.model, arena, allocator, **options)
         self.session = session
 

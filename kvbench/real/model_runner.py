@@ -1,9 +1,11 @@
 """The real runner: a scheduled batch through the model, on the device, timed.
 
 Every engine uses this same runner; only the addressing differs (a block table or an extent,
-straight from the engine's allocator). A prefill step runs eagerly; a decode segment of k
-steps stays on the device (`kvbench.real.decode_loop`, CUDA graphs where available) and syncs once,
-unless an arrival may cut it, when each step is checked against the arrival.
+straight from the engine's allocator). A prefill step runs eagerly, or, with `prefill_graphs`,
+a short one (at most 256 tokens of 16 sequences) replays a CUDA graph of its bucket
+(`kvbench.real.prefill_graphs`); a decode segment of k steps stays on the device
+(`kvbench.real.decode_loop`, CUDA graphs where available) and syncs once, unless an arrival may
+cut it, when each step is checked against the arrival.
 
 Step times are wall time: a segment's steps sum exactly to the time from the start of input
 preparation to the sampled tokens being on the host, so host-side overhead counts. On CUDA
@@ -56,6 +58,7 @@ from kvbench.real.block_tables import block_table_array
 from kvbench.real.decode_loop import DecodeLoop
 from kvbench.real.grouped_arena import GroupedKVArena
 from kvbench.real.kv_copies import ArenaCopies
+from kvbench.real.prefill_graphs import PrefillGraphs, prefill_bucket, static_prefill
 from kvbench.real.sampling import branches_of, wants_logits
 from kvbench.requests import Request, group_number
 from kvbench.runner import StepResult
@@ -69,7 +72,7 @@ class ModelRunner(ArenaCopies):
         self, model: CausalLM, arena: KVArena, allocator: KVAllocator, *, max_batch: int, max_len: int,
         temperature: float = 0.0, seed: int = 0, attention: str = "auto", cuda_graphs: bool = True,
         keep_logits: bool = False, warm_up: bool = True, clock: CostModel | None = None,
-        vmm_map: str = "sync",
+        vmm_map: str = "sync", prefill_graphs: bool = False,
     ) -> None:  # fmt: skip
         self.model = model
         # None: steps last what they take; a cost model: what it says (see the module docstring),
@@ -102,6 +105,15 @@ class ModelRunner(ArenaCopies):
             self.decoder.capture()
         if warm_up and self.device.type == "cuda":
             self.warm_up()
+        # short prefills from static buffers, replayed as graphs where decode steps are (without
+        # graphs, the same buffers run eagerly: what the CPU tests check)
+        self.prefill_graphs = None
+        if prefill_graphs and static_prefill(model, self.decoder.num_tables):
+            self.prefill_graphs = PrefillGraphs(
+                model, arena, block_size=self.decoder.block_size, max_len=max_len, backend=self.backend
+            )
+            if self.cuda_graphs:
+                self.prefill_graphs.capture()
         self._prompts: dict[int, np.ndarray] = {}  # request id -> prompt token ids
         self._host = self._swap_space()  # made now: pinning takes seconds
 
@@ -151,6 +163,10 @@ class ModelRunner(ArenaCopies):
             positions.append(np.arange(lo, hi))  # [n] positions computed in this step
             seqlens.append(hi - lo)
         dev = self.device
+        decode_rows = next((i for i, n in enumerate(seqlens) if n != 1), len(seqlens))  # leading 1-token rows
+        bucket = prefill_bucket(sum(seqlens), len(seqlens)) if self.prefill_graphs is not None else None
+        if bucket is not None and decode_rows == 0 and batch.chunks is None and not batch.has_groups:
+            return self._prefill_static(batch, bucket, ids, positions, seqlens, ends, tables[0]), None
         cu = torch.tensor(np.concatenate([[0], np.cumsum(seqlens)]), device=dev)  # [B + 1]
         addressed = [_step_addressing(table, positions, dev) for table in tables]
         # [T] slots per table, stacked so every table's mapping is padded and uploaded in one go
@@ -161,7 +177,6 @@ class ModelRunner(ArenaCopies):
         )  # [T + pad], [T + pad], [tables, T + pad]
         slot_maps = slot_mapping.unbind(0)
         context = torch.tensor(ends, dtype=torch.int32, device=dev)  # [B]
-        decode_rows = next((i for i, n in enumerate(seqlens) if n != 1), len(seqlens))  # leading 1-token rows
         splits = self._decode_splits(decode_rows, max(ends[:decode_rows], default=0))
         decode_rows = decode_rows if splits is not None else 0  # MLA: every row through its own path
         metas = [
@@ -189,6 +204,22 @@ class ModelRunner(ArenaCopies):
             if not batch.has_groups:
                 return tokens, None
             return tokens, branches_of(batch.seqs, logits, last, self.temperature, self.seed)
+
+    def _prefill_static(
+        self, batch: Batch, bucket: tuple[int, int], ids: list[np.ndarray], positions: list[np.ndarray],
+        seqlens: list[int], ends: list[int], table: list[Extent | BlockTable],
+    ) -> list[int]:  # fmt: skip
+        """`_prefill` of a short step through the static buffers of its `bucket` (replayed from
+        its graph where one was captured): the same tokens, sampled at each row's last position."""
+        slots, addressing = _host_addressing(table, positions)  # [T], block tables [B, w] or starts [B]
+        where = addressing.get("block_tables", addressing.get("starts"))
+        graphs = self.prefill_graphs
+        graphs.load(bucket, np.concatenate(ids), np.concatenate(positions), slots, seqlens, ends, where)
+        with torch.inference_mode():
+            logits = graphs.run(bucket)[: len(seqlens)]  # [B, V]
+            last = torch.tensor([end - 1 for end in ends], device=self.device)  # [B] last inputs' positions
+            keys = torch.tensor([seq.sample_key for seq in batch.seqs], device=self.device)
+            return sample(logits, self.temperature, self.seed, keys, last).tolist()
 
     def _decode_splits(self, rows: int, longest: int) -> int | None:
         """Split-KV partitions for a prefill's `rows` 1-token rows of at most `longest` positions
@@ -418,10 +449,18 @@ def prompt_token_ids(request: Request, vocab: int, seed: int) -> np.ndarray:
 def _step_addressing(
     addressing: list[Extent | BlockTable], positions: list[np.ndarray], device: torch.device
 ) -> tuple[np.ndarray, dict]:
+    """`_host_addressing`, its block tables or extent starts uploaded to `device`."""
+    slots, arrays = _host_addressing(addressing, positions)
+    return slots, {k: torch.from_numpy(v).to(device) if k != "block_size" else v for k, v in arrays.items()}
+
+
+def _host_addressing(
+    addressing: list[Extent | BlockTable], positions: list[np.ndarray]
+) -> tuple[np.ndarray, dict]:
     """One table's view of a prefill step's rows: the arena slots of `positions` (`[n_b]` per row,
     or none given: an empty `[0]`), concatenated `[T]`, and what its kernels read, block tables
     `[B, max blocks]` int32 (padded with block 0, never read: reads stop at a row's context) or
-    extent starts `[B]`.
+    extent starts `[B]`, on the host.
 
     Why one pass: each row's table becomes a row of one array once, and every slot is read from
     that array. Converting every row twice (for its slots, then for the kernels' table) took a
@@ -433,11 +472,11 @@ def _step_addressing(
     rows = np.repeat(np.arange(len(positions)), [len(p) for p in positions])  # [T] each position's row
     if isinstance(addressing[0], Extent):
         starts = np.array([a.start for a in addressing], dtype=np.int64)  # [B]
-        return starts[rows] + pos, {"starts": torch.from_numpy(starts).to(device)}
+        return starts[rows] + pos, {"starts": starts}
     size = addressing[0].block_size
     tables = block_table_array(addressing, len(addressing), max(len(a.blocks) for a in addressing))  # [B, W]
     slots = tables[rows, pos // size].astype(np.int64) * size + pos % size  # [T]
-    return slots, {"block_tables": torch.from_numpy(tables).to(device), "block_size": size}
+    return slots, {"block_tables": tables, "block_size": size}
 
 
 class _StepClock:

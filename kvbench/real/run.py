@@ -155,6 +155,7 @@ def run_real(
             arena, scheduler.allocator, max_batch=max_batch, max_len=max_len,
             temperature=config.temperature, seed=config.weights_seed, attention=config.attention,
             cuda_graphs=config.cuda_graphs, keep_logits=beams, vmm_map=config.vmm_map,
+            prefill_graphs=config.prefill_graphs,
         )  # fmt: skip
         collectors = build_collectors(  # they see rank 0's GPU: its share of weights and K/V
             collect, device=device, weight_bytes=weight_bytes // session.size,
@@ -189,8 +190,17 @@ def run_real(
         attention=runner.backend,
         cuda_graphs=runner.cuda_graphs,
         cuda_graph_capture_s=runner.decoder.capture_s,
+        **_prefill_graph_summary(runner),
         collectors=[type(c).__name__ for c in collecting.collectors],
     )
     if isinstance(arena, VirtualKVArena):
         result.summary.update(arena.stats())
     return result
+
+
+def _prefill_graph_summary(runner) -> dict:
+    """With `--prefill-graphs`: the prefill steps replayed from a graph, the capture time."""
+    graphs = runner.prefill_graphs
+    if graphs is None:
+        return {}
+    return {"prefill_graph_replays": graphs.replays, "prefill_graph_capture_s": graphs.capture_s}

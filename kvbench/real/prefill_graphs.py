@@ -1,0 +1,172 @@
+"""Short prefill steps replayed from CUDA graphs: static buffers per (tokens, sequences) bucket.
+
+Why: an eager prefill launches every op of every layer from Python. On OPT-13B a prefill of
+one or two short prompts is about 5 ms of device work (the weights read once) behind about
+12 ms of launches, so the host sets its time, and a host running slower for a while (the
+H200 machine's did, in stretches, at 20-23 ms a step) moves the step with it: in Figure 12's
+Alpaca cells, where paged runs 1.5 prompts a prefill step and 2,000 such steps a run, that
+moved paged's sustained rate more than its allocator did (results/reproduce/opt-13b-h200,
+fig12/alpaca-seeds.md). Decode steps have replayed graphs from the start
+(`kvbench.real.decode_loop`); this does the same for prefills small enough to be host-bound.
+
+A prefill of T tokens over B sequences runs in the smallest bucket (T', B') with T <= T' and
+B <= B' (`TOKEN_BUCKETS` x `SEQ_BUCKETS`); larger ones run eagerly, where the device's work
+outweighs the launches anyway. Each bucket's graph reads static buffers::
+
+    input_ids, positions, slots [T']   cu_seqlens [B' + 1]   context [B']
+    block tables [B', W] (paged) or extent starts [B'] (contiguous)  ->  logits [B', V]
+
+Padding tokens are token 0 at position 0 with slot -1 (never stored) past the last sequence's
+tokens; padding sequences hold no tokens (`cu_seqlens` repeats its end) and context 0, so the
+attention kernels read nothing for them (the extend kernel's programs exit on a sequence's
+token count, read on the device; its grid is sized by T', an upper bound of every sequence's
+new tokens). Their logits rows are computed and dropped. A padded GEMM row costs nearly
+nothing here: a short prefill's GEMMs are bound by reading the weights, not by their rows.
+
+Graphs run on CUDA with the Triton kernels, one block table for every layer, no MLA (its
+prefill attends through its own path) and no score softcap (its PyTorch attention reads
+lengths on the host). Elsewhere `forward` runs the same static-buffer pass eagerly, which is
+what the CPU tests check against the eager prefill.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from kvbench.modeling.arena import KVArena
+from kvbench.modeling.attention import AttentionMetadata
+from kvbench.modeling.causal_lm import CausalLM
+
+TOKEN_BUCKETS = (16, 32, 64, 128, 256)  # tokens of a step: past 256, the device's work dominates
+SEQ_BUCKETS = (1, 2, 4, 8, 16)  # sequences of a step
+
+
+def prefill_bucket(tokens: int, seqs: int) -> tuple[int, int] | None:
+    """The smallest (tokens, sequences) bucket holding a step, or None: it runs eagerly."""
+    t = next((b for b in TOKEN_BUCKETS if b >= tokens), None)
+    s = next((b for b in SEQ_BUCKETS if b >= seqs), None)
+    return None if t is None or s is None else (t, s)
+
+
+def static_prefill(model: CausalLM, num_tables: int) -> bool:
+    """Whether this model's prefill can run from the static buffers (and so replay from a graph
+    where decode graphs do): one block table, no MLA, no score softcap."""
+    spec = model.spec
+    return spec.mla is None and not spec.attn_softcap and num_tables == 1
+
+
+class PrefillGraphs:
+    """Static prefill buffers for every bucket, and (on CUDA) a graph per bucket."""
+
+    def __init__(
+        self, model: CausalLM, arena: KVArena, *, block_size: int, max_len: int, backend: str
+    ) -> None:  # fmt: skip
+        self.model, self.arena, self.backend = model, arena, backend
+        self.block_size = block_size  # 0: contiguous (extent starts)
+        dev = self.device = arena.k[0].device
+        tokens, seqs = TOKEN_BUCKETS[-1], SEQ_BUCKETS[-1]
+        self.input_ids = torch.zeros(tokens, dtype=torch.int64, device=dev)  # [T'] token ids
+        self.positions = torch.zeros(tokens, dtype=torch.int64, device=dev)  # [T'] their positions
+        self.slots = torch.full((tokens,), -1, dtype=torch.int64, device=dev)  # [T'] arena slots
+        self.cu_seqlens = torch.zeros(seqs + 1, dtype=torch.int64, device=dev)  # [B' + 1]
+        self.context = torch.zeros(seqs, dtype=torch.int32, device=dev)  # [B'] positions attended
+        if block_size:
+            width = -(-max_len // block_size)
+            self.tables = torch.zeros((seqs, width), dtype=torch.int32, device=dev)  # [B', W]
+            self.starts = None
+        else:
+            self.tables = None
+            self.starts = torch.zeros(seqs, dtype=torch.int64, device=dev)  # [B']
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._logits: dict[tuple[int, int], torch.Tensor] = {}  # [B', V] each, in the graphs' pool
+        self.capture_s = 0.0
+        self.replays = 0  # prefill steps replayed from a graph
+
+    # ------------------------------------------------------------------ loading a step
+    def load(
+        self, bucket: tuple[int, int], ids: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+        seqlens: list[int], context: list[int], addressing: np.ndarray,
+    ) -> None:  # fmt: skip
+        """Fill the buffers for one step in `bucket`: `ids`, `positions`, `slots` `[T]` packed,
+        each sequence's new tokens `seqlens` and positions attended `context` `[B]`, and its
+        block table row `[B, w]` (w <= W) or extent start `[B]`; the rest is padding."""
+        tokens, seqs = bucket
+        t, b = len(ids), len(seqlens)
+        cu = np.zeros(seqs + 1, dtype=np.int64)
+        cu[1 : b + 1] = np.cumsum(seqlens)
+        cu[b + 1 :] = t  # padding sequences: no tokens
+
+        def put(buffer: torch.Tensor, values: np.ndarray, size: int, fill: int) -> None:
+            host = np.full(size, fill, dtype=np.int64)
+            host[: len(values)] = values
+            buffer[:size].copy_(torch.from_numpy(host), non_blocking=True)
+
+        put(self.input_ids, ids, tokens, 0)
+        put(self.positions, positions, tokens, 0)
+        put(self.slots, slots, tokens, -1)
+        self.cu_seqlens[: seqs + 1].copy_(torch.from_numpy(cu), non_blocking=True)
+        lens = np.zeros(seqs, dtype=np.int32)
+        lens[:b] = context
+        self.context[:seqs].copy_(torch.from_numpy(lens), non_blocking=True)
+        if self.tables is not None:
+            # entries past a row's context are never read: only the step's columns are written
+            self.tables[:b, : addressing.shape[1]].copy_(torch.from_numpy(addressing), non_blocking=True)
+        else:
+            put(self.starts, addressing, seqs, 0)
+
+    # ------------------------------------------------------------------ one step
+    def forward(self, bucket: tuple[int, int]) -> torch.Tensor:
+        """Logits `[B', V]` of the loaded step (its K/V stored); capturable: no host sync."""
+        tokens, seqs = bucket
+        meta = AttentionMetadata(
+            True,
+            self.slots[:tokens],
+            self.cu_seqlens[: seqs + 1],
+            self.context[:seqs],
+            block_tables=None if self.tables is None else self.tables[:seqs],
+            block_size=self.block_size,
+            starts=None if self.starts is None else self.starts[:seqs],
+            max_new=tokens,  # sizes the grid: every sequence's programs past its tokens exit
+            backend=self.backend,
+        )
+        with torch.inference_mode():
+            return self.model(self.input_ids[:tokens], self.positions[:tokens], meta, self.arena)
+
+    def run(self, bucket: tuple[int, int]) -> torch.Tensor:
+        """The loaded step's logits `[B', V]`: replayed where a graph was captured (valid until the
+        next replay of any bucket), else run eagerly."""
+        graph = self._graphs.get(bucket)
+        if graph is None:
+            return self.forward(bucket)
+        graph.replay()
+        self.replays += 1
+        return self._logits[bucket]
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def capture(self) -> None:
+        """A graph per bucket, largest first (smaller ones reuse its memory pool). Every token is
+        padding throughout (slot -1, context 0): neither warm-up nor capture writes the arena."""
+        start = time.perf_counter()
+        self.slots.fill_(-1)
+        self.context.zero_()
+        # one token a sequence (B' <= T' in every bucket): each picks a real row for its logits
+        self.cu_seqlens.copy_(torch.arange(len(self.cu_seqlens), device=self.device))
+        buckets = sorted(((t, s) for t in TOKEN_BUCKETS for s in SEQ_BUCKETS), reverse=True)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for bucket in buckets:
+                self.forward(bucket)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        pool = None
+        for bucket in buckets:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._logits[bucket] = self.forward(bucket)
+            pool = graph.pool()
+            self._graphs[bucket] = graph
+        torch.cuda.synchronize(self.device)
+        self.capture_s = time.perf_counter() - start

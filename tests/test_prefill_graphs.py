@@ -1,0 +1,103 @@
+"""Short prefills through static buffers (`kvbench.real.prefill_graphs`): the bucket rule, and the
+same greedy tokens as the eager prefill for block tables and extents, with the PyTorch
+attention and the Triton kernels (interpreted), in an arena poisoned with NaN, so a padding row
+that stored K/V or a padding sequence that read any would show. On CPU the buffers run eagerly;
+the graphs' replay is checked on a GPU (`gpu` marker)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvbench.models import get_model
+from kvbench.real.prefill_graphs import PrefillGraphs, prefill_bucket
+from tests.support import INTERPRETED, greedy_tokens_by_engine
+
+ENGINES = ("paged", "orca-oracle", "orca-max", "static")
+
+
+@pytest.mark.parametrize(
+    ("tokens", "seqs", "bucket"),
+    [(1, 1, (16, 1)), (16, 1, (16, 1)), (17, 1, (32, 1)), (20, 3, (32, 4)), (256, 16, (256, 16)),
+     (257, 1, None), (40, 17, None), (200, 9, (256, 16))],
+)  # fmt: skip
+def test_a_step_takes_the_smallest_bucket_holding_it_or_none_past_the_largest(tokens, seqs, bucket):
+    assert prefill_bucket(tokens, seqs) == bucket
+
+
+def counted(monkeypatch) -> list[tuple[int, int]]:
+    """The buckets `PrefillGraphs.forward` ran, in order (it still runs)."""
+    seen, forward = [], PrefillGraphs.forward
+
+    def noted(graphs: PrefillGraphs, bucket: tuple[int, int]) -> torch.Tensor:
+        seen.append(bucket)
+        return forward(graphs, bucket)
+
+    monkeypatch.setattr(PrefillGraphs, "forward", noted)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("attention", "engines", "requests"),
+    # interpreted kernels are slow: fewer requests, and static's batch for prefills of several prompts
+    [("torch", ENGINES, 10), pytest.param("triton", ("paged", "static"), 6, marks=INTERPRETED)],
+)
+def test_static_prefills_give_the_eager_prefills_tokens(attention, engines, requests, monkeypatch):
+    options = {"requests": requests, "attention": attention}
+    eager = greedy_tokens_by_engine(get_model("tiny-llama"), engines, **options)
+    seen = counted(monkeypatch)
+    static = greedy_tokens_by_engine(get_model("tiny-llama"), engines, prefill_graphs=True, **options)
+    assert static == eager
+    # prompts of 3-23 tokens, 10 ms apart: every prefill fits a bucket, most with padding
+    assert len(seen) >= 2 * len(engines) and all(bucket[0] >= 16 for bucket in seen)
+    assert any(bucket[1] > 1 for bucket in seen)  # padding sequences, not only padding tokens
+
+
+def test_a_window_model_takes_them_with_every_engine_agreeing_but_not_on_a_table_per_group(monkeypatch):
+    """Gemma 3's window layers read their window through the same buffers (the kernels' bound is
+    per layer), contexts past the window. A grouped arena (a table per KV group: `hybrid` and
+    `jenga` on a GPU) prefills eagerly."""
+    from kvbench.modeling.weights import random_model
+    from kvbench.real.prefill_graphs import static_prefill
+    from tests.test_families import GEMMA3_TINY
+
+    seen = counted(monkeypatch)
+    engines = ("paged", "hybrid", "orca-oracle")
+    tokens = greedy_tokens_by_engine(GEMMA3_TINY, engines, prefill_graphs=True)
+    assert len(seen) >= 2 * len(engines)
+    assert tokens == greedy_tokens_by_engine(GEMMA3_TINY, engines)
+    model = random_model(GEMMA3_TINY, torch.float32, torch.device("cpu"), seed=0)
+    assert static_prefill(model, 1) and not static_prefill(model, 2)
+
+
+def test_without_the_flag_and_on_mla_no_prefill_takes_the_static_buffers(monkeypatch):
+    from tests.test_families_mla import MLA_TINY
+
+    seen = counted(monkeypatch)
+    greedy_tokens_by_engine(get_model("tiny-llama"), ("paged",))
+    assert seen == []
+    tokens = greedy_tokens_by_engine(MLA_TINY, ("paged",), prefill_graphs=True)
+    assert seen == [] and tokens["paged"]  # MLA prefills attend through their own path: eager
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("engine", ["paged", "orca-oracle"])
+def test_gpu_replayed_prefills_give_the_eager_prefills_tokens(engine):
+    """A real run with every prefill replayed from its bucket's graph gives every request the
+    greedy tokens of the same run with eager prefills."""
+    from kvbench.config import RunConfig
+    from kvbench.real.run import run_real
+    from workloads.spec import WorkloadSpec
+
+    workload = WorkloadSpec("uniform:prompt=4..60,output=4..24", num_requests=40, rate=200.0, seed=3)
+    runs = {}
+    for graphs in (False, True):
+        config = RunConfig(engine, model="tiny-llama", workload=workload, kv_cache_gib=0.05, device="cuda",
+                           prefill_graphs=graphs)  # fmt: skip
+        result = run_real(config)
+        runs[graphs] = {seq.seq_id: list(seq.output_ids) for seq in result.run.sequences}
+        if graphs:
+            prefills = sum(row.kind == "prefill" for row in result.run.steps)
+            assert result.summary["prefill_graph_replays"] == prefills > 0
+    assert runs[True] == runs[False]
