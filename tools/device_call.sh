@@ -49,11 +49,13 @@
 #   alpaca-prefill-profile  where a short prefill's time goes at Figure 12's Alpaca setting (OPT-13B,
 #                    12 GiB: 15,728 slots), each engine on its Figure 12 cell's own workload (seed 0):
 #                    paged at 53.57 req/s (3,215 requests, where it first fails the bound), then
-#                    orca-oracle at 94.02 (5,642 requests, its last pass). Each prefill step's wall time
-#                    split on the host (launches against the rest; CPU time, context switches, machine
-#                    load: the host collector) by quarters of wall time; paged's prefill steps 701-720
+#                    orca-oracle at 94.02 (5,642 requests, its last pass), each prefilling eagerly (as
+#                    the cells did) and then with --prefill-graphs. Each prefill step's wall time split
+#                    on the host (launches against the rest; CPU time, context switches, machine load:
+#                    the host collector) by quarters of wall time; paged's eager prefill steps 701-720
 #                    (past the point where its committed cell's prefill steps went from 12 to 22 ms)
-#                    under torch.profiler (benchmarks/step_profile.py) (results/reference/alpaca-prefill-profile)
+#                    under torch.profiler (benchmarks/step_profile.py)
+#                    (results/reference/alpaca-prefill-profile/<engine>-<rate>[-graphs].txt)
 #   fig12-alpaca-eager  Figure 12's Alpaca panel at OPT-13B for paged and orca-oracle with every step
 #                    run eagerly (`--no-cuda-graphs`, as the paper's vLLM and Orca ran), seed 0, the
 #                    shared bound 4 x the lower unloaded latency, bisected to a 10 % bracket
@@ -190,16 +192,18 @@ for job in "$@"; do
     alpaca-prefill-profile)
       folder=results/reference/alpaca-prefill-profile
       mkdir -p $folder
-      for run in "paged 53.57 3215 torch" "orca-oracle 94.02 5642 none"; do
+      for run in "paged 53.57 3215 torch" "paged 53.57 3215 none graphs" "orca-oracle 94.02 5642 none" \
+          "orca-oracle 94.02 5642 none graphs"; do
         set -- $run
         left=$((end - SECONDS)); [ $left -gt 30 ] || break
+        out=$folder/$1-$2${5:+-$5}.txt
         # a finished run is kept (the last thing it prints: the profile, else the decode calls'
         # host table); output unbuffered, so a run cut short still shows its tables
         last=$([ $4 = none ] && echo "decode calls by wall time" || echo "torch of the same run")
-        grep -q "^$last" $folder/$1-$2.txt 2>/dev/null && continue
+        grep -q "^$last" $out 2>/dev/null && continue
         timeout $left python -u benchmarks/step_profile.py --model opt-13b --emulate-gpu a100-40gb --kv-cache-gib 12 \
           --engine $1 --trace alpaca-paper --rate $2 --num-requests $3 --warm-up-requests 300 --profiler $4 --top 30 \
-          --profile-kind prefill --profile-steps 20 --skip-steps 700 > $folder/$1-$2.txt
+          --profile-kind prefill --profile-steps 20 --skip-steps 700 ${5:+--prefill-graphs} > $out
       done ;;
     fig12-alpaca-eager)
       folder=results/reference/fig12-alpaca-eager
