@@ -10,10 +10,11 @@ The unprofiled run also splits each prefill step's wall time on the host (`host_
 time until the model's forward pass returned (every kernel launched: on a host-bound step,
 most of the step) against the rest (sampling, and the wait for the device), beside the `host`
 collector's columns (`kvbench.real.host`: the thread's CPU time, its context switches, the
-machine's runnable threads and busy and stolen CPU), for the fastest and slowest quarters of
-the steps apart. A slow quarter whose launches took longer on as much CPU time ran on a slower
-or shared CPU; one with preemptions or steal lost its CPU; one whose launches kept their time
-waited on the device. The profilers then say where the time went:
+machine's runnable threads and busy and stolen CPU, the CPUs the thread ended its steps on and
+their clock), for the fastest and slowest quarters of the steps apart. A slow quarter whose
+launches took longer on as much CPU time ran on a slower or shared CPU (other CPUs, a lower
+clock); one with preemptions or steal lost its CPU; one whose launches kept their time waited
+on the device. The profilers then say where the time went:
 
 - `--profiler cprofile` (default): the Python functions that took the most time of their own
   (a GPU wait shows up as the call that synchronises: `tolist`, `item`, `synchronize`) and
@@ -97,7 +98,8 @@ def rows_table(run, edges=(0, 32, 64, 128, 192, 256, 384, 512)) -> list[str]:
 
 # the `host` collector's columns (kvbench.real.host)
 HOST_COLUMNS = (
-    "host_cpu_s", "host_preemptions", "host_waits", "host_runnable", "host_busy_pct", "host_steal_pct"
+    "host_cpu_s", "host_preemptions", "host_waits", "host_runnable", "host_busy_pct", "host_steal_pct",
+    "host_cpu_id", "host_cpu_mhz",
 )  # fmt: skip
 
 
@@ -144,7 +146,8 @@ def host_table(result, calls: np.ndarray, kind: str = "prefill") -> list[str]:
     lines = [
         f"{kind} calls by wall time, quarters (host columns: kvbench.real.host):",
         f"{'quarter':9s} {'calls':>5s} {'wall ms':>8s} {'launch ms':>9s} {'rest ms':>8s} {'cpu ms':>7s} "
-        f"{'preempt':>7s} {'waits':>6s} {'runnable':>8s} {'busy %':>6s} {'steal %':>7s}",
+        f"{'preempt':>7s} {'waits':>6s} {'runnable':>8s} {'busy %':>6s} {'steal %':>7s} "
+        f"{'CPUs':>4s} {'MHz':>6s}",
     ]
     for q, part in enumerate(np.array_split(order, 4), start=1):
         mean = {name: float(np.nanmean(values[part])) if np.isfinite(values[part]).any() else math.nan
@@ -153,7 +156,9 @@ def host_table(result, calls: np.ndarray, kind: str = "prefill") -> list[str]:
             f"Q{q:<8d} {len(part):5d} {1e3 * wall[part].mean():8.2f} {1e3 * launch[part].mean():9.2f} "
             f"{1e3 * (wall[part] - launch[part]).mean():8.2f} {1e3 * mean['host_cpu_s']:7.2f} "
             f"{mean['host_preemptions']:7.2f} {mean['host_waits']:6.2f} {mean['host_runnable']:8.1f} "
-            f"{mean['host_busy_pct']:6.1f} {mean['host_steal_pct']:7.2f}"
+            f"{mean['host_busy_pct']:6.1f} {mean['host_steal_pct']:7.2f} "
+            f"{len(set(host['host_cpu_id'][part][np.isfinite(host['host_cpu_id'][part])])):4d} "
+            f"{mean['host_cpu_mhz']:6.0f}"
         )
     return lines
 

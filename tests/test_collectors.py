@@ -132,13 +132,15 @@ def test_a_real_run_with_every_collector(tmp_path):
 
 
 def test_host_counters_parse_proc_files_as_linux_writes_them():
-    from kvbench.real.host import _shares, cpu_counters, runnable_threads
+    from kvbench.real.host import _shares, cpu_counters, processor, runnable_threads
 
     # user nice system idle iowait irq softirq steal guest guest_nice
     busy, steal, total = cpu_counters(b"cpu  100 20 30 500 40 5 5 50 7 0")
     assert (busy, steal, total) == (160.0, 50.0, 750.0)  # guest time is inside user already
     assert cpu_counters(b"cpu  1 2 3 4") == (6.0, 0.0, 10.0)  # an old kernel's four fields
     assert runnable_threads(b"0.50 0.40 0.30 3/345 12345\n") == 3.0
+    fields = " ".join(str(n) for n in range(3, 53))  # field n holds n: the state, field 3, is "3"
+    assert processor(f"17578 (a (tricky) name) {fields}".encode()) == 39.0
     shares = _shares((160.0, 50.0, 750.0), (260.0, 100.0, 1000.0))
     assert shares == {"host_busy_pct": 40.0, "host_steal_pct": 20.0}
     assert all(math.isnan(v) for v in _shares((1.0, 0.0, 5.0), (1.0, 0.0, 5.0)).values())  # no tick
@@ -179,10 +181,11 @@ def test_host_clock_tells_a_step_that_waited_from_one_that_ran_on_the_cpu():
     assert waited["host_waits"] >= 1  # a sleep gives the CPU up
     for row in runner.rows:
         assert row["host_preemptions"] >= 0 and row["host_runnable"] >= 1  # this thread ran
-        assert set(row) == {"host_cpu_s", "host_waits", "host_preemptions", "host_runnable",
-                            "host_busy_pct", "host_steal_pct"}  # fmt: skip
+        assert 0 <= row["host_cpu_id"] < os.cpu_count()
+        assert set(row) == {"host_cpu_s", "host_waits", "host_preemptions", "host_runnable", "host_cpu_id",
+                            "host_cpu_mhz", "host_busy_pct", "host_steal_pct"}  # fmt: skip
     summary = runner.finish()
     assert summary["host_cpus"] == os.cpu_count()
     assert 0 < summary["host_cpu_share"] < 1  # one call of two burnt its CPU, the other slept
-    assert 0 <= summary["host_preempted_rows"] <= 2
+    assert 0 <= summary["host_preempted_rows"] <= 2 and 1 <= summary["host_cpus_used"] <= 2
     assert 0 <= summary["host_run_busy_pct"] <= 100 and 0 <= summary["host_run_steal_pct"] <= 100

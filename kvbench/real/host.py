@@ -17,6 +17,9 @@ device, ran on a slower or shared CPU, or lost its CPU to another process; these
 - `host_runnable`: threads runnable on the whole machine when the call ended (`/proc/loadavg`),
   this one included; beside `host_cpus` in the summary it says whether the CPUs were
   oversubscribed.
+- `host_cpu_id`, `host_cpu_mhz`: the CPU the thread was on when the call ended
+  (`/proc/thread-self/stat`) and that CPU's clock (cpufreq's `scaling_cur_freq`, where the
+  machine exposes it): a thread moved to another core, or a core clocked down, shows here.
 - `host_busy_pct`, `host_steal_pct`: the machine's CPUs busy, and time a hypervisor gave
   their vCPUs to other guests, over the last 0.1 s or more (`/proc/stat` is read at most
   10 times a second: a read walks every CPU's counters).
@@ -78,6 +81,12 @@ def cpu_counters(line: bytes) -> tuple[float, float, float]:
     return busy, steal, busy + idle + iowait + steal
 
 
+def processor(stat: bytes) -> float:
+    """Field 39 of a /proc/<pid>/task/<tid>/stat line, the CPU the thread last ran on; fields are
+    counted after the command name's closing parenthesis (the name may hold spaces)."""
+    return float(stat[stat.rindex(b")") + 2 :].split()[36])
+
+
 def runnable_threads(loadavg: bytes) -> float:
     """The running/total field of /proc/loadavg (`0.50 0.40 0.30 3/345 12345`): its numerator."""
     return float(loadavg.split()[3].split(b"/")[0])
@@ -89,6 +98,8 @@ class HostClock:
     def __init__(self) -> None:
         self._stat = _ProcFile("/proc/stat")
         self._loadavg = _ProcFile("/proc/loadavg")
+        self._thread: _ProcFile | None = None  # this thread's stat: opened by the first row (its thread)
+        self._clocks: dict[int, _ProcFile] = {}  # CPU -> its cpufreq scaling_cur_freq
         self._read_at = -math.inf
         self._counters = self._cpu_counters()  # at the last /proc/stat read
         self._first = self._counters
@@ -107,6 +118,7 @@ class HostClock:
         waits, preemptions = _switches()
         started, waits0, preemptions0 = self._start
         loadavg = self._loadavg.read(128)
+        cpu_id, mhz = self._where()
         now = time.perf_counter()
         if now - self._read_at >= PERIOD_S and self._counters is not None:
             self._read_at = now
@@ -118,20 +130,41 @@ class HostClock:
             "host_waits": waits - waits0,
             "host_preemptions": preemptions - preemptions0,
             "host_runnable": math.nan if loadavg is None else runnable_threads(loadavg),
+            "host_cpu_id": cpu_id,
+            "host_cpu_mhz": mhz,
             **self._shares,
         }
+
+    def _where(self) -> tuple[float, float]:
+        """(CPU the calling thread is on, its clock in MHz), NaN where /proc or cpufreq lack them."""
+        if self._thread is None:
+            self._thread = _ProcFile("/proc/thread-self/stat")
+        stat = self._thread.read(1024)
+        if stat is None:
+            return math.nan, math.nan
+        cpu = processor(stat)
+        clock = self._clocks.get(int(cpu))
+        if clock is None:
+            clock = self._clocks[int(cpu)] = _ProcFile(
+                f"/sys/devices/system/cpu/cpu{int(cpu)}/cpufreq/scaling_cur_freq"
+            )
+        khz = clock.read(32)
+        return cpu, math.nan if not khz else float(khz) / 1e3
 
     def finish(self, rows: list[dict[str, float]], spans: list[tuple[float, float]]) -> dict:
         wall = sum(end - start for start, end in spans)
         cpu = sum(row["host_cpu_s"] for row in rows)
         preempted = sum(1 for row in rows if row["host_preemptions"] > 0)
         whole = _shares(self._first, self._cpu_counters())
-        self._stat.close()
-        self._loadavg.close()
+        cpus = {row["host_cpu_id"] for row in rows if not math.isnan(row["host_cpu_id"])}
+        for file in (self._stat, self._loadavg, self._thread, *self._clocks.values()):
+            if file is not None:
+                file.close()
         return {
             "host_cpus": os.cpu_count(),
             "host_cpu_share": cpu / wall if wall > 0 else math.nan,
             "host_preempted_rows": preempted,
+            "host_cpus_used": len(cpus),  # CPUs the engine's thread ended its rows on
             "host_run_busy_pct": whole["host_busy_pct"],
             "host_run_steal_pct": whole["host_steal_pct"],
         }
