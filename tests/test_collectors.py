@@ -115,7 +115,12 @@ def test_a_real_run_with_every_collector(tmp_path):
 
     workload = WorkloadSpec("uniform:prompt=8..64,output=8..64", num_requests=32, rate=50.0)
     config = RunConfig(
-        engine="paged", model="tiny-llama", workload=workload, kv_cache_gib=0.05, device="cuda"
+        engine="paged",
+        model="tiny-llama",
+        workload=workload,
+        kv_cache_gib=0.05,
+        device="cuda",
+        collectors="torch,nvml,roofline,host",
     )
     result = run_real(config)
     write_result(result, tmp_path / "run")
@@ -127,6 +132,8 @@ def test_a_real_run_with_every_collector(tmp_path):
     assert float(rows[-1]["torch_allocated_bytes"]) >= summary["arena_bytes"]
     if "nvml_samples" in summary:  # NVML present on the machine
         assert summary["nvml_samples"] > 0 and float(rows[0]["nvml_used_bytes"]) > summary["arena_bytes"]
+    assert all(0 <= float(row["host_cpu_s"]) <= float(row["duration_s"]) + 1e-3 for row in rows)
+    assert summary["host_cpus_used"] >= 1 and 0 < summary["host_cpu_share"] <= 1.01
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert env["gpu"] and env["packages"]["torch"]
 
