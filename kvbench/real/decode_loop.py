@@ -34,6 +34,7 @@ from kvbench.modeling.attention import AttentionMetadata
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.sampling import sample
 from kvbench.real.block_tables import DeviceBlockTables
+from kvbench.real.cuda_graphs import capture_graphs
 
 MAX_GRAPH_BATCH = 512  # larger batches (a static engine's whole trace) run eagerly
 
@@ -187,24 +188,10 @@ class DecodeLoop:
         buckets = sorted(buckets or graph_buckets(self.max_batch), reverse=True)
         for buffer in (self.input_ids, self.positions, self.valid):
             buffer.zero_()
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for rows in buckets:
-                self.step(rows)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        pool = None
-        for rows in buckets:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                logits = self.step(rows)
-            if self.keep_logits:
-                self._graph_logits[rows] = logits
-            del logits  # else its memory returns to the pool for the next capture
-            pool = graph.pool()
-            self._graphs[rows] = graph
+        graphs, logits = capture_graphs(self.device, buckets, self.step, keep_outputs=self.keep_logits)
+        self._graphs.update(graphs)
+        self._graph_logits.update(logits)
         self._graphs = dict(sorted(self._graphs.items()))  # ascending: `rows_for` takes the first fit
-        torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - start
 
     def rows_for(self, batch: int) -> int:

@@ -39,6 +39,7 @@ import torch
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata
 from kvbench.modeling.causal_lm import CausalLM
+from kvbench.real.cuda_graphs import capture_graphs
 
 TOKEN_BUCKETS = (16, 32, 64, 128, 256)  # tokens of a step: past 256, the device's work dominates
 SEQ_BUCKETS = (1, 2, 4, 8, 16)  # sequences of a step
@@ -155,18 +156,5 @@ class PrefillGraphs:
         # one token a sequence (B' <= T' in every bucket): each picks a real row for its logits
         self.cu_seqlens.copy_(torch.arange(len(self.cu_seqlens), device=self.device))
         buckets = sorted(((t, s) for t in TOKEN_BUCKETS for s in SEQ_BUCKETS), reverse=True)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for bucket in buckets:
-                self.forward(bucket)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        pool = None
-        for bucket in buckets:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._logits[bucket] = self.forward(bucket)
-            pool = graph.pool()
-            self._graphs[bucket] = graph
-        torch.cuda.synchronize(self.device)
+        self._graphs, self._logits = capture_graphs(self.device, buckets, self.forward, keep_outputs=True)
         self.capture_s = time.perf_counter() - start
