@@ -1,8 +1,8 @@
 """The host behind each step: the CPU time the engine's thread got, how often it gave the CPU
 up or had it taken, and how busy the rest of the machine was.
 
-Why: an eager prefill step is host-bound. On OPT-13B a prefill of one or two short prompts is
-about 5 ms of device work, launched op by op, layer by layer, from Python; such a step took
+Why: an eager prefill step is host-bound. On OPT-13B a prefill of one or two short prompts has
+a device floor of 5.6 ms (its weights read once), launched op by op from Python; such a step took
 12 ms in some stretches of a Figure 12 run and 20-25 ms in others, at the same batch and
 prompt length (results/reproduce/opt-13b-h200, seed 0's Alpaca cells), while CUDA-graph decode
 steps kept their times. A step's wall time alone cannot say whether such a step waited on the

@@ -1,13 +1,13 @@
 """Short prefill steps replayed from CUDA graphs: static buffers per (tokens, sequences) bucket.
 
 Why: an eager prefill launches every op of every layer from Python. On OPT-13B a prefill of
-one or two short prompts is about 5 ms of device work (the weights read once) behind about
-12 ms of launches, so the host sets its time, and a host running slower for a while (the
-H200 machine's did, in stretches, at 20-23 ms a step) moves the step with it: in Figure 12's
-Alpaca cells, where paged runs 1.5 prompts a prefill step and 2,000 such steps a run, that
-moved paged's sustained rate more than its allocator did (results/reproduce/opt-13b-h200,
-fig12/alpaca-seeds.md). Decode steps have replayed graphs from the start
-(`kvbench.real.decode_loop`); this does the same for prefills small enough to be host-bound.
+one or two short prompts has a device floor of 5.6 ms (25.7 GB of weights read once at the
+4.6 TB/s the roofline collector measured on the H200) and took 12 ms a step, or 20-25 ms in
+stretches of a run when the host ran slower: the host sets its time. In Figure 12's Alpaca
+cells paged runs about 2,000 such steps a run (1.5 prompts each), so the host's speed moves
+its cells most (results/reproduce/opt-13b-h200, fig12/alpaca-seeds.md). Decode steps have
+replayed graphs from the start (`kvbench.real.decode_loop`); this does the same for prefills
+small enough to be host-bound.
 
 A prefill of T tokens over B sequences runs in the smallest bucket (T', B') with T <= T' and
 B <= B' (`TOKEN_BUCKETS` x `SEQ_BUCKETS`); larger ones run eagerly, where the device's work
