@@ -196,3 +196,49 @@ def test_host_clock_tells_a_step_that_waited_from_one_that_ran_on_the_cpu():
     assert 0 < summary["host_cpu_share"] < 1  # one call of two burnt its CPU, the other slept
     assert 0 <= summary["host_preempted_rows"] <= 2 and 1 <= summary["host_cpus_used"] <= 2
     assert 0 <= summary["host_run_busy_pct"] <= 100 and 0 <= summary["host_run_steal_pct"] <= 100
+
+
+def test_host_clocks_summary_is_its_rows_arithmetic():
+    """The run's summary from hand-made rows: CPU time over wall time, rows with a preemption,
+    distinct CPUs (a NaN CPU, where /proc lacks it, is none)."""
+    from kvbench.real.host import HostClock
+
+    rows = [
+        {"host_cpu_s": 0.01, "host_preemptions": 0.0, "host_cpu_id": 3.0},
+        {"host_cpu_s": 0.03, "host_preemptions": 2.0, "host_cpu_id": 5.0},
+        {"host_cpu_s": 0.02, "host_preemptions": 1.0, "host_cpu_id": 3.0},
+        {"host_cpu_s": 0.0, "host_preemptions": 0.0, "host_cpu_id": math.nan},
+    ]
+    spans = [(0.0, 0.02), (1.0, 1.04), (2.0, 2.04), (3.0, 3.0)]
+    summary = HostClock().finish(rows, spans)
+    assert summary["host_cpu_share"] == pytest.approx(0.06 / 0.10)
+    assert summary["host_preempted_rows"] == 2 and summary["host_cpus_used"] == 2
+    assert math.isnan(HostClock().finish([], [])["host_cpu_share"])  # no wall time: no share
+
+
+def test_host_clock_reads_the_machines_cpu_shares_at_most_once_a_period(monkeypatch):
+    """Rows inside one period carry the same busy and steal shares (one /proc/stat read); with
+    a period of 0 every row reads again, and the machine's counters move between rows."""
+    from kvbench.real import host
+    from kvbench.real.host import HostClock
+
+    seqs = (decoding(9),)
+    batch = Batch(seqs, is_prefill=True, num_tokens=10, num_context=10)
+    monkeypatch.setattr(host, "PERIOD_S", 1e9)
+    runner = CollectingRunner(Waiting(0.02), [HostClock()])
+    for _ in range(3):
+        runner.run(batch, 1, 0.0, math.inf)
+    first, *rest = runner.rows
+    assert all(row["host_busy_pct"] == first["host_busy_pct"] for row in rest)
+    monkeypatch.setattr(host, "PERIOD_S", 0.0)
+    reads = []  # the n-th read: n busy jiffies of 2n in all
+
+    def counters(self) -> tuple[float, float, float]:
+        reads.append(1)
+        return float(len(reads)), 0.0, 2.0 * len(reads)
+
+    monkeypatch.setattr(HostClock, "_cpu_counters", counters)
+    runner = CollectingRunner(Waiting(0.0), [HostClock()])  # its first read: at construction
+    for _ in range(3):
+        runner.run(batch, 1, 0.0, math.inf)
+    assert len(reads) == 4 and [row["host_busy_pct"] for row in runner.rows] == [50.0, 50.0, 50.0]
