@@ -65,13 +65,14 @@ VIRTUAL_CLOCK = CostModel(fixed_s=5e-3, per_token_s=1e-4, per_kv_token_s=1e-5)
 
 
 def greedy_tokens_by_engine(
-    spec, engines, prepare=None, requests: int = 10, **runner_options
+    spec, engines, prepare=None, requests: int = 10, trace=None, **runner_options
 ) -> dict[str, list[tuple[int, ...]]]:
     """Each engine decodes `tests.test_modeling.small_trace` through the real engine loop on the CPU
     (PyTorch attention unless `runner_options` say otherwise, an arena poisoned with NaN so a slot
     read before it is written shows): every request's greedy tokens, checked to have its full
     output length. `prepare(model)`, if given, changes the model first (how it computes, never
-    its weights); `requests`: the trace's first ones; `runner_options` go to the `ModelRunner`."""
+    its weights); `requests`: the trace's first ones, or `trace` instead; `runner_options` go to
+    the `ModelRunner`."""
     import torch
 
     from engines import ENGINES
@@ -86,6 +87,7 @@ def greedy_tokens_by_engine(
     if prepare is not None:
         prepare(model)
     tokens = {}
+    trace = trace or small_trace(requests)
     for engine in engines:
         arena = KVArena(spec, 300, torch.float32, cpu)
         arena.fill(float("nan"))
@@ -95,7 +97,6 @@ def greedy_tokens_by_engine(
             model, arena, sched.allocator, max_batch=10, max_len=64, temperature=0.0, seed=5,
             clock=VIRTUAL_CLOCK, **options,
         )  # fmt: skip
-        trace = small_trace(requests)
         run = Engine(sched, runner).run(trace)
         assert [len(seq.output_ids) for seq in run.sequences] == [r.output_len for r in trace.requests]
         tokens[engine] = [tuple(seq.output_ids) for seq in run.sequences]

@@ -53,6 +53,23 @@ def test_static_prefills_give_the_eager_prefills_tokens(attention, engines, requ
     assert any(bucket[1] > 1 for bucket in seen)  # padding sequences, not only padding tokens
 
 
+@INTERPRETED
+def test_the_largest_buckets_long_prompts_and_learned_positions_through_the_kernels(monkeypatch):
+    """Nine prompts arriving together, 248 tokens in all, one of 40 (two 32-query tiles of the
+    extend kernel, whose grid the bucket's 256 tokens size), prefill in one step of the largest
+    bucket, (256, 16): seven padding prompts, eight padding tokens. OPT's learned positions
+    index an embedding. The interpreted Triton kernels give the eager prefill's tokens."""
+    from kvbench.requests import Request, Trace
+
+    prompts = (40, 30, 28, 25, 25, 25, 25, 25, 25)
+    trace = Trace("together", tuple(Request(i, 0.0, p, 2) for i, p in enumerate(prompts)))
+    options = {"trace": trace, "attention": "triton"}
+    eager = greedy_tokens_by_engine(get_model("tiny-opt"), ("paged",), **options)
+    seen = counted(monkeypatch)
+    assert greedy_tokens_by_engine(get_model("tiny-opt"), ("paged",), prefill_graphs=True, **options) == eager
+    assert seen == [(256, 16)]  # the one prefill step
+
+
 def test_a_window_model_takes_them_with_every_engine_agreeing_but_not_on_a_table_per_group(monkeypatch):
     """Gemma 3's window layers read their window through the same buffers (the kernels' bound is
     per layer), contexts past the window. A grouped arena (a table per KV group: `hybrid` and
@@ -104,3 +121,44 @@ def test_gpu_replayed_prefills_give_the_eager_prefills_tokens(engine):
             fits = sum(prefill_bucket(row.num_tokens, row.batch_size) is not None for row in rows)
             assert result.summary["prefill_graph_replays"] == fits > 0
     assert runs[True] == runs[False]
+
+
+@pytest.mark.parametrize("block_size", [16, 0])
+def test_the_buffers_hold_the_largest_bucket_in_the_kernels_dtypes(block_size):
+    """What the kernels and the model read: int64 ids, positions, slots (padding -1) and
+    offsets, int32 context lengths and block tables `[B', ceil(max_len / block)]`, or int64
+    extent starts; nothing replayed or captured yet."""
+    from kvbench.modeling.arena import KVArena
+    from kvbench.modeling.weights import random_model
+
+    spec = get_model("tiny-llama")
+    cpu = torch.device("cpu")
+    model = random_model(spec, torch.float32, cpu, seed=0)
+    graphs = PrefillGraphs(model, KVArena(spec, 64, torch.float32, cpu), block_size=block_size, max_len=40,
+                           backend="torch")  # fmt: skip
+    for buffer in (graphs.input_ids, graphs.positions, graphs.slots):
+        assert buffer.dtype == torch.int64 and buffer.shape == (256,)
+    assert (graphs.slots == -1).all()
+    assert graphs.cu_seqlens.dtype == torch.int64 and graphs.cu_seqlens.shape == (17,)
+    assert graphs.context.dtype == torch.int32 and graphs.context.shape == (16,)
+    if block_size:
+        assert graphs.starts is None and graphs.tables.dtype == torch.int32 and graphs.tables.shape == (16, 3)
+    else:
+        assert graphs.tables is None and graphs.starts.dtype == torch.int64 and graphs.starts.shape == (16,)
+    assert graphs.replays == 0 and graphs.capture_s == 0.0
+
+
+def test_a_real_run_reports_its_replays_only_when_asked_for_prefill_graphs():
+    """On the CPU nothing is captured: the summary says 0 replays and 0 s of capture."""
+    from dataclasses import replace
+
+    from kvbench.config import RunConfig
+    from kvbench.real.run import run_real
+    from workloads.spec import WorkloadSpec
+
+    workload = WorkloadSpec("uniform:prompt=4..20,output=2..4", num_requests=4, rate=100.0, seed=1)
+    config = RunConfig("paged", model="tiny-llama", workload=workload, kv_cache_gib=0.01, device="cpu",
+                       attention="torch", prefill_graphs=True)  # fmt: skip
+    summary = run_real(config).summary
+    assert summary["prefill_graph_replays"] == 0 and summary["prefill_graph_capture_s"] == 0.0
+    assert "prefill_graph_replays" not in run_real(replace(config, prefill_graphs=False)).summary
