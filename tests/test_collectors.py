@@ -150,7 +150,13 @@ def test_host_counters_parse_proc_files_as_linux_writes_them():
     assert processor(f"17578 (a (tricky) name) {fields}".encode()) == 39.0
     shares = _shares((160.0, 50.0, 750.0), (260.0, 100.0, 1000.0))
     assert shares == {"host_busy_pct": 40.0, "host_steal_pct": 20.0}
-    assert all(math.isnan(v) for v in _shares((1.0, 0.0, 5.0), (1.0, 0.0, 5.0)).values())  # no tick
+    for before, after in (
+        ((1.0, 0.0, 5.0), (1.0, 0.0, 5.0)),
+        (None, (1.0, 0.0, 5.0)),
+        ((1.0, 0.0, 5.0), None),
+    ):
+        nothing = _shares(before, after)  # no tick between the readings, or a reading missing
+        assert list(nothing) == ["host_busy_pct", "host_steal_pct"] and all(map(math.isnan, nothing.values()))
 
 
 class Waiting:
@@ -173,21 +179,29 @@ class Waiting:
 
 
 def test_host_clock_tells_a_step_that_waited_from_one_that_ran_on_the_cpu():
+    import resource
+
     from kvbench.real.host import HostClock
 
     seqs = (decoding(9),)
     runner = CollectingRunner(Waiting(0.03), [HostClock()])
     prefill = Batch(seqs, is_prefill=True, num_tokens=10, num_context=10)
     decode = Batch(seqs, is_prefill=False, num_tokens=1, num_context=10, steps_to_finish=49)
-    runner.run(prefill, 1, 0.0, math.inf)
-    runner.run(decode, 1, 0.0, math.inf)
+    switches = []  # this thread's (voluntary, involuntary) switches around each call
+    for batch in (prefill, decode):
+        before = resource.getrusage(resource.RUSAGE_THREAD)
+        runner.run(batch, 1, 0.0, math.inf)
+        after = resource.getrusage(resource.RUSAGE_THREAD)
+        switches.append((after.ru_nvcsw - before.ru_nvcsw, after.ru_nivcsw - before.ru_nivcsw))
     (ran, waited), spans = runner.rows, runner.spans
     # over the call alone: `begin` and `row` bracket its wall span with a few us of bookkeeping
     assert 0.03 <= ran["host_cpu_s"] <= spans[0][1] - spans[0][0] + 1e-3
     assert waited["host_cpu_s"] < 0.015 <= 0.03 <= spans[1][1] - spans[1][0]
     assert waited["host_waits"] >= 1  # a sleep gives the CPU up
-    for row in runner.rows:
-        assert row["host_preemptions"] >= 0 and row["host_runnable"] >= 1  # this thread ran
+    for row, (waits, preemptions) in zip(runner.rows, switches, strict=True):
+        # counted inside the call: never more than around it
+        assert 0 <= row["host_waits"] <= waits and 0 <= row["host_preemptions"] <= preemptions
+        assert row["host_runnable"] >= 1  # this thread ran
         assert 0 <= row["host_cpu_id"] < os.cpu_count()
         assert set(row) == {"host_cpu_s", "host_waits", "host_preemptions", "host_runnable", "host_cpu_id",
                             "host_cpu_mhz", "host_busy_pct", "host_steal_pct"}  # fmt: skip
@@ -210,7 +224,9 @@ def test_host_clocks_summary_is_its_rows_arithmetic():
         {"host_cpu_s": 0.0, "host_preemptions": 0.0, "host_cpu_id": math.nan},
     ]
     spans = [(0.0, 0.02), (1.0, 1.04), (2.0, 2.04), (3.0, 3.0)]
-    summary = HostClock().finish(rows, spans)
+    clock = HostClock()
+    summary = clock.finish(rows, spans)
+    assert clock._stat.fd is None and clock._loadavg.fd is None  # its /proc files closed
     assert summary["host_cpu_share"] == pytest.approx(0.06 / 0.10)
     assert summary["host_preempted_rows"] == 2 and summary["host_cpus_used"] == 2
     assert math.isnan(HostClock().finish([], [])["host_cpu_share"])  # no wall time: no share
@@ -242,3 +258,14 @@ def test_host_clock_reads_the_machines_cpu_shares_at_most_once_a_period(monkeypa
     for _ in range(3):
         runner.run(batch, 1, 0.0, math.inf)
     assert len(reads) == 4 and [row["host_busy_pct"] for row in runner.rows] == [50.0, 50.0, 50.0]
+
+
+def test_host_clock_reads_the_machines_cpu_line_not_one_cpus():
+    """/proc/stat's first line sums every CPU: the collector's reading is that line's (its total
+    moves only by the ticks between the two reads), not cpu0's below it."""
+    from kvbench.real.host import HostClock, cpu_counters
+
+    ours = HostClock()._cpu_counters()
+    with open("/proc/stat", "rb") as f:
+        machine = cpu_counters(f.readline())
+    assert ours[2] == pytest.approx(machine[2], rel=1e-3)
