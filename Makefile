@@ -43,7 +43,8 @@ clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis
 
 # Mutation testing (slow, not part of `make test`; docs/MUTATION.md): engines first, then the
-# metrics and trace validation, then the hybrid allocators, the verdicts and the sweep; reports land in
+# metrics and trace validation, then the hybrid allocators, the verdicts, the sweep, and the real runner's
+# host collector and prefill graphs; reports land in
 # results/mutation/<scope>/
 .PHONY: mutation
 mutation: $(VENV)/.dev
@@ -69,3 +70,5 @@ mutation: $(VENV)/.dev
 	nice $(PY) tools/mutation.py --scope sweep --paths kvbench/sweep/deadline.py kvbench/sweep/rounds.py \
 		kvbench/sweep/grid.py kvbench/sweep/files.py --tests tests/test_sweep.py tests/test_sweep_deadline.py \
 		tests/test_sweep_executor.py tests/test_sweep_mutants.py
+	nice $(PY) tools/mutation.py --scope real-host --paths kvbench/real/host.py kvbench/real/prefill_graphs.py \
+		--tests tests/test_collectors.py tests/test_prefill_graphs.py
