@@ -269,7 +269,9 @@ def test_host_clock_reads_the_machines_cpu_line_not_one_cpus():
     ours = HostClock()._cpu_counters()
     with open("/proc/stat", "rb") as f:
         machine = cpu_counters(f.readline())
-    assert ours[2] == pytest.approx(machine[2], rel=1e-3)
+    # the ticks of a descheduled moment between the reads, however loaded the machine; cpu0's
+    # line alone would hold about 1 / (CPUs) of the total
+    assert abs(ours[2] - machine[2]) <= max(1e-3 * machine[2], 100)
 
 
 def test_host_clock_reads_a_cpus_clock_in_khz_as_mhz(tmp_path):
