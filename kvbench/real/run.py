@@ -151,12 +151,19 @@ def run_real(
     runners = []
 
     def make_runner(scheduler):
-        runner = session.runner(
-            arena, scheduler.allocator, max_batch=max_batch, max_len=max_len,
-            temperature=config.temperature, seed=config.weights_seed, attention=config.attention,
-            cuda_graphs=config.cuda_graphs, keep_logits=beams, vmm_map=config.vmm_map,
-            prefill_graphs=config.prefill_graphs,
-        )  # fmt: skip
+        try:  # the runner captures its CUDA graphs now, in what the arena left
+            runner = session.runner(
+                arena, scheduler.allocator, max_batch=max_batch, max_len=max_len,
+                temperature=config.temperature, seed=config.weights_seed, attention=config.attention,
+                cuda_graphs=config.cuda_graphs, keep_logits=beams, vmm_map=config.vmm_map,
+                prefill_graphs=config.prefill_graphs,
+            )  # fmt: skip
+        except torch.OutOfMemoryError:
+            graphs = "decode and prefill graphs" if config.prefill_graphs else "decode graphs"
+            raise KvbenchError(
+                f"the {graphs} do not fit on {device} beside the weights and the KV arena; "
+                "lower --kv-cache-gib" + (" or drop --prefill-graphs" if config.prefill_graphs else "")
+            ) from None
         collectors = build_collectors(  # they see rank 0's GPU: its share of weights and K/V
             collect, device=device, weight_bytes=weight_bytes // session.size,
             kv_bytes_per_token=spec.kv_bytes_per_token // session.size, read_bandwidth=bandwidth,
