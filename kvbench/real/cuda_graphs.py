@@ -1,4 +1,5 @@
-"""Capturing a family of CUDA graphs that share one memory pool (decode and prefill buckets).
+"""Capturing a family of CUDA graphs that share one memory pool (decode and prefill buckets),
+and loading the static buffers they read.
 
 Why one routine: both the decode loop (`kvbench.real.decode_loop`, a graph per batch bucket)
 and the prefill graphs (`kvbench.real.prefill_graphs`, a graph per (tokens, prompts) bucket)
@@ -12,7 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 
+import numpy as np
 import torch
+
+
+def load_padded(buffer: torch.Tensor, values, rows: int, fill: int = 0) -> None:
+    """Write `values` then `fill` up to `rows` into `buffer[:rows]`, in one host-to-device copy
+    (converted to the buffer's dtype): a graph's padding rows get what its kernels skip."""
+    host = np.full(rows, fill, dtype=np.int64)
+    host[: len(values)] = values
+    buffer[:rows].copy_(torch.from_numpy(host), non_blocking=True)
 
 
 def capture_graphs(

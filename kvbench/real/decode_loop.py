@@ -34,7 +34,7 @@ from kvbench.modeling.attention import AttentionMetadata
 from kvbench.modeling.causal_lm import CausalLM
 from kvbench.modeling.sampling import sample
 from kvbench.real.block_tables import DeviceBlockTables
-from kvbench.real.cuda_graphs import capture_graphs
+from kvbench.real.cuda_graphs import capture_graphs, load_padded
 
 MAX_GRAPH_BATCH = 512  # larger batches (a static engine's whole trace) run eagerly
 
@@ -110,18 +110,10 @@ class DecodeLoop:
         `versions` each row's version of them (`HybridAllocator.memory_versions`), if known.
         """
         batch = len(tokens)
-        pad = rows - batch
-
-        def put(buffer: torch.Tensor, values, fill: int = 0) -> None:
-            host = np.asarray(values, dtype=np.int64)
-            if pad:
-                host = np.concatenate([host, np.full(pad, fill, dtype=np.int64)])
-            buffer[:rows].copy_(torch.from_numpy(host), non_blocking=True)
-
-        put(self.input_ids, tokens)
-        put(self.positions, positions)
-        put(self.seq_ids, seq_ids)
-        put(self.valid, np.ones(batch, dtype=np.int64))
+        load_padded(self.input_ids, tokens, rows)
+        load_padded(self.positions, positions, rows)
+        load_padded(self.seq_ids, seq_ids, rows)
+        load_padded(self.valid, np.ones(batch, dtype=np.int64), rows)
         if self.num_tables > 1:
             for device_tables, tables in zip(self.group_tables, addressing, strict=True):
                 device_tables.update(tables, rows, seq_ids, versions)
@@ -130,7 +122,7 @@ class DecodeLoop:
                 addressing = [table.blocks for table in addressing]
             self.block_tables.update(addressing, rows, seq_ids)
         else:
-            put(self.starts, [where.start for where in addressing])
+            load_padded(self.starts, [where.start for where in addressing], rows)
 
     # ------------------------------------------------------------------ one step
     def step(self, rows: int) -> torch.Tensor:

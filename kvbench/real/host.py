@@ -3,10 +3,10 @@ up or had it taken, and how busy the rest of the machine was.
 
 Why: an eager prefill step is host-bound. On OPT-13B a prefill of one or two short prompts has
 a device floor of 5.6 ms (its weights read once), launched op by op from Python; such a step took
-12 ms in some stretches of a Figure 12 run and 20-25 ms in others, at the same batch and
-prompt length (results/reproduce/opt-13b-h200, seed 0's Alpaca cells), while CUDA-graph decode
-steps kept their times. A step's wall time alone cannot say whether such a step waited on the
-device, ran on a slower or shared CPU, or lost its CPU to another process; these columns can:
+12 ms in some stretches of a Figure 12 run and 20-25 ms in others, among prefills of at most
+64 tokens (results/reproduce/opt-13b-h200, fig12/alpaca-seeds.md). A step's wall time alone
+cannot say whether such a step waited on the device, ran on a slower or shared CPU, or lost its
+CPU to another process; these columns can:
 
 - `host_cpu_s`: CPU time of the engine's thread during the call (`CLOCK_THREAD_CPUTIME_ID`).
   A CUDA synchronisation spins by default, so a wait on the device counts here too: compare

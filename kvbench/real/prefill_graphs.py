@@ -39,7 +39,7 @@ import torch
 from kvbench.modeling.arena import KVArena
 from kvbench.modeling.attention import AttentionMetadata
 from kvbench.modeling.causal_lm import CausalLM
-from kvbench.real.cuda_graphs import capture_graphs
+from kvbench.real.cuda_graphs import capture_graphs, load_padded
 
 TOKEN_BUCKETS = (16, 32, 64, 128, 256)  # tokens of a step: past 256, the device's work dominates
 SEQ_BUCKETS = (1, 2, 4, 8, 16)  # sequences of a step
@@ -95,28 +95,18 @@ class PrefillGraphs:
         each sequence's new tokens `seqlens` and positions attended `context` `[B]`, and its
         block table row `[B, w]` (w <= W) or extent start `[B]`; the rest is padding."""
         tokens, seqs = bucket
-        t, b = len(ids), len(seqlens)
-        cu = np.zeros(seqs + 1, dtype=np.int64)
-        cu[1 : b + 1] = np.cumsum(seqlens)
-        cu[b + 1 :] = t  # padding sequences: no tokens
-
-        def put(buffer: torch.Tensor, values: np.ndarray, size: int, fill: int) -> None:
-            host = np.full(size, fill, dtype=np.int64)
-            host[: len(values)] = values
-            buffer[:size].copy_(torch.from_numpy(host), non_blocking=True)
-
-        put(self.input_ids, ids, tokens, 0)
-        put(self.positions, positions, tokens, 0)
-        put(self.slots, slots, tokens, -1)
-        self.cu_seqlens[: seqs + 1].copy_(torch.from_numpy(cu), non_blocking=True)
-        lens = np.zeros(seqs, dtype=np.int32)
-        lens[:b] = context
-        self.context[:seqs].copy_(torch.from_numpy(lens), non_blocking=True)
+        load_padded(self.input_ids, ids, tokens)
+        load_padded(self.positions, positions, tokens)
+        load_padded(self.slots, slots, tokens, fill=-1)
+        # padding sequences hold no tokens: their offsets repeat the last real one
+        load_padded(self.cu_seqlens, np.cumsum([0, *seqlens]), seqs + 1, fill=len(ids))
+        load_padded(self.context, context, seqs)
         if self.tables is not None:
             # entries past a row's context are never read: only the step's columns are written
-            self.tables[:b, : addressing.shape[1]].copy_(torch.from_numpy(addressing), non_blocking=True)
+            rows, width = addressing.shape  # [B, w]
+            self.tables[:rows, :width].copy_(torch.from_numpy(addressing), non_blocking=True)
         else:
-            put(self.starts, addressing, seqs, 0)
+            load_padded(self.starts, addressing, seqs)
 
     # ------------------------------------------------------------------ one step
     def forward(self, bucket: tuple[int, int]) -> torch.Tensor:
