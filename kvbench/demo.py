@@ -32,7 +32,7 @@ from kvbench.paper import FIG2_OCCUPANCY, FIG13_BATCHED, FIG13_RATE, PAPER_NAMES
 from kvbench.report.format import percent, significant
 from kvbench.report.tables import markdown_table
 from kvbench.results.files import write_json, write_run_atomically, write_text
-from kvbench.results.outputs import prepare_out
+from kvbench.results.outputs import prepare_outs
 from kvbench.simulate import simulate, write_result
 from kvbench.sweep.cell import config_differences
 from workloads.spec import WorkloadSpec
@@ -114,8 +114,10 @@ def run_demo(
     out: Path, num_requests: int = 1000, seed: int = 0, trace: str = "sharegpt-paper", real: bool = False
 ) -> list[DemoRow]:
     """Every engine into `out/<engine>`, then demo.json and demo.md; a previous demo there is
-    replaced (`kvbench.results.outputs`), anything else refused before the first run."""
-    prepare_out(out, "demo")
+    replaced (`kvbench.results.outputs`), anything else refused before the first run: the folder,
+    each engine's run folder and the report's."""
+    engines = [(out / engine, "run", True) for engine in DEMO_ENGINES]
+    prepare_outs((out, "demo", False), *engines, (out / "report", "report", False))
     rows = []
     for engine in DEMO_ENGINES:
         if real:

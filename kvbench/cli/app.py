@@ -219,6 +219,8 @@ def demo(
     if mode not in ("auto", "simulate", "real"):
         raise KvbenchError(f"--mode {mode!r}: choose auto, simulate or real")
     real = mode == "real" or (mode == "auto" and opt.has_cuda())
+    if real and not opt.has_cuda():  # before --out is made: a refused demo leaves nothing behind
+        raise KvbenchError("--mode real: torch sees no CUDA GPU here; --mode simulate runs on the CPU")
     default = 100 if real else 1000
     count = default if num_requests is None else num_requests  # 0 is refused (flag_ranges), not replaced
     if real:

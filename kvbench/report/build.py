@@ -15,6 +15,7 @@ from pathlib import Path
 from kvbench.report.tables import discover
 from kvbench.results.files import write_json, write_run_atomically, write_text
 from kvbench.results.outputs import MARKER, prepare_out
+from kvbench.results.ownership import files_under
 
 
 def default_out(paths: Sequence[Path]) -> Path:
@@ -45,7 +46,9 @@ def write_report(paths: Sequence[Path], out: Path | None = None) -> tuple[Path, 
         ]
         write_text(folder / "report.html", render_html(results, figures, sweep_figures, folder, created))
         write_text(folder / "report.md", render_markdown(results, figures, sweep_figures, folder, created))
-        write_json(folder / MARKER, {"kind": "report"})
+        # the files listed are the report's own: a figure a later report no longer draws goes with
+        # this one, whatever else a user adds here stays (kvbench.results.ownership)
+        write_json(folder / MARKER, {"kind": "report", "files": files_under(folder)})
 
     write_run_atomically(out, write)
     return out / "report.html", out / "report.md"

@@ -35,6 +35,7 @@ from operator import attrgetter
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
+from kvbench.results.ownership import carry_foreign
 
 
 def environment() -> dict:
@@ -220,7 +221,8 @@ def write_run_atomically(out: Path, write: Callable[[Path], None]) -> None:
     """Call `write(tmp_dir)` and make its files appear at `out` all at once.
 
     `out`, if it exists, is a folder kvbench wrote (the commands check with `prepare_out`):
-    it is replaced whole.
+    kvbench's files in it are replaced, and anything else a user put there moves into the new
+    copy at the same path (`kvbench.results.ownership`).
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -230,6 +232,7 @@ def write_run_atomically(out: Path, write: Callable[[Path], None]) -> None:
     try:
         write(tmp)
         if out.is_dir() and not out.is_symlink():
+            carry_foreign(out, tmp)
             old = temp_path(out, "old")
             os.replace(out, old)
             os.replace(tmp, out)

@@ -32,8 +32,8 @@ from pathlib import Path
 
 from kvbench.errors import KvbenchError
 from kvbench.results.files import remove_stale_temps, temp_path, write_json
+from kvbench.results.ownership import MARKER  # a demo, report or reproduction folder's {"kind": ...}
 
-MARKER = "kvbench.json"  # {"kind": ...}: a folder kvbench made for a demo, report or reproduction
 PLOT_TAG = "kvbench trace plot"  # in a trace plot's PNG and SVG metadata (kvbench/report/trace_plot.py)
 REPLACE, RESUME, REFUSE = "replace", "resume", "refuse"  # what becomes of an existing result
 
@@ -57,14 +57,45 @@ def _json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _marked(kind: str, *legacy: str) -> Callable[[Path], bool]:
-    """Marked with `kind`, or holding every file in `legacy` (what that kind held before)."""
+def _marked(kind: str, legacy: Callable[[Path], bool] | None = None) -> Callable[[Path], bool]:
+    """Marked with `kind`, or (`legacy`) holding what kvbench wrote into that kind before the marker:
+    recognised by the content kvbench gave those files, not by their names alone (a user's own
+    report.md is not a kvbench report)."""
 
     def check(folder: Path) -> bool:
         marked = (_json(folder / MARKER) or {}).get("kind") == kind
-        return marked or (bool(legacy) and all((folder / name).is_file() for name in legacy))
+        return marked or (legacy is not None and legacy(folder))
 
     return check
+
+
+def _starts(path: Path, text: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(len(text)) == text
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _old_demo(folder: Path) -> bool:
+    rows = (_json(folder / "demo.json") or {}).get("rows")
+    return isinstance(rows, list) and all(isinstance(r, dict) and "engine" in r for r in rows)
+
+
+def _old_report(folder: Path) -> bool:
+    try:
+        head = (folder / "report.html").read_text(encoding="utf-8")[:4096]
+    except (OSError, UnicodeDecodeError):
+        return False
+    return "<title>kvbench report</title>" in head and (folder / "report.md").is_file()
+
+
+def _old_reproduction(folder: Path) -> bool:
+    return _starts(folder / "reproduce.md", "# kvbench reproduce")
+
+
+def _old_sweep(folder: Path) -> bool:
+    return {"axes", "base_config"} <= set(_json(folder / "sweep.json") or {})
 
 
 def is_run(folder: Path) -> bool:
@@ -107,11 +138,11 @@ def _is_kernels(folder: Path) -> bool:
 
 KINDS = {
     "run": Kind("a run folder", True, REFUSE, is_run),
-    "sweep": Kind("a sweep folder", True, RESUME, _marked("sweep", "sweep.json")),
-    "demo": Kind("a demo folder", True, REPLACE, _marked("demo", "demo.json"), marked=True),
-    "report": Kind("a report folder", True, REPLACE, _marked("report", "report.html", "report.md")),
+    "sweep": Kind("a sweep folder", True, RESUME, _marked("sweep", _old_sweep)),
+    "demo": Kind("a demo folder", True, REPLACE, _marked("demo", _old_demo), marked=True),
+    "report": Kind("a report folder", True, REPLACE, _marked("report", _old_report)),
     "reproduce": Kind(
-        "a reproduction folder", True, RESUME, _marked("reproduce", "reproduce.md"), marked=True
+        "a reproduction folder", True, RESUME, _marked("reproduce", _old_reproduction), marked=True
     ),
     "calibration": Kind("a calibration file", False, REPLACE, _is_calibration),
     "plot": Kind("a trace plot", False, REPLACE, _is_plot),
@@ -121,9 +152,14 @@ KINDS = {
 
 
 def prepare_plot(out: Path | str, flag: str = "--out") -> list[Path]:
-    """`prepare_out` for a figure's PNG and its SVG twin (`out` with either suffix)."""
+    """`prepare_out` for a figure's PNG and its SVG twin (`out` with either suffix: another one
+    would be written under names the user did not give)."""
     out = Path(out)
     _named(out, "file", f"{flag} {shown(out)}")
+    if out.suffix.lower() not in (".png", ".svg"):
+        raise KvbenchError(
+            f"{flag} {shown(out)}: name a .png or .svg file (kvbench writes the figure as both)"
+        )
     return [prepare_out(out.with_suffix(suffix), "plot", flag=flag) for suffix in (".png", ".svg")]
 
 
@@ -153,6 +189,16 @@ def prepare_out(path: Path | str, kind: str, overwrite: bool = False, flag: str 
     return path
 
 
+def prepare_outs(*outs: tuple[Path, str, bool]) -> list[Path]:
+    """`prepare_out` for the several outputs of one command ((path, kind, overwrite) each): every
+    refusal before any folder is probed or made, so a refused command changes nothing at all."""
+    for path, kind, overwrite in outs:
+        path = Path(path)
+        _named(path, "folder" if KINDS[kind].folder else "file", f"--out {shown(path)}")
+        _refusals(path, KINDS[kind], overwrite, f"--out {shown(path)}")
+    return [prepare_out(path, kind, overwrite) for path, kind, overwrite in outs]
+
+
 def _named(path: Path, noun: str, where: str) -> None:
     if path.name in ("", ".", ".."):  # typer reads `--out ''` as "."
         raise KvbenchError(f"{where}: name a new {noun}, not the current or a parent folder")
@@ -160,6 +206,14 @@ def _named(path: Path, noun: str, where: str) -> None:
 
 def _check(path: Path, spec: Kind, overwrite: bool, where: str) -> None:
     """Refusals first, then the probes: a refused path and its folder are left as they were."""
+    ancestor = _refusals(path, spec, overwrite, where)
+    if path.is_dir():
+        _probe(path, where)
+    _probe(ancestor, where)
+
+
+def _refusals(path: Path, spec: Kind, overwrite: bool, where: str) -> Path:
+    """Raise where `path` may not take `spec`'s output; returns its nearest existing folder."""
     if path.is_symlink():
         raise KvbenchError(f"{where} is a link: kvbench writes only paths it creates; give its target")
     ancestor = path.parent
@@ -169,9 +223,7 @@ def _check(path: Path, spec: Kind, overwrite: bool, where: str) -> None:
         raise KvbenchError(f"{where}: {shown(ancestor)} is a file, not a folder")
     if os.path.lexists(path):
         _check_existing(path, spec, overwrite, where)
-        if path.is_dir():
-            _probe(path, where)
-    _probe(ancestor, where)
+    return ancestor
 
 
 def _check_existing(path: Path, spec: Kind, overwrite: bool, where: str) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
 from kvbench.results.outputs import prepare_out
+from kvbench.results.ownership import is_temp, remove_owned
 from kvbench.sweep.cell import Outcome, config_differences
 from kvbench.sweep.deadline import Deadline, expected_s
 from kvbench.sweep.executor import CellJob, Executor, LocalExecutor
@@ -236,14 +237,13 @@ def _prepare_folder(out: Path, resume: bool, overwrite: bool) -> None:
             raise KvbenchError(
                 f"--out {out} is not empty: --resume continues that sweep, --overwrite replaces it"
             )
-        for name in OUR_FILES:
-            target = out / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+        for name in OUR_FILES:  # kvbench's files only: what a user put among the cells stays
+            remove_owned(out / name)
     (out / "cells").mkdir(parents=True, exist_ok=True)
-    # what a killed sweep leaves: a cell's or a table's temporary copy (names starting with ".")
-    leftovers = [*(out / "cells").glob(".*"), *(p for name in OUR_FILES for p in out.glob(f".{name}.*"))]
+    # what a killed sweep leaves: a cell's or a table's temporary copy
+    leftovers = [p for folder in (out, out / "cells") for p in folder.iterdir() if is_temp(p.name)]
     for stale in leftovers:
-        shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
+        shutil.rmtree(stale) if stale.is_dir() and not stale.is_symlink() else stale.unlink(missing_ok=True)
 
 
 def _baseline_cells(plan: SweepPlan, grid: list[Cell]) -> list[Cell]:
