@@ -12,8 +12,11 @@
 #   fig2-13          Figures 2 and 13 at OPT-13B, seeds 0-2 (`--repeats 3`: finished runs are resumed, so it
 #                    goes on with the first seed not done; one seed is about 10.5 GPU-minutes)
 #                    (results/reproduce/opt-13b-h200)
-#   fig19            Figure 19 at OPT-13B (recompute vs swap at block sizes 1, 16, 256), 3 seeds
-#                    (results/reproduce/opt-13b-h200/fig19)
+#   fig19            Figure 19 at OPT-13B (recompute vs swap at block sizes 1, 16, 256), 3 seeds of 100
+#                    requests a run: the calibrated simulator gives each run 73-122 preemptions and
+#                    44-54 s (`reproduce fig19 --mode simulate --cost-model
+#                    results/reproduce/opt-13b-h200/calibration/cost.json --num-requests 100`), about
+#                    6 GPU-minutes a seed (results/reproduce/opt-13b-h200/fig19)
 #   vmm-real         vmm sync and ahead beside orca-oracle and paged (results/reference/vmm-real)
 #   hybrid-arxiv     Gemma 3 12B on arxiv-sum, four allocators, 3 seeds (results/reference/hybrid-real)
 #   mla-dense        DeepSeek-V2-Lite beside Llama-3.1-8B at one KV budget (results/reference/mla-vs-dense)
@@ -121,7 +124,7 @@ for job in "$@"; do
     fig19)
       folder=results/reproduce/opt-13b-h200
       timeout $left "${KVBENCH[@]}" reproduce --deadline-s $((left - 15)) fig19 --mode real --model opt-13b \
-        --num-requests 200 --repeats 3 --out $folder ;;
+        --num-requests 100 --repeats 3 --out $folder ;;
     vmm-real)
       folder=results/reference/vmm-real
       timeout $left python benchmarks/vmm_real.py --out $folder \
