@@ -102,7 +102,8 @@ BAD_FLAGS = [
     *[(SWEEP, (flag, v), flag) for flag, v in (
         ("--cell-timeout", "nan"), ("--cell-timeout", "-1"), ("--cell-timeout", "0"), ("--bisect", "1000"),
         ("--baseline-rate", "nan"), ("--latency-threshold", "-1"), ("--threshold-multiple", "nan"),
-        ("--parallel-gpus", "0"), ("--ray-retries", "-1"), ("--repeats", "0"), ("--num-requests", "0"))],
+        ("--parallel-gpus", "0"), ("--ray-retries", "-1"), ("--repeats", "0"), ("--num-requests", "0"),
+        ("--threshold-multiple", "1"), ("--threshold-multiple", "0.5"))],
     (("trace", "make", "fixed:prompt=4,output=4"), ("--arrivals", "all", "--rate", "3"), "--arrivals all"),
     (("trace", "make", "fixed:prompt=4,output=4"), ("--rate", "nan"), "--rate"),
     (("reproduce", "--quick"), ("--num-requests", "0"), "--num-requests"),

@@ -191,7 +191,7 @@ def _check_counts(repeats, bisect, multiple, threshold, baseline_rate, baseline_
     for flag, ok, value, what in (
         ("--repeats", repeats >= 1, repeats, "an integer >= 1"),
         ("--bisect", bisect >= 0, bisect, "an integer >= 0"),
-        ("--threshold-multiple", multiple > 0, multiple, "positive"),
+        ("--threshold-multiple", multiple > 1, multiple, "a finite number > 1"),
         ("--latency-threshold", threshold is None or threshold > 0, threshold, "positive"),
         ("--baseline-rate", baseline_rate > 0, baseline_rate, "positive"),
         ("--baseline-requests", baseline_requests >= 1, baseline_requests, "an integer >= 1"),
