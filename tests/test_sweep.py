@@ -475,10 +475,10 @@ def test_bad_sweep_input_is_one_line(tmp_path, args, message):
 
 
 def test_duration_gives_every_rate_a_trace_of_that_length(tmp_path):
-    """--duration: rate x duration requests per loaded cell (at least 20), whatever --num-requests
-    says; the sweep records it, so a resume with another duration is refused as other settings."""
+    """--duration: rate x duration requests per loaded cell (at least 20); the sweep records it, so
+    a resume with another duration is refused as other settings."""
     out = tmp_path / "d"
-    args = ["sweep", "--engines", "paged", "--rates", "1,4", "--kv-cache-gib", "4", "--num-requests", "7",
+    args = ["sweep", "--engines", "paged", "--rates", "1,4", "--kv-cache-gib", "4",
             "--latency-threshold", "1", "--duration", "10", "--out", str(out)]  # fmt: skip
     proc = kvbench(*args)
     assert proc.returncode == 0, proc.stderr
