@@ -130,7 +130,8 @@ RANGES: dict[str, Range] = {
     "cell_timeout": POSITIVE,
     "deadline_s": POSITIVE,  # seconds this invocation may run
     "latency_threshold": POSITIVE,
-    "threshold_multiple": POSITIVE,
+    # the default bound is this many times the lowest unloaded latency: at 1 or below, every rate fails
+    "threshold_multiple": Range(1, low_open=True),
     "bisect": Range(0, 64),  # each round is one more rate per engine
     "bracket": POSITIVE,  # relative width (first fail - last pass) / last pass
     "baseline_rate": POSITIVE,

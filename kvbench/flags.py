@@ -31,6 +31,11 @@ class Flag:
         return [name, repr(value) if isinstance(value, float) else str(value)]
 
     @property
+    def option(self) -> str:
+        """The flag as a message names it, its first spelling: `--trace`, `--cuda-graphs`."""
+        return (self.flag or "--" + self.field.replace("_", "-")).split("/")[0]
+
+    @property
     def name(self) -> str:
         """The Python parameter name typer gives this flag."""
         return self.flag.split("/")[0].lstrip("-").replace("-", "_") if self.flag else self.field

@@ -102,7 +102,8 @@ BAD_FLAGS = [
     *[(SWEEP, (flag, v), flag) for flag, v in (
         ("--cell-timeout", "nan"), ("--cell-timeout", "-1"), ("--cell-timeout", "0"), ("--bisect", "1000"),
         ("--baseline-rate", "nan"), ("--latency-threshold", "-1"), ("--threshold-multiple", "nan"),
-        ("--parallel-gpus", "0"), ("--ray-retries", "-1"), ("--repeats", "0"), ("--num-requests", "0"))],
+        ("--parallel-gpus", "0"), ("--ray-retries", "-1"), ("--repeats", "0"), ("--num-requests", "0"),
+        ("--threshold-multiple", "1"), ("--threshold-multiple", "0.5"))],
     (("trace", "make", "fixed:prompt=4,output=4"), ("--arrivals", "all", "--rate", "3"), "--arrivals all"),
     (("trace", "make", "fixed:prompt=4,output=4"), ("--rate", "nan"), "--rate"),
     (("reproduce", "--quick"), ("--num-requests", "0"), "--num-requests"),
@@ -120,6 +121,43 @@ def test_a_bad_flag_is_one_line_naming_it(tmp_path, capsys, monkeypatch, command
         argv += ["--out", str(out / "trace.jsonl" if command[0] == "trace" else out)]
     assert_one_error(*kvbench(capsys, monkeypatch, *argv), name)
     assert not out.exists()  # refused before anything was written
+
+
+IGNORED = [  # sweep flags another flag or the mode would drop: (extra flags, what the line names)
+    (("--cell-timeout", "5"), ("--cell-timeout 5", "--isolate")),
+    (("--latency-threshold", "1", "--threshold-multiple", "3"), ("threshold 1", "threshold-multiple 3")),
+    (("--duration", "10"), ("--num-requests 5", "--duration 10", "--baseline-requests")),
+    (("--temperature", "0.7"), ("--temperature 0.7", "--real")),
+    (("--device", "cpu"), ("--device cpu", "--real")),
+    (("--hf-batch-size", "4"), ("--hf-batch-size 4", "--real")),
+    (("--no-cuda-graphs",), ("--no-cuda-graphs", "--real")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "names"), IGNORED, ids=lambda v: " ".join(v))
+def test_a_sweep_flag_that_would_be_ignored_is_refused(tmp_path, capsys, monkeypatch, args, names):
+    """Each would have run a sweep whose cells record something else than the flag asked for: the
+    timeout never stops an in-process cell, a given threshold overrides the multiple, --duration
+    sets every loaded cell's count, and simulated cells decode nothing (their config records
+    temperature 0 whatever was given)."""
+    out = tmp_path / "out"
+    assert_one_error(*kvbench(capsys, monkeypatch, *SWEEP, *args, "--out", str(out)), *names)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--isolate", "--cell-timeout", "300", "--latency-threshold", "1"),
+        ("--parallel-gpus", "2", "--cell-timeout", "300", "--latency-threshold", "1"),  # children: isolated
+        ("--threshold-multiple", "1.5"),
+    ],
+    ids=" ".join,
+)
+def test_the_same_sweep_flags_in_their_own_setting_still_run(tmp_path, capsys, monkeypatch, args):
+    code, out, err = kvbench(capsys, monkeypatch, *SWEEP, *args, "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "failed)" in out and "0 failed" in out
 
 
 def test_triton_attention_needs_cuda(tmp_path, capsys, monkeypatch):

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,9 +32,11 @@ from kvbench.sweep.grid import (
 )
 from kvbench.sweep.plan import SustainedOptions, SweepPlan
 from kvbench.sweep.progress import Progress
-from kvbench.sweep.run import run_sweep
+from kvbench.sweep.run import OtherSettings, run_sweep
 from kvbench.sweep.stats import bisect_rate, bracket_width, mean_ci95, ratio_interval, sustained_rate, t975
 from tests.support import sweep_stopped_after_its_first_cell
+from tests.test_bad_flags import assert_one_error
+from tests.test_bad_flags import kvbench as in_process
 from tests.test_cli import kvbench
 from workloads.spec import WorkloadSpec
 
@@ -299,6 +302,98 @@ def test_resume_skips_finished_cells_and_a_full_folder_needs_a_choice(tmp_path):
     assert run_sweep(p, out, overwrite=True, progress=quiet()).ran == 4
 
 
+RESUMED = ("sweep", "--model", "tiny-opt", "--kv-cache-gib", "0.002", "--trace", "fixed:prompt=4,output=4",
+           "--num-requests", "5", "--bisect", "1")  # fmt: skip
+
+
+def resumed_sweep(capsys, monkeypatch, out: Path, *args: str, engines="paged", rates="1,2"):
+    """`kvbench sweep` in this process on a tiny grid: (exit code, stdout, stderr)."""
+    command = (*RESUMED, "--engines", engines, "--rates", rates, *args, "--out", str(out))
+    return in_process(capsys, monkeypatch, *command)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"args": ("--seeds", "3")}, "--seeds: 0 there, 3 now; a resume may add values, not drop them"),
+        ({"engines": "vmm"}, "--engines: paged there, vmm now; a resume may add values"),
+        ({"rates": "1"}, "--rates: 1,2 there, 1 now"),
+        ({"args": ("--step-by-step",)}, "--step-by-step: off there, on now"),
+        ({"args": ("--threshold-multiple", "3")}, "--threshold-multiple: 4 there, 3 now"),
+        ({"args": ("--latency-threshold", "1")}, "--latency-threshold: none there, 1 now"),
+        ({"args": ("--bisect", "0")}, "the bisection: --bisect 1 there, --bisect 0 now; a resumed bisection"),
+        ({"args": ("--bracket", "0.5")}, "the bisection: --bisect 1 there, --bisect 1 --bracket 0.5 now"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else " ".join(v.get("args", ())) or str(v),
+)
+def test_a_resume_that_would_not_continue_the_folders_sweep_is_refused(tmp_path, capsys, monkeypatch,
+                                                                       change, named):  # fmt: skip
+    """The resume would rewrite sweep.json, sweep.csv and sustained.csv for its own grid or bound
+    while the folder's cells stay, so `kvbench compare` would mix the two: it is refused in one
+    line naming the setting, its saved value and the new one, and no file changes."""
+    out = tmp_path / "s"
+    assert resumed_sweep(capsys, monkeypatch, out)[0] == 0
+    tables = {name: (out / name).read_bytes() for name in ("sweep.json", "sweep.csv", "sustained.csv")}
+    done = resumed_sweep(capsys, monkeypatch, out, "--resume", *change.get("args", ()),
+                         **{k: v for k, v in change.items() if k != "args"})  # fmt: skip
+    line = assert_one_error(*done, f"--resume: {out} ran other settings ({named}")
+    assert line.endswith("use another --out, or --overwrite")
+    assert {name: (out / name).read_bytes() for name in tables} == tables
+
+
+def test_a_resume_may_add_axis_values_take_the_bisection_further_and_run_cells_otherwise(
+    tmp_path, capsys, monkeypatch
+):
+    """Values added to axes (listed in any order), more bisection rounds, and other ways of running
+    cells continue the sweep: its finished cells are found, not run again."""
+    out = tmp_path / "s"
+    assert resumed_sweep(capsys, monkeypatch, out)[0] == 0
+    first = [row["cell_id"] for row in rows_of(out / "sweep.csv")]
+    assert len(first) == 3  # paged's baseline and two rates
+    code, stdout, err = resumed_sweep(
+        capsys, monkeypatch, out, "--resume", "--seeds", "1,0", "--bisect", "2", "--continue-on-error",
+        "--deadline-s", "600", engines="orca-oracle,paged", rates="2,1,4",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "16 cells (13 run, 3 resumed, 0 failed)" in stdout
+    rows = {row["cell_id"]: row for row in rows_of(out / "sweep.csv")}
+    assert set(first) <= set(rows) and {row["status"] for row in rows.values()} == {"ok"}
+    assert json.loads((out / "sweep.json").read_text())["axes"]["seeds"] == [1, 0]
+    # the same command again, in child processes: nothing left to run, nothing refused
+    isolated = ("--isolate", "--cell-timeout", "600")
+    again = resumed_sweep(capsys, monkeypatch, out, "--resume", "--seeds", "0,1", "--bisect", "2", *isolated,
+                          engines="paged,orca-oracle", rates="1,2,4")  # fmt: skip
+    assert again[0] == 0 and "16 cells (0 run, 16 resumed, 0 failed)" in again[1], again[2]
+
+
+def test_a_sweep_saved_before_a_setting_existed_resumes_as_that_settings_default(tmp_path):
+    """A sweep.json lacks the keys of settings added after it was written: each counts as its
+    default (as in a cell's config.json), so the sweep resumes with its original command, and
+    only a non-default value of such a setting makes it another sweep's."""
+    out = tmp_path / "s"
+    p = plan(rates=(1.0, 2.0))
+    run_sweep(p, out, progress=quiet())
+
+    def as_an_older_kvbench_wrote_it() -> None:
+        saved = json.loads((out / "sweep.json").read_text())
+        for section, key in (("axes", "engine_rates"), ("sustained", "bracket"), ("sustained", "extend"),
+                             ("cell_run", "tables"), ("base_config", "chunked_prefill")):  # fmt: skip
+            del saved[section][key]
+        del saved["duration_s"], saved["base_config"]["workload"]["max_history"]
+        (out / "sweep.json").write_text(json.dumps(saved))
+
+    as_an_older_kvbench_wrote_it()
+    assert run_sweep(p, out, resume=True, progress=quiet()).resumed == 2
+    as_an_older_kvbench_wrote_it()
+    shutil.rmtree(out / "cells")  # no finished cell to compare: the sweep.json alone decides
+    chunked = replace(p, base=replace(p.base, chunked_prefill=True))
+    with pytest.raises(OtherSettings, match=r"\(--chunked-prefill: off there, on now\)"):
+        run_sweep(chunked, out, resume=True, progress=quiet())
+    other = replace(p, base=replace(p.base, workload=replace(p.base.workload, num_requests=41)))
+    with pytest.raises(OtherSettings, match=r"\(--num-requests: 40 there, 41 now\)"):
+        run_sweep(other, out, resume=True, progress=quiet())
+
+
 def test_a_failing_cell_is_recorded_or_stops_the_sweep(tmp_path):
     # orca-max reserves 2048 slots per request: more than 1 GiB of OPT-13B KV (1310 slots)
     p = plan(engines=("orca-max", "paged"), rates=(1.0, 2.0), kv=(1.0,), continue_on_error=True)
@@ -380,10 +475,10 @@ def test_bad_sweep_input_is_one_line(tmp_path, args, message):
 
 
 def test_duration_gives_every_rate_a_trace_of_that_length(tmp_path):
-    """--duration: rate x duration requests per loaded cell (at least 20), whatever --num-requests
-    says; the sweep records it, so a resume with another duration is refused as other settings."""
+    """--duration: rate x duration requests per loaded cell (at least 20); the sweep records it, so
+    a resume with another duration is refused as other settings."""
     out = tmp_path / "d"
-    args = ["sweep", "--engines", "paged", "--rates", "1,4", "--kv-cache-gib", "4", "--num-requests", "7",
+    args = ["sweep", "--engines", "paged", "--rates", "1,4", "--kv-cache-gib", "4",
             "--latency-threshold", "1", "--duration", "10", "--out", str(out)]  # fmt: skip
     proc = kvbench(*args)
     assert proc.returncode == 0, proc.stderr

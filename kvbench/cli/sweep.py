@@ -20,9 +20,9 @@ import typer
 
 from kvbench.cli import options as opt
 from kvbench.errors import KvbenchError
-from kvbench.flags import RealOptions
+from kvbench.flags import REAL_FLAGS, RealOptions
 from kvbench.report.format import significant
-from kvbench.sweep.grid import PAPER_ENGINES
+from kvbench.sweep.grid import DURATION_MIN_REQUESTS, PAPER_ENGINES
 from workloads.spec import WorkloadSpec
 
 SHORT_HELP = "Sweep engines x rates x block sizes x budgets x seeds x traces; find sustained rates."
@@ -64,11 +64,12 @@ def _sweep(
         typer.Option(help="Sustained rate: normalized latency (s/token) to stay under (default: see below)."),
     ] = None,
     threshold_multiple: Annotated[
-        float,
+        float | None,
         typer.Option(
-            help="Default threshold, shared by all engines: this many times their lowest unloaded latency."
+            help="Default threshold, shared by all engines: this many times their lowest unloaded latency "
+            "(default 4)."
         ),
-    ] = 4.0,
+    ] = None,
     bisect: Annotated[
         int, typer.Option(help="Bisection rounds per engine between last pass and first fail (a cap).")
     ] = 0,
@@ -121,11 +122,14 @@ def _sweep(
         parse_engines(engines, real_mode), parse_traces(trace), parse_rates(rates),
         parse_block_sizes(block_sizes), parse_budgets(kv_cache_gib), parse_seeds(seeds), repeats,
     )  # fmt: skip
-    _check_counts(repeats, bisect, threshold_multiple, latency_threshold, baseline_rate, baseline_requests)
+    multiple = SustainedOptions().multiple if threshold_multiple is None else threshold_multiple
+    _check_counts(repeats, bisect, multiple, latency_threshold, baseline_rate, baseline_requests)
     if duration is not None and not axes.swept_rates:
         raise KvbenchError("--duration sets each rate's request count: give --rates")
     if not axes.swept_rates and (bisect or latency_threshold is not None or bracket is not None):
         raise KvbenchError("--bisect, --bracket and --latency-threshold find a sustained rate: give --rates")
+    _check_ignored(workload, real, real_mode, duration, latency_threshold, threshold_multiple)
+    _check_timeout(cell_timeout, isolate or (executor == "local" and parallel_gpus > 1))
     options = dict(job_options)
     step_by_step = options.pop("step_by_step")
     percentiles, slo = parse_percentiles(options.pop("percentiles")), parse_slo(options.pop("slo"))
@@ -137,7 +141,7 @@ def _sweep(
     baseline = Baseline(baseline_rate, baseline_requests)
     plan = SweepPlan(
         axes, base, CellRun(real_mode, isolate, step_by_step, cell_timeout),
-        SustainedOptions(latency_threshold, threshold_multiple, bisect, baseline, bracket), continue_on_error,
+        SustainedOptions(latency_threshold, multiple, bisect, baseline, bracket), continue_on_error,
         duration_s=duration,
     )  # fmt: skip
     if not real_mode and not continue_on_error:
@@ -187,11 +191,45 @@ def _executor(name: str, parallel_gpus: int, ray_address: str | None, ray_retrie
     return RayExecutor(ray_address, ray_retries)
 
 
+def _check_ignored(workload, real, real_mode, duration, threshold, multiple) -> None:
+    """Refuse a flag that another flag, or the mode, would silently ignore: the cells would
+    record something other than what the command line asked for."""
+    if duration is not None and workload.num_requests is not None:
+        raise KvbenchError(
+            f"--num-requests {workload.num_requests} and --duration {duration:g} contradict each other: each "
+            f"loaded cell runs rate x duration requests (at least {DURATION_MIN_REQUESTS}); "
+            "--baseline-requests sets the unloaded baselines' count; give one of them"
+        )
+    if threshold is not None and multiple is not None:
+        raise KvbenchError(
+            f"--latency-threshold {threshold:g} and --threshold-multiple {multiple:g} contradict each other: "
+            "a given threshold is used as it is, no multiple of a baseline; give one of them"
+        )
+    if not real_mode:  # the simulator decodes no token: no device, no sampling, no batching of its own
+        defaults = RealOptions()
+        for flag in REAL_FLAGS:
+            value = getattr(real, flag.field)
+            if value != getattr(defaults, flag.field):
+                raise KvbenchError(
+                    f"{' '.join(flag.args(value))} is a setting of real runs, which simulated cells would "
+                    "ignore: add --real, or leave it out"
+                )
+
+
+def _check_timeout(timeout: float | None, isolated: bool) -> None:
+    """--cell-timeout stops a cell's own process; a cell run inside the sweep's cannot be stopped."""
+    if timeout is not None and not isolated:
+        raise KvbenchError(
+            f"--cell-timeout {timeout:g} stops a cell's own process: add --isolate (cells run inside the "
+            "sweep's process otherwise, where nothing stops them)"
+        )
+
+
 def _check_counts(repeats, bisect, multiple, threshold, baseline_rate, baseline_requests) -> None:
     for flag, ok, value, what in (
         ("--repeats", repeats >= 1, repeats, "an integer >= 1"),
         ("--bisect", bisect >= 0, bisect, "an integer >= 0"),
-        ("--threshold-multiple", multiple > 0, multiple, "positive"),
+        ("--threshold-multiple", multiple > 1, multiple, "a finite number > 1"),
         ("--latency-threshold", threshold is None or threshold > 0, threshold, "positive"),
         ("--baseline-rate", baseline_rate > 0, baseline_rate, "positive"),
         ("--baseline-requests", baseline_requests >= 1, baseline_requests, "an integer >= 1"),

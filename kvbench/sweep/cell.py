@@ -24,7 +24,7 @@ import site
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 
@@ -189,25 +189,31 @@ def config_differences(config: RunConfig, folder: Path) -> list[str]:
 
 
 def _differing_fields(wrote: dict, settings: object) -> set[str]:
-    """The fields of the dataclass `settings` whose value differs from the recorded `wrote`.
+    """The fields of the dataclass `settings` whose value differs from the recorded `wrote`."""
+    return {path[0] for path, _, _ in recorded_differences(wrote, settings)}
+
+
+def recorded_differences(
+    wrote: dict, settings: object, within: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], object, object]]:
+    """(field path, recorded value, value now) for each field of the dataclass `settings` that
+    differs from the recorded `wrote`, a nested dataclass field by field (values as JSON holds them).
 
     A field `wrote` lacks was recorded by a kvbench that predates the setting, and every new
     setting's default is the behaviour before it existed: so a missing field differs only when
-    `settings` holds something other than its default. Without this, every cell run before a
-    setting was added would count as another setting's and be run again.
+    `settings` holds something other than its default (then reported as recorded with it).
+    Without this, every cell run before a setting was added would count as another setting's
+    and be run again; a sweep.json (`kvbench.sweep.saved`) is read by the same rule.
     """
-    differs = set()
     for f in fields(settings):
-        value = getattr(settings, f.name)
+        value, path = getattr(settings, f.name), (*within, f.name)
         if f.name not in wrote:
             if _as_json(value) != _default_json(f):
-                differs.add(f.name)
+                yield path, _default_json(f), _as_json(value)
         elif is_dataclass(value) and isinstance(wrote[f.name], dict):
-            if _differing_fields(wrote[f.name], value):
-                differs.add(f.name)
+            yield from recorded_differences(wrote[f.name], value, path)
         elif wrote[f.name] != _as_json(value):
-            differs.add(f.name)
-    return differs
+            yield path, wrote[f.name], _as_json(value)
 
 
 def _as_json(value: object) -> object:

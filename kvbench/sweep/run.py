@@ -52,6 +52,7 @@ from kvbench.sweep.grid import (
 from kvbench.sweep.plan import SweepPlan
 from kvbench.sweep.progress import Progress
 from kvbench.sweep.rounds import sustained_in_rounds, upfront_cells
+from kvbench.sweep.saved import resume_difference
 
 OUR_FILES = ("cells", "sweep.csv", "sweep.json", "sustained.csv")
 
@@ -177,12 +178,16 @@ def _check_same_settings(config: RunConfig, folder: Path) -> None:
 
 
 def _check_resumable(plan: SweepPlan, out: Path, cells: list[Cell]) -> None:
-    """Refuse a resume whose finished cells ran other settings before anything is written: a
-    refused resume leaves the folder's sweep.json and sweep.csv as they were."""
+    """Refuse a resume whose finished cells ran other settings, or whose sweep is not the one
+    sweep.json saved (`kvbench.sweep.saved`: other values on an axis, another bound, ...),
+    before anything is written: a refused resume leaves sweep.json and sweep.csv as they were."""
     for cell in cells:
         folder = out / "cells" / cell.id
         if (folder / "summary.json").is_file():
             _check_same_settings(plan.config(cell), folder)
+    difference = resume_difference(plan, out / "sweep.json")
+    if difference is not None:
+        raise OtherSettings(out, [difference])
 
 
 def run_sweep(
