@@ -28,6 +28,7 @@ from kvbench.modeling.weights import random_model  # noqa: E402
 from kvbench.models import get_model  # noqa: E402
 from kvbench.real.run import run_real  # noqa: E402
 from kvbench.requests import Request  # noqa: E402
+from kvbench.results.load import load_run  # noqa: E402
 from kvbench.simulate import write_result  # noqa: E402
 from workloads.spec import WorkloadSpec  # noqa: E402
 
@@ -177,6 +178,9 @@ def test_results_mark_external_and_leave_occupancy_absent(runs, tmp_path):
             assert summary["num_slots"] == summary["hf_num_blocks"] * 16 and summary["num_steps"] is None
             assert summary["num_preemptions"] is None and {r["num_preemptions"] for r in rows} == {""}
             assert len(steps) == 1
+        # what it does not observe (null counts, empty columns) loads as kvbench wrote it
+        loaded = load_run(tmp_path / engine)
+        assert loaded.summary == summary and len(loaded.requests) == 8 and len(loaded.steps) == len(steps) - 1
 
 
 def test_busy_and_waiting_time_from_observed_requests():

@@ -10,7 +10,10 @@ collectors add step columns (torch/NVML memory, roofline) and metrics add summar
 time, and an older folder without them must still load. A file that is broken (not UTF-8, a
 short or long line from a truncated write, a word where a number belongs) is refused with
 one line naming the file, the line and the column (`KvbenchError`), never a traceback or a
-silently wrong plot.
+silently wrong plot. So is a run folder whose files parse but do not hold what kvbench writes:
+a key kvbench always writes missing, a negative count, a NaN where kvbench writes a number, a
+steps.csv or requests.csv without its header or without the rows summary.json counts
+(`kvbench.results.checks`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.errors import KvbenchError
+from kvbench.results.checks import check_requests, check_run_summary, check_steps
 from kvbench.results.files import read_json
 from kvbench.results.packed import table_bytes, table_path
 from kvbench.results.shape import (
@@ -168,19 +172,31 @@ class Run:
 
 
 def _summary_and_config(path: Path) -> tuple[dict, dict]:
+    """summary.json with every key kvbench writes (`checks.check_run_summary`), and config.json."""
     summary = check_summary(path / "summary.json", read_json(path / "summary.json"))
     if not summary:
         raise KvbenchError(f"{path}: {NOT_RESULTS}")
+    check_run_summary(path / "summary.json", summary)
     return summary, check_config(path / "config.json", read_json(path / "config.json"))
 
 
+def _table(path: Path, text: Collection[str], check, summary: dict) -> pd.DataFrame:
+    """A run's steps.csv or requests.csv, checked against its summary where the folder has it
+    (a sweep may leave both out); an empty DataFrame where it has not."""
+    found = table_path(path)
+    frame = read_csv(path, text=text)
+    return frame if found is None else check(found, frame, summary)
+
+
 def load_run(path: Path | str, label: str | None = None) -> Run:
-    """The run folder at `path` (summary.json, config.json, env.json, steps.csv, requests.csv)."""
+    """The run folder at `path` (summary.json, config.json, env.json, steps.csv, requests.csv),
+    every file checked to hold what kvbench writes (`kvbench.results.checks`)."""
     path = Path(path)
     summary, config = _summary_and_config(path)
     return Run(
         path, label or path.name, summary, config, read_json(path / "env.json"),
-        read_csv(path / "steps.csv", text=STEP_TEXT), read_csv(path / "requests.csv", text=()),
+        _table(path / "steps.csv", STEP_TEXT, check_steps, summary),
+        _table(path / "requests.csv", (), check_requests, summary),
     )  # fmt: skip
 
 
