@@ -306,8 +306,24 @@ def test_a_figure_of_other_settings_is_run_again_and_said_so(tmp_path):
     before = counts()
     again = kvbench(*args, "--num-requests", "28")
     assert again.returncode == 0, again.stderr
-    assert "ran other settings (workload): the figure's runs in" in again.stderr
+    assert "ran other settings (workload): its runs replaced, the figure's start again" in again.stderr
     assert len(before) == len(counts()) == 1 and counts() != before
+    assert not list(tmp_path.rglob("earlier"))  # simulated runs are cheap: replaced, not kept
+
+
+def test_real_runs_of_other_settings_are_set_aside_not_deleted(tmp_path):
+    """A real figure's sweep made with other settings moves to `<seed>/earlier/<sweep>` (then
+    `<sweep>-2`, ...) whole, a user's file in it included: real runs cost GPU time."""
+    from kvbench.reproduce.sweeps import set_aside
+
+    seed = tmp_path / "fig12" / "seed-0"
+    for n in (1, 2, 3):
+        (seed / "alpaca-paper" / "cells").mkdir(parents=True)
+        (seed / "alpaca-paper" / "notes.txt").write_text(f"{n}\n")
+        kept = set_aside(seed / "alpaca-paper")
+        assert kept == seed / "earlier" / ("alpaca-paper" if n == 1 else f"alpaca-paper-{n}")
+        assert (kept / "notes.txt").read_text() == f"{n}\n" and (kept / "cells").is_dir()
+    assert sorted(p.name for p in seed.iterdir()) == ["earlier"]
 
 
 REAL_ENGINES = ("orca-oracle", "paged")  # the real reproduction's grid: two engines, three requests

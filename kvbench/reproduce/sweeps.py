@@ -29,7 +29,7 @@ from kvbench.paper import (
 )
 from kvbench.report.figures import PlotSkipped, plot_block_size, plot_latency_vs_rate
 from kvbench.report.style import pyplot, save
-from kvbench.reproduce.rows import FigureResult, Options, Row, find
+from kvbench.reproduce.rows import SET_ASIDE, FigureResult, Options, Row, find
 from kvbench.reproduce.verdicts import (
     Interval,
     Verdict,
@@ -129,10 +129,26 @@ def sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes,
     if (folder / "sweep.json").is_file():
         try:  # an interrupted figure resumes: finished cells of these settings are kept
             return run_sweep(plan, folder, resume=True, deadline=options.deadline)
-        except OtherSettings as other:  # another setting's sweep: replaced, and said so
-            print(f"reproduce: {other.folder} ran {other.settings}: the figure's runs in {folder} run again",
-                  file=sys.stderr)  # fmt: skip
+        except OtherSettings as other:  # another setting's sweep: set aside or replaced, and said so
+            kept = set_aside(folder) if s.real else None
+            where = f"set aside in {kept}" if kept else "replaced"
+            said = f"{other.folder} ran {other.settings}: its runs {where}, the figure's start again"
+            print(f"reproduce: {said}", file=sys.stderr)
     return run_sweep(plan, folder, overwrite=True, deadline=options.deadline)
+
+
+def set_aside(folder: Path) -> Path:
+    """Move a sweep of real runs made with other settings to `<seed folder>/earlier/<sweep>[-n]/`
+    rather than deleting it: its runs cost GPU time, and the other settings may have been the
+    right ones. Runs there are no figure's (`rows.SET_ASIDE`)."""
+    target = folder.parent / SET_ASIDE / folder.name
+    n = 1
+    while target.exists():
+        n += 1
+        target = folder.parent / SET_ASIDE / f"{folder.name}-{n}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    folder.rename(target)
+    return target
 
 
 PLACEMENT_BRACKET = 0.02  # the calibrated simulation bisects each sustained rate this fine
