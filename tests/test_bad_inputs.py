@@ -548,6 +548,26 @@ def test_max_total_len_says_how_many_requests_it_dropped(timed_trace, tmp_path):
     assert "dropped_requests" not in json.loads((tmp_path / "plain" / "summary.json").read_text())
 
 
+def test_num_requests_above_a_replayed_files_rows_is_refused(timed_trace, tmp_path):
+    """Four rows replayed for --num-requests 100 would record 100 requests in config.json and run
+    four: refused before the run, naming the file and what it holds, in the window and after
+    --max-total-len too; a count the file holds still cuts the replay to its first rows."""
+    refused(
+        simulate(timed_trace, tmp_path / "out", "--num-requests", "100"),
+        f"--num-requests 100: {timed_trace} has 4 rows;", "at most 4",
+    )  # fmt: skip
+    assert not (tmp_path / "out").exists()
+    window = simulate(timed_trace, tmp_path / "w", "--num-requests", "3", "--window-start", "2")
+    refused(window, "--num-requests 3", "has 4 rows, 2 of them in the --window-start", "at most 2")
+    short = simulate(timed_trace, tmp_path / "m", "--num-requests", "3", "--max-total-len", "20")
+    refused(short, "--num-requests 3", "has 4 rows, 2 within --max-total-len 20", "at most 2")
+    for count in ("4", "2"):
+        result = simulate(timed_trace, tmp_path / count, "--num-requests", count)
+        assert result.exit_code == 0, result.output
+        summary = json.loads((tmp_path / count / "summary.json").read_text())
+        assert summary["num_requests"] == summary["completed"] == int(count)
+
+
 def test_no_file_is_left_behind_by_a_refused_checkpoint(checkpoints, tmp_path):
     """kvbench reads checkpoint folders; a refusal must not write into them."""
     folder = tmp_path / "llama"

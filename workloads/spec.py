@@ -296,12 +296,15 @@ def _arrivals(spec: WorkloadSpec, cols: Columns, timestamps: bool, rng: np.rando
                 "--arrivals poisson to draw arrivals at that rate, or --time-scale to replay faster"
             )
         index, times = arrivals.replay(
-            cols.arrival_s, spec.time_scale, spec.window_start_s, spec.window_duration_s, spec.num_requests
+            cols.arrival_s, spec.time_scale, spec.window_start_s, spec.window_duration_s
         )
         if len(index) == 0:
             raise KvbenchError(
                 f"{spec.source}: no request lies in the --window-start/--window-duration window"
             )
+        _check_enough_rows(spec, cols, len(index))
+        if spec.num_requests is not None:
+            index, times = index[: spec.num_requests], times[: spec.num_requests]
         picked = cols.take(index)
         picked.arrival_s = times
         return picked
@@ -321,6 +324,24 @@ def _arrivals(spec: WorkloadSpec, cols: Columns, timestamps: bool, rng: np.rando
         }[kind]()
     cols.arrival_s = process.times(len(cols), rng)
     return cols
+
+
+def _check_enough_rows(spec: WorkloadSpec, cols: Columns, available: int) -> None:
+    """Refuse a --num-requests above the `available` requests a replayed file holds (in the
+    window, after --max-total-len): replaying what is there would run fewer requests than
+    config.json records. Text datasets refuse it likewise (`workloads.text`)."""
+    if spec.num_requests is None or spec.num_requests <= available:
+        return
+    held = f"{spec.source} has {len(cols)} rows"
+    if "dropped_of" in cols.extra:
+        of, limit = cols.extra["dropped_of"], spec.max_total_len
+        held = f"{spec.source} has {of} rows, {len(cols)} within --max-total-len {limit}"
+    if available < len(cols):
+        held += f", {available} of them in the --window-start/--window-duration window"
+    raise KvbenchError(
+        f"--num-requests {spec.num_requests}: {held}; give at most {available}, or leave "
+        "--num-requests out to replay them all"
+    )
 
 
 def _describe(spec: WorkloadSpec) -> dict:
