@@ -329,22 +329,42 @@ def test_calibrate_refuses_a_simulated_run_and_a_nan_row(tmp_path, capsys, monke
     assert all(json.loads(cost.read_text())[key] >= 0 for key in ("fixed_s", "per_token_s", "per_kv_token_s"))
 
 
-COST_FILES = {
+COST_FILES = {  # each a file of SIMULATE's model but for what is wrong with it
     "nan": (
-        '{"fixed_s": NaN, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}',
+        '{"model": "tiny-opt", "fixed_s": NaN, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}',
         "'fixed_s' must be a finite number",
     ),
-    "inf": ('{"fixed_s": 0.01, "per_token_s": Infinity, "per_kv_token_s": 1e-8}', "'per_token_s'"),
-    "negative": ('{"fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": -1e-8}', "'per_kv_token_s'"),
-    "string": ('{"fixed_s": "1", "per_token_s": 1e-5, "per_kv_token_s": 1e-8}', "'fixed_s'"),
+    "inf": (
+        '{"model": "tiny-opt", "fixed_s": 0.01, "per_token_s": Infinity, "per_kv_token_s": 1e-8}',
+        "'per_token_s'",
+    ),
+    "negative": (
+        '{"model": "tiny-opt", "fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": -1e-8}',
+        "'per_kv_token_s'",
+    ),
+    "string": (
+        '{"model": "tiny-opt", "fixed_s": "1", "per_token_s": 1e-5, "per_kv_token_s": 1e-8}',
+        "'fixed_s'",
+    ),
     "swap nan": (
-        '{"fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8, "per_swap_block_s": NaN}',
+        '{"model": "tiny-opt", "fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8, '
+        '"per_swap_block_s": NaN}',
         "'per_swap_block_s'",
+    ),
+    "no model": ('{"fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}', "names no model"),
+    "null model": (
+        '{"model": null, "fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}',
+        "names no model",
+    ),
+    "other model": (
+        '{"model": "opt-13b", "fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}',
+        "fitted on opt-13b, not on --model tiny-opt",
     ),
     "a list": ("[0.01, 1e-5, 1e-8]", "expected a JSON object"),
     "missing": ('{"fixed_s": 0.01}', "no 'per_token_s'"),
     "truncated": ('{"fixed_s": 0.01, "per_tok', "not valid JSON"),
     "no file": (None, "no such file"),
+    "a folder": ("FOLDER", "is a folder, not a kvbench calibrate file"),
 }
 
 
@@ -352,7 +372,9 @@ COST_FILES = {
 def test_a_bad_cost_model_file_is_one_line(tmp_path, capsys, monkeypatch, case):
     text, message = COST_FILES[case]
     path = tmp_path / "cost.json"
-    if text is not None:
+    if text == "FOLDER":
+        path.mkdir()
+    elif text is not None:
         path.write_text(text)
     done = kvbench(capsys, monkeypatch, *SIMULATE, "--cost-model", str(path), "--out", str(tmp_path / "x"))
     assert assert_one_error(*done, message).startswith(f"error: --cost-model {path}: ")
@@ -362,7 +384,8 @@ def test_a_bad_cost_model_file_is_one_line(tmp_path, capsys, monkeypatch, case):
 def test_a_valid_cost_model_file_still_prices_steps(tmp_path, capsys, monkeypatch):
     path = tmp_path / "cost.json"
     path.write_text(
-        '{"fixed_s": 0.01, "per_token_s": 0, "per_kv_token_s": 1e-8, "per_prefill_token_s": null}'
+        '{"model": "tiny-opt", "fixed_s": 0.01, "per_token_s": 0, "per_kv_token_s": 1e-8, '
+        '"per_prefill_token_s": null}'
     )
     code, _, err = kvbench(
         capsys, monkeypatch, *SIMULATE, "--cost-model", str(path), "--out", str(tmp_path / "x")

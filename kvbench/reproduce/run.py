@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kvbench.calibrate.fit import model_of, read_cost_file
 from kvbench.demo import REAL
 from kvbench.errors import KvbenchError
 from kvbench.paper import FIG13_RATE
@@ -136,9 +137,7 @@ def setting_for(real: bool, cost_model: str | None, *, quick: bool, model: str |
         )
     if cost_model is None:
         return Setting()
-    fitted = read_json(Path(cost_model)).get("model")
-    if fitted is None:
-        return Setting(cost_model=cost_model)
+    fitted = model_of(read_cost_file(cost_model, "--cost-model"), f"--cost-model {cost_model}")
     if fitted in GPU_SETTINGS:  # fitted on that model's real runs: its GPU setting, rates and bound
         return replace(GPU_SETTINGS[fitted], cost_model=cost_model)
     raise KvbenchError(
@@ -154,13 +153,10 @@ def placement_for(setting: Setting, place_with: str | None) -> Setting:
         return setting
     if not setting.real:
         raise KvbenchError("--place-with places real runs: use it with --mode real (or auto on a GPU)")
-    if not Path(place_with).is_file():
-        raise KvbenchError(f"--place-with {place_with}: no such file")
-    fitted = read_json(Path(place_with)).get("model")
+    fitted = model_of(read_cost_file(place_with, "--place-with"), f"--place-with {place_with}")
     if fitted != setting.model:
         raise KvbenchError(
-            f"--place-with {place_with}: fitted on {fitted or 'no named model'}, the real runs decode "
-            f"{setting.model}"
+            f"--place-with {place_with}: fitted on {fitted}, the real runs decode {setting.model}"
         )
     return replace(setting, placement=place_with)
 
