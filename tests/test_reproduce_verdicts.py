@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.paper import FIG12_SUSTAINED, FIG13_BATCHED, FIG16_RATIO
+from kvbench.paper import FIG2_OCCUPANCY, FIG12_SUSTAINED, FIG13_BATCHED, FIG16_RATIO
 from kvbench.reproduce.engines import fig2_verdict, fig13_verdict
 from kvbench.reproduce.rows import FigureResult, Options, Row, Setting, merge_seeds, read_figure, write_figure
 from kvbench.reproduce.sharing import fig16_verdict
 from kvbench.reproduce.sweeps import BOUND, fig12_verdict, fig18b_verdict, fig19_verdict
 
 SIMULATED = Options(True, Setting())
+FIG2 = {e: FIG2_OCCUPANCY[e]["token_states"] for e in FIG2_OCCUPANCY}
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -76,6 +77,27 @@ def test_fig2_names_its_metric_and_weighting_and_a_tie_differs():
         Row("fig2", e, "sharegpt-paper", "token_states_%", 38.2 if e != "orca-max" else 20.4) for e in levels
     ]
     assert fig2_verdict(tied, SIMULATED).startswith("differs: ")
+
+
+def test_fig2_without_a_share_is_not_measured_and_a_run_that_did_not_finish_differs():
+    """A run in which no request waited for memory has no share weighted by waiting time (NaN,
+    "-" in figure.csv): not measured, left out of the order, never "differs"; its claims too.
+    Merged over seeds that all lack it, the same. An engine with no row at all still differs."""
+    from kvbench.reproduce.claims import CLAIMS, claim_verdict
+
+    levels = {"static": 8.2, "orca-max": 18.8, "orca-pow2": 27.7, "orca-oracle": 38.0, "paged": math.nan}
+    rows = [Row("fig2", e, "sharegpt-paper", "token_states_%", v, FIG2.get(e)) for e, v in levels.items()]
+    for table in (rows, merge_seeds([rows, rows])):
+        verdict = fig2_verdict(table, SIMULATED)
+        assert verdict.startswith("not measured: ") and "differs" not in verdict and "nan" not in verdict
+        assert "not measured: paged token states (% of the KV cache)" in verdict
+        assert "no request waited for memory" in verdict
+        assert "matches (order only): " in verdict and "orca-oracle 38 (paper 38.2)" in verdict
+    waste = [c for c in CLAIMS if c.needs == "fig2" and "paged" in c.measure(rows)]
+    assert len(waste) == 3 and all(claim_verdict(c, rows) == "not measured" for c in waste)
+    assert all("nan" not in c.measure(rows) for c in waste)
+    unfinished = fig2_verdict(rows[:-1], SIMULATED)  # paged's run never wrote its row
+    assert unfinished.startswith("differs: ") and "no measurement for paged" in unfinished
 
 
 def _sustained(trace: str, brackets: dict[str, tuple[float, float]], bound: float = 0.5) -> list[Row]:
