@@ -337,6 +337,17 @@ TRACE_CASES = {  # id: (file name, contents, names the line must hold beside the
     "missing-cell": ("t.csv", [CSV_HEAD, "0,0,4"], ["line 2"]),
     "beyond-float-precision": ("t.csv", [CSV_HEAD, "0,0,1e20,2"], ["line 2", "prompt_len", "2**53"]),
     "text-in-number": ("t.csv", [CSV_HEAD, "0,0,four,2"], ["line 2", "prompt_len", "four"]),
+    "key-twice": (
+        "t.jsonl",
+        [HEADER, row(), row(request_id=1)[:-1] + ', "prompt_len": 40}'],
+        ["line 3", "column prompt_len: given twice"],
+    ),
+    "header-key-twice": (
+        "t.jsonl",
+        [HEADER[:-1] + ', "name": "u"}', row()],
+        ["line 1", "column name: given twice"],
+    ),
+    "first-record-key-twice": ("t.jsonl", [row()[:-1] + ', "output_len": 3}'], ["line 1", "output_len"]),
 }
 
 
@@ -358,6 +369,39 @@ def test_a_bad_trace_file_is_one_line_naming_file_row_and_column(case, tmp_path)
     name, lines, names = TRACE_CASES[case]
     path = write_trace_file(tmp_path, name, lines)
     refused(simulate(path, tmp_path / "out"), f"{path}: ", *names)
+
+
+def test_a_trace_path_that_is_missing_or_a_folder_is_named_as_such(tmp_path):
+    """A --trace that looks like a file (a slash, a trace suffix) is a missing file, and a folder
+    a folder: not an unknown preset, which the user did not mean."""
+    for trace in (tmp_path / "missing.jsonl", "missing.parquet", "data/missing"):
+        line = refused(simulate(trace, tmp_path / "out"), f"--trace {trace}: no such file")
+        assert "preset" not in line
+    refused(simulate(tmp_path, tmp_path / "out"), f"--trace {tmp_path}: is a folder, not a trace file")
+    assert "not a preset" in refused(simulate("sharegpt-papr", tmp_path / "out"), "sharegpt-papr")
+    refused(cli("trace", "stats", str(tmp_path)), f"TRACE {tmp_path}: is a folder")
+    refused(cli("trace", "stats", str(tmp_path / "t.csv")), f"TRACE {tmp_path / 't.csv'}: no such file")
+    refused(cli("trace", "convert", str(tmp_path), str(tmp_path / "o.csv")), f"TRACE {tmp_path}: is a folder")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_prefix_too_long_for_the_model_is_blamed_on_prefix(tmp_path):
+    """opt-125m holds 2,048 positions: a 5,000-token prefix fits no request, a 2,030-token one
+    fits none of 10 + 10 tokens; either is --prefix's fault, not the trace's or the model's."""
+
+    def run(*flags: str):
+        return cli(
+            "simulate", "--engine", "paged", "--model", "opt-125m", "--trace", "fixed:prompt=10,output=10",
+            "--num-requests", "3", "--rate", "5", "--out", str(tmp_path / "out"), *flags,
+        )  # fmt: skip
+
+    line = refused(run("--prefix", "5000"), "--prefix 5000: 5000 tokens leave no room", "2048")
+    assert "--trace" not in line and "--model" not in line
+    line = refused(
+        run("--prefix", "2030"), "--prefix 2030: request 0 has 2030 prefix + 10 prompt + 10 output"
+    )
+    assert "--max-total-len 18 drops" in line and "--trace" not in line
+    assert run("--prefix", "2028").exit_code == 0
 
 
 def test_a_trace_that_is_not_utf8_is_one_line(tmp_path):

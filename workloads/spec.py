@@ -24,6 +24,7 @@ them (scaled and windowed) unless another process is asked for; anything else ne
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -158,8 +159,24 @@ def _lengths(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[Columns, boo
         trace = _read(spec.source)
         cols = columns_of(trace)
         return cols, bool(cols.extra.get("timestamps", True)), trace.hash_block_size
-    raise KvbenchError(
-        f"unknown --trace {spec.source!r}: not a preset ({', '.join(PRESETS)}), a registered trace "
+    raise _unknown_source(spec.source)
+
+
+FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+"""Suffixes that make a --trace a file name: what kvbench reads, and the text datasets' .json."""
+
+
+def _unknown_source(source: str) -> KvbenchError:
+    """The error for a --trace that names nothing kvbench knows. A folder, or a name that looks
+    like a path (a slash, a trace file's suffix), was meant as a file: say that it is a folder
+    or missing, rather than list presets and specs the user did not mean."""
+    path = Path(source)
+    if path.is_dir():
+        return KvbenchError(f"--trace {source}: is a folder, not a trace file")
+    if "/" in source or os.sep in source or path.suffix.lower() in FILE_SUFFIXES:
+        return KvbenchError(f"--trace {source}: no such file")
+    return KvbenchError(
+        f"unknown --trace {source!r}: not a preset ({', '.join(PRESETS)}), a registered trace "
         f"({', '.join(TRACES)}), a spec "
         "(fixed:, uniform:, lognormal:, empirical:FILE, sharegpt:FILE, alpaca:FILE, dataset:FILE) "
         "or an existing trace file"
