@@ -423,3 +423,48 @@ def test_a_broken_model_is_blamed_not_the_budget():
     broken = replace(get_model("tiny-opt"), num_layers=-2)
     with pytest.raises(KvbenchError, match=r"^--model tiny-opt: -\d+ bytes of K/V per token"):
         budget_from_gib(1.0, broken)
+
+
+REPEATS = [  # a list flag naming a value twice, and the line that must name the flag and the value
+    (SWEEP, ("--rates", "1,1"), "--rates: 1 is given twice"),
+    (SWEEP, ("--rates", "2,1,2.0"), "--rates: 2.0 (the same as 2) is given twice"),
+    (SWEEP, ("--engines", "paged, paged"), "--engines: paged is given twice"),
+    (SWEEP, ("--block-sizes", "16,16"), "--block-sizes: 16 is given twice"),
+    (SWEEP, ("--seeds", "0,1,0"), "--seeds: 0 is given twice"),
+    (SWEEP, ("--kv-cache-gib", "0.002,0.002"), "--kv-cache-gib: 0.002 is given twice"),
+    (SWEEP, ("--trace", "fixed:prompt=4,output=4", "--trace", "fixed:prompt=4,output=4"), "--trace: fixed:"),
+    (SWEEP, ("--percentiles", "50,90,50"), "--percentiles: 50 is given twice"),
+    (SIMULATE, ("--percentiles", "99,99.0"), "--percentiles: 99.0 (the same as 99) is given twice"),
+    (RUN, ("--collectors", "host,host"), "--collectors: host is given twice"),
+    *[(("kernels",), (flag, v), f"{flag}: {v.split(',')[0]} is given twice") for flag, v in (
+        ("--batch", "8,8"), ("--context", "1024,1024"), ("--block-size", "16,16"), ("--gqa", "4,4"),
+        ("--window", "0,0"), ("--cells", "8x1024,8x1024"), ("--backends", "torch-sdpa,torch-sdpa"))],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "message"), REPEATS, ids=lambda v: " ".join(v) if isinstance(v, tuple) else v
+)
+def test_a_value_given_twice_is_refused_naming_flag_and_value(
+    tmp_path, capsys, monkeypatch, command, args, message
+):
+    """Dropping a repeat silently runs fewer cells (or keeping it, one twice) than the line reads."""
+    out = tmp_path / "out"
+    assert_one_error(*kvbench(capsys, monkeypatch, *command, *args, "--out", str(out)), message)
+    assert not out.exists()
+
+
+def test_calibrate_refuses_a_run_named_twice(tmp_path, capsys, monkeypatch, run_dir):
+    """The same run folder twice (however spelled), or inside a folder also named, would be
+    fitted twice or silently once: either way not what the command line reads."""
+    cost = tmp_path / "cost.json"
+    monkeypatch.chdir(run_dir.parent)
+    for twice in ([str(run_dir), str(run_dir)], [str(run_dir), run_dir.name]):
+        done = kvbench(capsys, monkeypatch, "calibrate", *twice, "--out", str(cost))
+        assert assert_one_error(*done) == f"error: kvbench calibrate: run folder {twice[1]} is named twice"
+    done = kvbench(capsys, monkeypatch, "calibrate", str(run_dir.parent), str(run_dir), "--out", str(cost))
+    assert assert_one_error(*done).endswith(f"is named by {run_dir.parent} and by {run_dir}")
+    done = kvbench(capsys, monkeypatch, "calibrate", str(run_dir), "--held-out", str(run_dir), "--held-out",
+                   str(run_dir), "--out", str(cost))  # fmt: skip
+    assert assert_one_error(*done, "--held-out: run folder", "is named twice")
+    assert not cost.exists()
