@@ -468,3 +468,21 @@ def test_calibrate_refuses_a_run_named_twice(tmp_path, capsys, monkeypatch, run_
                    str(run_dir), "--out", str(cost))  # fmt: skip
     assert assert_one_error(*done, "--held-out: run folder", "is named twice")
     assert not cost.exists()
+
+
+def test_kernels_refuses_grid_flags_beside_cells(tmp_path, capsys, monkeypatch):
+    """--cells names the exact (batch, context) pairs, so a --batch or --context beside it would
+    be ignored: refused, naming both. --cells alone passes that check (stopped here by a bad
+    --backends, which is checked next and needs no GPU)."""
+    out = tmp_path / "out"
+    for flags, drop in (
+        (("--batch", "8"), "drop --batch"),
+        (("--context", "512", "--batch", "8"), "--batch and --context"),
+    ):
+        done = kvbench(capsys, monkeypatch, "kernels", "--cells", "8x1024", *flags, "--out", str(out))
+        assert_one_error(*done, "--cells gives the exact BATCHxCONTEXT pairs", drop)
+    done = kvbench(
+        capsys, monkeypatch, "kernels", "--cells", "8x1024", "--backends", "bogus", "--out", str(out)
+    )
+    assert "--cells" not in assert_one_error(*done, "--backends: unknown backend 'bogus'")
+    assert not out.exists()

@@ -285,6 +285,34 @@ def test_rejudge_refuses_a_folder_without_the_figures_in_one_line(tmp_path, make
     assert sorted(p.name for p in out.iterdir()) == (["kvbench.json"] if make else [])
 
 
+def test_rejudge_refuses_run_options_and_names_the_folders_own_seed(tmp_path):
+    """`--rejudge` runs nothing: a --seed, --repeats, --num-requests or --deadline-s would be
+    ignored, so each is refused in one line; the reports name the seed the folder's runs used
+    (its seed-5/), not --seed's default 0."""
+    out = tmp_path / "out"
+    (out / "fig13" / "seed-5").mkdir(parents=True)
+    (out / "kvbench.json").write_text(json.dumps({"kind": "reproduce"}))
+    rows = tuple(
+        Row("fig13", e, trace, "mean_batched_requests", v, v)
+        for trace in ("sharegpt-paper", "alpaca-paper")
+        for e, v in FIG13_BATCHED[trace].items()
+    )
+    write_figure(
+        FigureResult("fig13", "Mean batched requests", rows, "matches: as judged before"), out / "fig13"
+    )
+    for flags in (["--seed", "5"], ["--repeats", "2"], ["--num-requests", "3"], ["--deadline-s", "60"]):
+        done = _kvbench("reproduce", "fig13", "--rejudge", "--mode", "simulate", *flags, "--out", str(out))
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert lines[0].startswith("error: --rejudge") and f"{flags[0]} would be ignored" in lines[0]
+    assert not (out / "reproduce.md").exists()
+    done = _kvbench("reproduce", "fig13", "--rejudge", "--mode", "simulate", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    for report in ("reproduce.md", "claims.md"):
+        text = (out / report).read_text()
+        assert "seed 5" in text and "seed 0" not in text
+
+
 def test_merged_rows_keep_each_seeds_value_in_seed_order_through_figure_json(tmp_path):
     """The paired order check compares engines seed by seed: a merged row keeps every seed's value
     at its seed's place (NaN where that seed has none), and figure.json keeps them (null for NaN);

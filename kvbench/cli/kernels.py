@@ -85,6 +85,7 @@ def backend_names(text: str | None, cpu: bool) -> tuple[str, ...]:
 
 @opt.user_errors
 def kernels(
+    ctx: typer.Context,
     batch: Annotated[str, typer.Option(help="Batch sizes, comma separated.")] = "8,32,64,256",
     context: Annotated[
         str, typer.Option(help="Context lengths, comma separated.")
@@ -132,6 +133,9 @@ def kernels(
 ) -> None:
     """Time decode attention (paged, contiguous, SDPA, FlexAttention, FlashInfer) on a grid of shapes."""
     cpu = os.environ.get("TRITON_INTERPRET") == "1"
+    ignored = [f"--{name}" for name in ("batch", "context") if cells and opt.given(ctx, name)]
+    if ignored:  # --cells names every (batch, context) pair: the grid flags would be dropped
+        raise KvbenchError(f"--cells gives the exact BATCHxCONTEXT pairs: drop {' and '.join(ignored)}")
     pairs = cell_pairs(cells) if cells else [
         (b, c) for b in positive_ints("--batch", batch) for c in positive_ints("--context", context)
     ]  # fmt: skip

@@ -26,6 +26,7 @@ from kvbench.reproduce.claims import claims_table
 from kvbench.reproduce.engines import fig2, fig2_verdict, fig13, fig13_verdict
 from kvbench.reproduce.plots import plot_seed_intervals
 from kvbench.reproduce.rows import (
+    SEED_PREFIX,
     FigureResult,
     Options,
     Row,
@@ -219,10 +220,24 @@ def rejudge(
         results.append(result)
     if not results:
         raise KvbenchError(f"--rejudge: {out} holds no figure to judge")
-    # the reports' setting line names the seeds the rows were merged over, not the flag's default
+    # the reports' setting line names the seeds the rows were merged over, not the flags' defaults
     merged = max((row.n or 1 for r in results for row in r.rows), default=1)
-    write_reports(out, replace(options, repeats=max(options.repeats, merged)))
+    first = first_seed(out, [r.name for r in results])
+    seed = options.seed if first is None else first
+    write_reports(out, replace(options, seed=seed, repeats=max(options.repeats, merged)))
     return results
+
+
+def first_seed(out: Path, figures: Sequence[str]) -> int | None:
+    """The lowest seed the figures in `out` ran (their `seed-<s>/` folders); None where none
+    has one (written before seeds had folders). `--rejudge` reads it from the folder: the rows
+    were run on it, whatever `--seed` would say."""
+    seeds = [
+        int(found.name[len(SEED_PREFIX) :])
+        for name in figures
+        if (found := seed_folder(out / name)) != out / name
+    ]
+    return min(seeds, default=None)
 
 
 def place_only(figures: Sequence[str], options: Options, out: Path, echo: Callable[[str], None]) -> list:
