@@ -23,7 +23,7 @@ from kvbench.metrics.summary import DEFAULT_PERCENTILES, Slo, check_metric_optio
 from kvbench.models import ModelSpec, get_model
 from kvbench.parallel.sizes import check_tensor_parallel
 from kvbench.plugins import EXTERNAL, is_external
-from kvbench.requests import Trace
+from kvbench.requests import Request, Trace
 from kvbench.vmm.pages import DEFAULT_PAGE_KIB, page_geometry
 from workloads.spec import WorkloadSpec, build_trace
 
@@ -188,7 +188,7 @@ def prepare(
     if cost.fixed_s + cost.per_token_s + cost.per_kv_token_s <= 0:
         raise KvbenchError("--cost-fixed-s, --cost-per-token-s, --cost-per-kv-token-s: a step must take time")
     trace = build_trace(config.workload)
-    check_trace(trace, model)
+    check_trace(trace, model, config.workload.prefix)
     if spec is None and any(r.n > 1 or r.beam_width > 1 for r in trace.requests):
         raise KvbenchError(
             f"--engine {config.engine}: external engines run one output per request (no --n, --beam-width)"
@@ -276,8 +276,9 @@ def resolve_model(name: str) -> ModelSpec:
     return get_model(name)
 
 
-def check_trace(trace: Trace, model: ModelSpec) -> None:
-    """Refuse requests the model cannot hold, naming the first offender."""
+def check_trace(trace: Trace, model: ModelSpec, prefix: str | None = None) -> None:
+    """Refuse requests the model cannot hold, naming the first offender (and `--prefix`, the
+    shared prefix prepended to every prompt, where that is what makes it too long)."""
     for request in trace.requests:
         if request.output_len < 1 or request.prompt_len < 1:
             raise KvbenchError(
@@ -290,12 +291,32 @@ def check_trace(trace: Trace, model: ModelSpec) -> None:
                 f"and beam width {request.beam_width}; give one of --n and --beam-width"
             )
         if request.total_len > model.max_len:
+            if prefix is not None and request.total_len - request.prefix_len <= model.max_len:
+                raise KvbenchError(_prefix_too_long(prefix, request, model))
             raise KvbenchError(
                 f"--trace {trace.name}: request {request.request_id} has prompt "
                 f"{request.prompt_len} + output {request.output_len} tokens, more than "
                 f"{model.name}'s maximum length {model.max_len} (--model; --max-total-len "
                 f"{model.max_len} drops such requests)"
             )
+
+
+def _prefix_too_long(prefix: str, request: Request, model: ModelSpec) -> str:
+    """The error for a request that fits the model without the `--prefix` prepended to it but
+    not with it: the flag to change is --prefix (or --max-total-len, which drops requests before
+    the prefix is added, so it must leave the prefix room), not --trace or --model."""
+    room = model.max_len - request.prefix_len  # tokens left beside the prefix
+    if room < 2:  # not even a 1-token prompt and a 1-token output
+        return (
+            f"--prefix {prefix}: {request.prefix_len} tokens leave no room for a prompt and an output "
+            f"in {model.name}'s maximum length {model.max_len}"
+        )
+    return (
+        f"--prefix {prefix}: request {request.request_id} has {request.prefix_len} prefix + "
+        f"{request.prompt_len - request.prefix_len} prompt + {request.output_len} output tokens, "
+        f"more than {model.name}'s maximum length {model.max_len} (--max-total-len {room} drops "
+        "such requests before the prefix is added)"
+    )
 
 
 def _or(value: float | None, default: float, flag: str) -> float:

@@ -16,12 +16,14 @@ so one table serves them all. Upper bounds are sanity limits, documented here:
 - `MAX_WIDTH`: 1,024 parallel samples or beams per request.
 - `MAX_INT`: every other count stays below 2**31.
 
-`check_workload` adds the combinations of workload flags that one flag would silently undo.
+`check_workload` adds the combinations of workload flags that one flag would silently undo, and
+`check_distinct` refuses a list flag that names a value twice (`--rates 1,1`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,10 +168,49 @@ def check_flag(name: str, value: Any) -> None:
         )
 
 
+# `kvbench sweep`'s comma-separated axes: parameter name -> how an item reads, so that values
+# compare as the sweep parses them (`--rates 1,1.0` names one rate twice)
+LISTS: dict[str, Callable[[str], object]] = {
+    "engines": str,
+    "rates": float,
+    "block_sizes": int,
+    "kv_cache_gib": float,
+    "seeds": int,
+}
+REPEATED = ("trace",)  # options given once per value (`sweep --trace A --trace B`)
+
+
+def check_distinct(flag: str, items: Sequence[str], read: Callable[[str], object] = str) -> None:
+    """Refuse a list that names one value twice (`--rates 1,1`, `--engines paged,paged`): the
+    repeat would be dropped silently, so the command would run fewer cells than its line reads,
+    or run one twice. Items compare as `read` makes them; an item `read` refuses is left to the
+    flag's own parser, whose message says what it expects."""
+    seen: dict[object, str] = {}
+    for item in items:
+        try:
+            value = read(item)
+        except ValueError:
+            continue
+        if value in seen:
+            same = "" if seen[value] == item else f" (the same as {seen[value]})"
+            raise KvbenchError(f"{flag}: {item}{same} is given twice")
+        seen[value] = item
+
+
+def check_list(name: str, value: Any) -> None:
+    """`check_distinct` for parameter `name` where it is one of `LISTS` (comma-separated text)
+    or `REPEATED` (a list of the values of an option given several times)."""
+    if isinstance(value, str) and name in LISTS:
+        check_distinct(flag_name(name), [item.strip() for item in value.split(",")], LISTS[name])
+    elif isinstance(value, list) and name in REPEATED:
+        check_distinct(flag_name(name), [str(item).strip() for item in value])
+
+
 def check_flags(values: dict[str, Any]) -> None:
-    """`check_flag` for every parameter of a command (numbers only; None is a flag not given)."""
+    """`check_flag` and `check_list` for every parameter of a command (None: a flag not given)."""
     for name, value in values.items():
         check_flag(name, value)
+        check_list(name, value)
 
 
 def check_workload(spec) -> None:

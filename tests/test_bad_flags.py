@@ -367,22 +367,42 @@ def test_calibrate_refuses_a_simulated_run_and_a_nan_row(tmp_path, capsys, monke
     assert all(json.loads(cost.read_text())[key] >= 0 for key in ("fixed_s", "per_token_s", "per_kv_token_s"))
 
 
-COST_FILES = {
+COST_FILES = {  # each a file of SIMULATE's model but for what is wrong with it
     "nan": (
-        '{"fixed_s": NaN, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}',
+        '{"model": "tiny-opt", "fixed_s": NaN, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}',
         "'fixed_s' must be a finite number",
     ),
-    "inf": ('{"fixed_s": 0.01, "per_token_s": Infinity, "per_kv_token_s": 1e-8}', "'per_token_s'"),
-    "negative": ('{"fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": -1e-8}', "'per_kv_token_s'"),
-    "string": ('{"fixed_s": "1", "per_token_s": 1e-5, "per_kv_token_s": 1e-8}', "'fixed_s'"),
+    "inf": (
+        '{"model": "tiny-opt", "fixed_s": 0.01, "per_token_s": Infinity, "per_kv_token_s": 1e-8}',
+        "'per_token_s'",
+    ),
+    "negative": (
+        '{"model": "tiny-opt", "fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": -1e-8}',
+        "'per_kv_token_s'",
+    ),
+    "string": (
+        '{"model": "tiny-opt", "fixed_s": "1", "per_token_s": 1e-5, "per_kv_token_s": 1e-8}',
+        "'fixed_s'",
+    ),
     "swap nan": (
-        '{"fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8, "per_swap_block_s": NaN}',
+        '{"model": "tiny-opt", "fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8, '
+        '"per_swap_block_s": NaN}',
         "'per_swap_block_s'",
+    ),
+    "no model": ('{"fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}', "names no model"),
+    "null model": (
+        '{"model": null, "fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}',
+        "names no model",
+    ),
+    "other model": (
+        '{"model": "opt-13b", "fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}',
+        "fitted on opt-13b, not on --model tiny-opt",
     ),
     "a list": ("[0.01, 1e-5, 1e-8]", "expected a JSON object"),
     "missing": ('{"fixed_s": 0.01}', "no 'per_token_s'"),
     "truncated": ('{"fixed_s": 0.01, "per_tok', "not valid JSON"),
     "no file": (None, "no such file"),
+    "a folder": ("FOLDER", "is a folder, not a kvbench calibrate file"),
 }
 
 
@@ -390,7 +410,9 @@ COST_FILES = {
 def test_a_bad_cost_model_file_is_one_line(tmp_path, capsys, monkeypatch, case):
     text, message = COST_FILES[case]
     path = tmp_path / "cost.json"
-    if text is not None:
+    if text == "FOLDER":
+        path.mkdir()
+    elif text is not None:
         path.write_text(text)
     done = kvbench(capsys, monkeypatch, *SIMULATE, "--cost-model", str(path), "--out", str(tmp_path / "x"))
     assert assert_one_error(*done, message).startswith(f"error: --cost-model {path}: ")
@@ -400,7 +422,8 @@ def test_a_bad_cost_model_file_is_one_line(tmp_path, capsys, monkeypatch, case):
 def test_a_valid_cost_model_file_still_prices_steps(tmp_path, capsys, monkeypatch):
     path = tmp_path / "cost.json"
     path.write_text(
-        '{"fixed_s": 0.01, "per_token_s": 0, "per_kv_token_s": 1e-8, "per_prefill_token_s": null}'
+        '{"model": "tiny-opt", "fixed_s": 0.01, "per_token_s": 0, "per_kv_token_s": 1e-8, '
+        '"per_prefill_token_s": null}'
     )
     code, _, err = kvbench(
         capsys, monkeypatch, *SIMULATE, "--cost-model", str(path), "--out", str(tmp_path / "x")
@@ -438,3 +461,66 @@ def test_a_broken_model_is_blamed_not_the_budget():
     broken = replace(get_model("tiny-opt"), num_layers=-2)
     with pytest.raises(KvbenchError, match=r"^--model tiny-opt: -\d+ bytes of K/V per token"):
         budget_from_gib(1.0, broken)
+
+
+REPEATS = [  # a list flag naming a value twice, and the line that must name the flag and the value
+    (SWEEP, ("--rates", "1,1"), "--rates: 1 is given twice"),
+    (SWEEP, ("--rates", "2,1,2.0"), "--rates: 2.0 (the same as 2) is given twice"),
+    (SWEEP, ("--engines", "paged, paged"), "--engines: paged is given twice"),
+    (SWEEP, ("--block-sizes", "16,16"), "--block-sizes: 16 is given twice"),
+    (SWEEP, ("--seeds", "0,1,0"), "--seeds: 0 is given twice"),
+    (SWEEP, ("--kv-cache-gib", "0.002,0.002"), "--kv-cache-gib: 0.002 is given twice"),
+    (SWEEP, ("--trace", "fixed:prompt=4,output=4", "--trace", "fixed:prompt=4,output=4"), "--trace: fixed:"),
+    (SWEEP, ("--percentiles", "50,90,50"), "--percentiles: 50 is given twice"),
+    (SIMULATE, ("--percentiles", "99,99.0"), "--percentiles: 99.0 (the same as 99) is given twice"),
+    (RUN, ("--collectors", "host,host"), "--collectors: host is given twice"),
+    *[(("kernels",), (flag, v), f"{flag}: {v.split(',')[0]} is given twice") for flag, v in (
+        ("--batch", "8,8"), ("--context", "1024,1024"), ("--block-size", "16,16"), ("--gqa", "4,4"),
+        ("--window", "0,0"), ("--cells", "8x1024,8x1024"), ("--backends", "torch-sdpa,torch-sdpa"))],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "message"), REPEATS, ids=lambda v: " ".join(v) if isinstance(v, tuple) else v
+)
+def test_a_value_given_twice_is_refused_naming_flag_and_value(
+    tmp_path, capsys, monkeypatch, command, args, message
+):
+    """Dropping a repeat silently runs fewer cells (or keeping it, one twice) than the line reads."""
+    out = tmp_path / "out"
+    assert_one_error(*kvbench(capsys, monkeypatch, *command, *args, "--out", str(out)), message)
+    assert not out.exists()
+
+
+def test_calibrate_refuses_a_run_named_twice(tmp_path, capsys, monkeypatch, run_dir):
+    """The same run folder twice (however spelled), or inside a folder also named, would be
+    fitted twice or silently once: either way not what the command line reads."""
+    cost = tmp_path / "cost.json"
+    monkeypatch.chdir(run_dir.parent)
+    for twice in ([str(run_dir), str(run_dir)], [str(run_dir), run_dir.name]):
+        done = kvbench(capsys, monkeypatch, "calibrate", *twice, "--out", str(cost))
+        assert assert_one_error(*done) == f"error: kvbench calibrate: run folder {twice[1]} is named twice"
+    done = kvbench(capsys, monkeypatch, "calibrate", str(run_dir.parent), str(run_dir), "--out", str(cost))
+    assert assert_one_error(*done).endswith(f"is named by {run_dir.parent} and by {run_dir}")
+    done = kvbench(capsys, monkeypatch, "calibrate", str(run_dir), "--held-out", str(run_dir), "--held-out",
+                   str(run_dir), "--out", str(cost))  # fmt: skip
+    assert assert_one_error(*done, "--held-out: run folder", "is named twice")
+    assert not cost.exists()
+
+
+def test_kernels_refuses_grid_flags_beside_cells(tmp_path, capsys, monkeypatch):
+    """--cells names the exact (batch, context) pairs, so a --batch or --context beside it would
+    be ignored: refused, naming both. --cells alone passes that check (stopped here by a bad
+    --backends, which is checked next and needs no GPU)."""
+    out = tmp_path / "out"
+    for flags, drop in (
+        (("--batch", "8"), "drop --batch"),
+        (("--context", "512", "--batch", "8"), "--batch and --context"),
+    ):
+        done = kvbench(capsys, monkeypatch, "kernels", "--cells", "8x1024", *flags, "--out", str(out))
+        assert_one_error(*done, "--cells gives the exact BATCHxCONTEXT pairs", drop)
+    done = kvbench(
+        capsys, monkeypatch, "kernels", "--cells", "8x1024", "--backends", "bogus", "--out", str(out)
+    )
+    assert "--cells" not in assert_one_error(*done, "--backends: unknown backend 'bogus'")
+    assert not out.exists()

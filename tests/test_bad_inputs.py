@@ -337,6 +337,17 @@ TRACE_CASES = {  # id: (file name, contents, names the line must hold beside the
     "missing-cell": ("t.csv", [CSV_HEAD, "0,0,4"], ["line 2"]),
     "beyond-float-precision": ("t.csv", [CSV_HEAD, "0,0,1e20,2"], ["line 2", "prompt_len", "2**53"]),
     "text-in-number": ("t.csv", [CSV_HEAD, "0,0,four,2"], ["line 2", "prompt_len", "four"]),
+    "key-twice": (
+        "t.jsonl",
+        [HEADER, row(), row(request_id=1)[:-1] + ', "prompt_len": 40}'],
+        ["line 3", "column prompt_len: given twice"],
+    ),
+    "header-key-twice": (
+        "t.jsonl",
+        [HEADER[:-1] + ', "name": "u"}', row()],
+        ["line 1", "column name: given twice"],
+    ),
+    "first-record-key-twice": ("t.jsonl", [row()[:-1] + ', "output_len": 3}'], ["line 1", "output_len"]),
 }
 
 
@@ -358,6 +369,39 @@ def test_a_bad_trace_file_is_one_line_naming_file_row_and_column(case, tmp_path)
     name, lines, names = TRACE_CASES[case]
     path = write_trace_file(tmp_path, name, lines)
     refused(simulate(path, tmp_path / "out"), f"{path}: ", *names)
+
+
+def test_a_trace_path_that_is_missing_or_a_folder_is_named_as_such(tmp_path):
+    """A --trace that looks like a file (a slash, a trace suffix) is a missing file, and a folder
+    a folder: not an unknown preset, which the user did not mean."""
+    for trace in (tmp_path / "missing.jsonl", "missing.parquet", "data/missing"):
+        line = refused(simulate(trace, tmp_path / "out"), f"--trace {trace}: no such file")
+        assert "preset" not in line
+    refused(simulate(tmp_path, tmp_path / "out"), f"--trace {tmp_path}: is a folder, not a trace file")
+    assert "not a preset" in refused(simulate("sharegpt-papr", tmp_path / "out"), "sharegpt-papr")
+    refused(cli("trace", "stats", str(tmp_path)), f"TRACE {tmp_path}: is a folder")
+    refused(cli("trace", "stats", str(tmp_path / "t.csv")), f"TRACE {tmp_path / 't.csv'}: no such file")
+    refused(cli("trace", "convert", str(tmp_path), str(tmp_path / "o.csv")), f"TRACE {tmp_path}: is a folder")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_prefix_too_long_for_the_model_is_blamed_on_prefix(tmp_path):
+    """opt-125m holds 2,048 positions: a 5,000-token prefix fits no request, a 2,030-token one
+    fits none of 10 + 10 tokens; either is --prefix's fault, not the trace's or the model's."""
+
+    def run(*flags: str):
+        return cli(
+            "simulate", "--engine", "paged", "--model", "opt-125m", "--trace", "fixed:prompt=10,output=10",
+            "--num-requests", "3", "--rate", "5", "--out", str(tmp_path / "out"), *flags,
+        )  # fmt: skip
+
+    line = refused(run("--prefix", "5000"), "--prefix 5000: 5000 tokens leave no room", "2048")
+    assert "--trace" not in line and "--model" not in line
+    line = refused(
+        run("--prefix", "2030"), "--prefix 2030: request 0 has 2030 prefix + 10 prompt + 10 output"
+    )
+    assert "--max-total-len 18 drops" in line and "--trace" not in line
+    assert run("--prefix", "2028").exit_code == 0
 
 
 def test_a_trace_that_is_not_utf8_is_one_line(tmp_path):
@@ -546,6 +590,26 @@ def test_max_total_len_says_how_many_requests_it_dropped(timed_trace, tmp_path):
     plain = simulate(timed_trace, tmp_path / "plain")
     assert "dropped" not in plain.stdout
     assert "dropped_requests" not in json.loads((tmp_path / "plain" / "summary.json").read_text())
+
+
+def test_num_requests_above_a_replayed_files_rows_is_refused(timed_trace, tmp_path):
+    """Four rows replayed for --num-requests 100 would record 100 requests in config.json and run
+    four: refused before the run, naming the file and what it holds, in the window and after
+    --max-total-len too; a count the file holds still cuts the replay to its first rows."""
+    refused(
+        simulate(timed_trace, tmp_path / "out", "--num-requests", "100"),
+        f"--num-requests 100: {timed_trace} has 4 rows;", "at most 4",
+    )  # fmt: skip
+    assert not (tmp_path / "out").exists()
+    window = simulate(timed_trace, tmp_path / "w", "--num-requests", "3", "--window-start", "2")
+    refused(window, "--num-requests 3", "has 4 rows, 2 of them in the --window-start", "at most 2")
+    short = simulate(timed_trace, tmp_path / "m", "--num-requests", "3", "--max-total-len", "20")
+    refused(short, "--num-requests 3", "has 4 rows, 2 within --max-total-len 20", "at most 2")
+    for count in ("4", "2"):
+        result = simulate(timed_trace, tmp_path / count, "--num-requests", count)
+        assert result.exit_code == 0, result.output
+        summary = json.loads((tmp_path / count / "summary.json").read_text())
+        assert summary["num_requests"] == summary["completed"] == int(count)
 
 
 def test_no_file_is_left_behind_by_a_refused_checkpoint(checkpoints, tmp_path):

@@ -143,7 +143,7 @@ def test_goodput_counts_requests_meeting_every_slo():
 
 
 def test_parse_options():
-    assert parse_percentiles("99, 50,90,50") == (50.0, 90.0, 99.0)
+    assert parse_percentiles("99, 50,90") == (50.0, 90.0, 99.0)
     assert parse_percentiles("99.9,100") == (99.9, 100.0)
     slo = parse_slo("ttft=0.5, e2el=20")
     assert slo == Slo(ttft_s=0.5, e2el_s=20.0) and parse_slo(format_slo(slo)) == slo
@@ -176,6 +176,8 @@ def test_bad_slo(text, message):
         ("nan", "--percentiles must be in (0, 100], got nan"),
         ("fifty", "--percentiles: 'fifty' is not a number"),
         ("50,", "--percentiles: '' is not a number"),
+        ("99, 50,90,50", "--percentiles: 50 is given twice"),
+        ("90,90.0", "--percentiles: 90.0 (the same as 90) is given twice"),
     ],
 )
 def test_bad_percentiles(text, message):

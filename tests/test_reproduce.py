@@ -141,6 +141,20 @@ def test_cost_model_does_not_apply_to_real_runs(tmp_path):
     assert proc.returncode == 2 and "--cost-model" in proc.stderr
 
 
+def test_a_cost_file_naming_no_model_is_refused_before_a_run(tmp_path):
+    """Without its model, a fit's constants would price opt-13b's steps whatever they were fitted on."""
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"fixed_s": 0.01, "per_token_s": 1e-4, "per_kv_token_s": 1e-8}))
+    out = tmp_path / "o"
+    proc = kvbench("reproduce", "fig2", "--quick", "--mode", "simulate", "--num-requests", "5",
+                   "--cost-model", str(cost), "--out", str(out))  # fmt: skip
+    assert proc.returncode == 2, proc.stdout
+    assert (
+        proc.stderr.startswith(f"error: --cost-model {cost}: names no model") and proc.stderr.count("\n") == 1
+    )
+    assert not out.exists()
+
+
 def test_real_runs_pick_a_model_holding_the_papers_slots(tmp_path):
     """Quick real runs decode OPT-125M, full ones OPT-1.3B; either arena holds 16,384 slots (the
     paper's OPT-13B / 12 GB holds 15,728), so the engines batch as the paper's did."""

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.paper import FIG12_SUSTAINED, FIG13_BATCHED, FIG16_RATIO
+from kvbench.paper import FIG2_OCCUPANCY, FIG12_SUSTAINED, FIG13_BATCHED, FIG16_RATIO
 from kvbench.reproduce.engines import fig2_verdict, fig13_verdict
 from kvbench.reproduce.rows import FigureResult, Options, Row, Setting, merge_seeds, read_figure, write_figure
 from kvbench.reproduce.sharing import fig16_verdict
 from kvbench.reproduce.sweeps import BOUND, fig12_verdict, fig18b_verdict, fig19_verdict
 
 SIMULATED = Options(True, Setting())
+FIG2 = {e: FIG2_OCCUPANCY[e]["token_states"] for e in FIG2_OCCUPANCY}
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -76,6 +77,27 @@ def test_fig2_names_its_metric_and_weighting_and_a_tie_differs():
         Row("fig2", e, "sharegpt-paper", "token_states_%", 38.2 if e != "orca-max" else 20.4) for e in levels
     ]
     assert fig2_verdict(tied, SIMULATED).startswith("differs: ")
+
+
+def test_fig2_without_a_share_is_not_measured_and_a_run_that_did_not_finish_differs():
+    """A run in which no request waited for memory has no share weighted by waiting time (NaN,
+    "-" in figure.csv): not measured, left out of the order, never "differs"; its claims too.
+    Merged over seeds that all lack it, the same. An engine with no row at all still differs."""
+    from kvbench.reproduce.claims import CLAIMS, claim_verdict
+
+    levels = {"static": 8.2, "orca-max": 18.8, "orca-pow2": 27.7, "orca-oracle": 38.0, "paged": math.nan}
+    rows = [Row("fig2", e, "sharegpt-paper", "token_states_%", v, FIG2.get(e)) for e, v in levels.items()]
+    for table in (rows, merge_seeds([rows, rows])):
+        verdict = fig2_verdict(table, SIMULATED)
+        assert verdict.startswith("not measured: ") and "differs" not in verdict and "nan" not in verdict
+        assert "not measured: paged token states (% of the KV cache)" in verdict
+        assert "no request waited for memory" in verdict
+        assert "matches (order only): " in verdict and "orca-oracle 38 (paper 38.2)" in verdict
+    waste = [c for c in CLAIMS if c.needs == "fig2" and "paged" in c.measure(rows)]
+    assert len(waste) == 3 and all(claim_verdict(c, rows) == "not measured" for c in waste)
+    assert all("nan" not in c.measure(rows) for c in waste)
+    unfinished = fig2_verdict(rows[:-1], SIMULATED)  # paged's run never wrote its row
+    assert unfinished.startswith("differs: ") and "no measurement for paged" in unfinished
 
 
 def _sustained(trace: str, brackets: dict[str, tuple[float, float]], bound: float = 0.5) -> list[Row]:
@@ -261,6 +283,34 @@ def test_rejudge_refuses_a_folder_without_the_figures_in_one_line(tmp_path, make
     done = _kvbench("reproduce", *figures, "--rejudge", "--mode", "simulate", "--out", str(out))
     assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in out.iterdir()) == (["kvbench.json"] if make else [])
+
+
+def test_rejudge_refuses_run_options_and_names_the_folders_own_seed(tmp_path):
+    """`--rejudge` runs nothing: a --seed, --repeats, --num-requests or --deadline-s would be
+    ignored, so each is refused in one line; the reports name the seed the folder's runs used
+    (its seed-5/), not --seed's default 0."""
+    out = tmp_path / "out"
+    (out / "fig13" / "seed-5").mkdir(parents=True)
+    (out / "kvbench.json").write_text(json.dumps({"kind": "reproduce"}))
+    rows = tuple(
+        Row("fig13", e, trace, "mean_batched_requests", v, v)
+        for trace in ("sharegpt-paper", "alpaca-paper")
+        for e, v in FIG13_BATCHED[trace].items()
+    )
+    write_figure(
+        FigureResult("fig13", "Mean batched requests", rows, "matches: as judged before"), out / "fig13"
+    )
+    for flags in (["--seed", "5"], ["--repeats", "2"], ["--num-requests", "3"], ["--deadline-s", "60"]):
+        done = _kvbench("reproduce", "fig13", "--rejudge", "--mode", "simulate", *flags, "--out", str(out))
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert lines[0].startswith("error: --rejudge") and f"{flags[0]} would be ignored" in lines[0]
+    assert not (out / "reproduce.md").exists()
+    done = _kvbench("reproduce", "fig13", "--rejudge", "--mode", "simulate", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    for report in ("reproduce.md", "claims.md"):
+        text = (out / report).read_text()
+        assert "seed 5" in text and "seed 0" not in text
 
 
 def test_merged_rows_keep_each_seeds_value_in_seed_order_through_figure_json(tmp_path):

@@ -24,6 +24,7 @@ them (scaled and windowed) unless another process is asked for; anything else ne
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -158,8 +159,24 @@ def _lengths(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[Columns, boo
         trace = _read(spec.source)
         cols = columns_of(trace)
         return cols, bool(cols.extra.get("timestamps", True)), trace.hash_block_size
-    raise KvbenchError(
-        f"unknown --trace {spec.source!r}: not a preset ({', '.join(PRESETS)}), a registered trace "
+    raise _unknown_source(spec.source)
+
+
+FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+"""Suffixes that make a --trace a file name: what kvbench reads, and the text datasets' .json."""
+
+
+def _unknown_source(source: str) -> KvbenchError:
+    """The error for a --trace that names nothing kvbench knows. A folder, or a name that looks
+    like a path (a slash, a trace file's suffix), was meant as a file: say that it is a folder
+    or missing, rather than list presets and specs the user did not mean."""
+    path = Path(source)
+    if path.is_dir():
+        return KvbenchError(f"--trace {source}: is a folder, not a trace file")
+    if "/" in source or os.sep in source or path.suffix.lower() in FILE_SUFFIXES:
+        return KvbenchError(f"--trace {source}: no such file")
+    return KvbenchError(
+        f"unknown --trace {source!r}: not a preset ({', '.join(PRESETS)}), a registered trace "
         f"({', '.join(TRACES)}), a spec "
         "(fixed:, uniform:, lognormal:, empirical:FILE, sharegpt:FILE, alpaca:FILE, dataset:FILE) "
         "or an existing trace file"
@@ -296,12 +313,15 @@ def _arrivals(spec: WorkloadSpec, cols: Columns, timestamps: bool, rng: np.rando
                 "--arrivals poisson to draw arrivals at that rate, or --time-scale to replay faster"
             )
         index, times = arrivals.replay(
-            cols.arrival_s, spec.time_scale, spec.window_start_s, spec.window_duration_s, spec.num_requests
+            cols.arrival_s, spec.time_scale, spec.window_start_s, spec.window_duration_s
         )
         if len(index) == 0:
             raise KvbenchError(
                 f"{spec.source}: no request lies in the --window-start/--window-duration window"
             )
+        _check_enough_rows(spec, cols, len(index))
+        if spec.num_requests is not None:
+            index, times = index[: spec.num_requests], times[: spec.num_requests]
         picked = cols.take(index)
         picked.arrival_s = times
         return picked
@@ -321,6 +341,24 @@ def _arrivals(spec: WorkloadSpec, cols: Columns, timestamps: bool, rng: np.rando
         }[kind]()
     cols.arrival_s = process.times(len(cols), rng)
     return cols
+
+
+def _check_enough_rows(spec: WorkloadSpec, cols: Columns, available: int) -> None:
+    """Refuse a --num-requests above the `available` requests a replayed file holds (in the
+    window, after --max-total-len): replaying what is there would run fewer requests than
+    config.json records. Text datasets refuse it likewise (`workloads.text`)."""
+    if spec.num_requests is None or spec.num_requests <= available:
+        return
+    held = f"{spec.source} has {len(cols)} rows"
+    if "dropped_of" in cols.extra:
+        of, limit = cols.extra["dropped_of"], spec.max_total_len
+        held = f"{spec.source} has {of} rows, {len(cols)} within --max-total-len {limit}"
+    if available < len(cols):
+        held += f", {available} of them in the --window-start/--window-duration window"
+    raise KvbenchError(
+        f"--num-requests {spec.num_requests}: {held}; give at most {available}, or leave "
+        "--num-requests out to replay them all"
+    )
 
 
 def _describe(spec: WorkloadSpec) -> dict:

@@ -139,12 +139,31 @@ def _wrong_width(where: str, line: int, names: Sequence[str], got: int) -> NoRet
     fail(where, line, None, f"expected {len(names)} cells ({', '.join(names)}), got {got}")
 
 
+class DuplicateKey(ValueError):
+    """A JSON object with a key given twice; `key` is the key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """`json.loads`'s object_pairs_hook: the object, refusing a key given twice. json keeps the
+    last value silently, so a row holding two `prompt_len`s would run one the file also
+    contradicts; which one was meant only the user can say."""
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen: set[str] = set()
+        raise DuplicateKey(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return record
+
+
 def json_chunks(f: TextIO, where: str, last_line: int) -> Iterator[tuple[list[dict], np.ndarray]]:
     """The JSON objects of `f`, one per line after `last_line`, CHUNK at a time, with their lines.
 
     Each chunk is parsed by one ``json.loads`` of the lines joined into an array; if that fails
-    or does not give one object per line (a bad line, a blank line), the chunk is parsed again
-    line by line, which skips blank lines and names the first bad one.
+    or does not give one object per line (a bad line, a blank line, a key given twice), the
+    chunk is parsed again line by line, which skips blank lines and names the first bad one.
     """
     while True:
         raw = list(islice(f, CHUNK))
@@ -153,8 +172,8 @@ def json_chunks(f: TextIO, where: str, last_line: int) -> Iterator[tuple[list[di
         lines = np.arange(last_line + 1, last_line + 1 + len(raw))  # (rows,)
         last_line += len(raw)
         try:
-            records = json.loads("[" + ",".join(raw) + "]")
-        except json.JSONDecodeError:
+            records = json.loads("[" + ",".join(raw) + "]", object_pairs_hook=unique_keys)
+        except (json.JSONDecodeError, DuplicateKey):
             records = None
         if records is None or len(records) != len(raw) or set(map(type, records)) != {dict}:
             records, lines = _json_line_by_line(raw, lines, where)
@@ -172,10 +191,12 @@ def _json_line_by_line(raw: list[str], lines: np.ndarray, where: str) -> tuple[l
     for text, line in zip(raw, lines.tolist(), strict=True):
         if not text.strip():
             continue
-        try:
-            record = json.loads(text.rstrip("\r\n"))  # errors point into the text, not at its newline
+        try:  # stripped: errors point into the text, not at its newline
+            record = json.loads(text.rstrip("\r\n"), object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
             fail(where, line, str(e.colno), f"invalid JSON ({e.msg})")
+        except DuplicateKey as e:
+            fail(where, line, e.key, "given twice in one object")
         if not isinstance(record, dict):
             fail(where, line, None, f"expected a JSON object, got {text.strip()[:40]!r}")
         records.append(record)

@@ -28,7 +28,7 @@ from workloads.realtraces import (
     read_mooncake,
     read_stats,
 )
-from workloads.textcols import fail
+from workloads.textcols import DuplicateKey, fail, unique_keys
 from workloads.tracetext import FORMAT, OPTIONAL, REQUIRED, Header, parse_header, read_csv, read_jsonl
 
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -102,9 +102,11 @@ def _next_nonblank(f: TextIO, line_no: int) -> tuple[int, str | None]:
 
 def _json(text: str, where: str, line_no: int) -> object:
     try:
-        return json.loads(text.rstrip("\r\n"))
+        return json.loads(text.rstrip("\r\n"), object_pairs_hook=unique_keys)
     except json.JSONDecodeError as error:
         fail(where, line_no, str(error.colno), f"invalid JSON ({error.msg})")
+    except DuplicateKey as error:
+        fail(where, line_no, error.key, "given twice in one object")
 
 
 def _cells(line: str) -> list[str]:

@@ -78,16 +78,23 @@ def read_config(run: Path) -> RunConfig:
 
 
 def find_runs(paths: list[Path], *, steps: bool, flag: str) -> list[Path]:
-    """The run folders `paths` name (`runs_below` each); a path holding no run is a one-line
-    error naming `flag`."""
+    """The run folders `paths` name (`runs_below` each); a path holding no run, or a run named
+    twice (the same folder twice, or a folder and one holding it), is a one-line error naming
+    `flag`: dropping the repeat silently would fit other runs than the command line reads."""
     found: list[Path] = []
+    named: dict[Path, Path] = {}  # each run found, resolved -> the path that named it
     for path in map(Path, paths):
         below = runs_below(path, steps=steps)
         if not below:
             need = "steps.csv, summary.json and config.json" if steps else "summary.json and config.json"
             raise KvbenchError(f"{flag} {path}: no kvbench run folder ({need}) there or below")
+        for run in below:
+            first = named.setdefault(run.resolve(), path)
+            if first is not path:
+                by = "twice" if first.resolve() == path.resolve() else f"by {first} and by {path}"
+                raise KvbenchError(f"{flag}: run folder {run} is named {by}")
         found += below
-    return list(dict.fromkeys(found))  # a run named twice counts once
+    return found
 
 
 def trace_draw(config: RunConfig) -> tuple[str, int]:

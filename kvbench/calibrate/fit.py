@@ -429,6 +429,32 @@ def cost_file_digest(path: str) -> str | None:
     return hashlib.sha256(json.dumps(priced, sort_keys=True).encode()).hexdigest()
 
 
+def read_cost_file(path: str, flag: str) -> dict:
+    """The JSON object of a cost file given as `flag`; a folder, a missing file or one that
+    does not parse is a one-line error saying which, naming the flag and the path."""
+    where = f"{flag} {path}"
+    if Path(path).is_dir():
+        raise KvbenchError(f"{where}: is a folder, not a kvbench calibrate file")
+    if not Path(path).is_file():
+        raise KvbenchError(f"{where}: cannot read it (no such file)")
+    try:
+        return read_json(Path(path))
+    except KvbenchError as error:
+        raise KvbenchError(f"{where}: cannot read it ({error})") from None
+
+
+def model_of(data: dict, where: str) -> str:
+    """The model a cost file was fitted on. A file naming none is refused rather than applied to
+    any model: its constants price one model's steps (`kvbench calibrate` always writes it)."""
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise KvbenchError(
+            f'{where}: names no model (no "model" key, which kvbench calibrate writes): the constants '
+            "price the steps of the model they were fitted on, so the file must say which"
+        )
+    return model
+
+
 def load_cost_model(path: str, model: str) -> CostModel:
     """The cost model of a `kvbench calibrate` file, checked against the run's model: every
     constant a finite number >= 0 (NaN, inf or a negative cost would give NaN or negative
@@ -436,12 +462,7 @@ def load_cost_model(path: str, model: str) -> CostModel:
     cost terms. A file written before `assumed` existed assumed what it lacks or left at 0: the
     swap, copy and page-map costs."""
     where = f"--cost-model {path}"
-    if not Path(path).is_file():
-        raise KvbenchError(f"{where}: cannot read it (no such file)")
-    try:
-        data = read_json(Path(path))
-    except KvbenchError as error:
-        raise KvbenchError(f"{where}: cannot read it ({error})") from None
+    data = read_cost_file(path, "--cost-model")
     if data.get("model") not in (None, model):
         raise KvbenchError(f"{where}: fitted on {data['model']}, not on --model {model}")
     required = ("fixed_s", "per_token_s", "per_kv_token_s")
@@ -451,6 +472,7 @@ def load_cost_model(path: str, model: str) -> CostModel:
     missing = [key for key in required if key not in data]
     if missing:
         raise KvbenchError(f"{where}: not a kvbench calibrate file (no {missing[0]!r})")
+    model_of(data, where)  # a file naming no model is refused, not applied to this one
     values: dict = {}
     for key in (*required, *optional):
         value = data.get(key)

@@ -16,6 +16,7 @@ import typer
 
 from kvbench.cli import options as opt
 from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import check_distinct
 from kvbench.results.outputs import prepare_out
 
 _BACKENDS = (  # kernels.bench.BACKENDS, spelled here so that checking options needs no torch
@@ -28,25 +29,24 @@ _DTYPES = ("bfloat16", "float16")
 
 
 def positive_ints(option: str, text: str) -> list[int]:
-    """`"8,32"` -> `[8, 32]`; anything else is a one-line error naming `option`."""
-    values = []
-    for item in text.split(","):
-        item = item.strip()
+    """`"8,32"` -> `[8, 32]`; anything else, or a value given twice, is a one-line error naming
+    `option`."""
+    items = [item.strip() for item in text.split(",")]
+    for item in items:
         if not item.isdigit() or int(item) < 1:
             raise KvbenchError(f"{option}: {item!r} is not a positive integer")
-        values.append(int(item))
-    return values
+    check_distinct(option, items, int)
+    return [int(item) for item in items]
 
 
 def window_sizes(text: str) -> list[int]:
     """`"0,4096"` -> `[0, 4096]`: sliding windows, 0 for full attention (the row windows compare with)."""
-    values = []
-    for item in text.split(","):
-        item = item.strip()
+    items = [item.strip() for item in text.split(",")]
+    for item in items:
         if not item.isdigit():
             raise KvbenchError(f"--window: {item!r} is not 0 (full attention) or a positive integer")
-        values.append(int(item))
-    return list(dict.fromkeys(values))
+    check_distinct("--window", items, int)
+    return [int(item) for item in items]
 
 
 def powers_of_two(option: str, text: str, low: int, high: int) -> list[int]:
@@ -59,19 +59,22 @@ def powers_of_two(option: str, text: str, low: int, high: int) -> list[int]:
 
 def cell_pairs(text: str) -> list[tuple[int, int]]:
     """`"8x1024,64x4096"` -> `[(8, 1024), (64, 4096)]`: (batch, context) pairs."""
+    items = [item.strip() for item in text.split(",")]
     pairs = []
-    for item in text.split(","):
-        batch, sep, context = item.strip().partition("x")
+    for item in items:
+        batch, sep, context = item.partition("x")
         if not sep:
-            raise KvbenchError(f"--cells: {item.strip()!r} is not BATCHxCONTEXT (e.g. 8x1024)")
+            raise KvbenchError(f"--cells: {item!r} is not BATCHxCONTEXT (e.g. 8x1024)")
         pairs.append((positive_ints("--cells", batch)[0], positive_ints("--cells", context)[0]))
+    check_distinct("--cells", items, lambda item: tuple(int(n) for n in item.split("x")))
     return pairs
 
 
 def backend_names(text: str | None, cpu: bool) -> tuple[str, ...]:
     if text is None:
         return _CPU_BACKENDS if cpu else _BACKENDS
-    names = tuple(dict.fromkeys(name.strip() for name in text.split(",")))
+    names = tuple(name.strip() for name in text.split(","))
+    check_distinct("--backends", names)
     for name in names:
         if name not in _BACKENDS:
             raise KvbenchError(f"--backends: unknown backend {name!r}; choose from {', '.join(_BACKENDS)}")
@@ -82,6 +85,7 @@ def backend_names(text: str | None, cpu: bool) -> tuple[str, ...]:
 
 @opt.user_errors
 def kernels(
+    ctx: typer.Context,
     batch: Annotated[str, typer.Option(help="Batch sizes, comma separated.")] = "8,32,64,256",
     context: Annotated[
         str, typer.Option(help="Context lengths, comma separated.")
@@ -129,6 +133,9 @@ def kernels(
 ) -> None:
     """Time decode attention (paged, contiguous, SDPA, FlexAttention, FlashInfer) on a grid of shapes."""
     cpu = os.environ.get("TRITON_INTERPRET") == "1"
+    ignored = [f"--{name}" for name in ("batch", "context") if cells and opt.given(ctx, name)]
+    if ignored:  # --cells names every (batch, context) pair: the grid flags would be dropped
+        raise KvbenchError(f"--cells gives the exact BATCHxCONTEXT pairs: drop {' and '.join(ignored)}")
     pairs = cell_pairs(cells) if cells else [
         (b, c) for b in positive_ints("--batch", batch) for c in positive_ints("--context", context)
     ]  # fmt: skip

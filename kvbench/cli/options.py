@@ -139,6 +139,14 @@ def user_errors(command):
     return wrapper
 
 
+def given(ctx: typer.Context, name: str) -> bool:
+    """Whether parameter `name` was typed (or set by the environment), not left at its default:
+    an option another one makes the command ignore must be refused only when the user gave it.
+    Compared by name: typer may parse with its own copy of click's ParameterSource."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
 def has_cuda() -> bool:
     """Whether torch is installed and sees a CUDA GPU (imported only to ask)."""
     try:

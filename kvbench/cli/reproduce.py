@@ -17,6 +17,7 @@ SHORT_HELP = "Run the paper's figures (2, 12-19) and its claims, every number be
 
 
 def reproduce(
+    ctx: typer.Context,
     figures: Annotated[
         list[str] | None,
         typer.Argument(
@@ -81,6 +82,8 @@ def reproduce(
     from kvbench.reproduce.run import rejudge as judge_again
 
     names = parse_figures(figures or [])
+    if rejudge:
+        _check_rejudge(ctx)
     if mode not in ("auto", "simulate", "real"):
         raise KvbenchError(f"--mode {mode!r}: choose auto, simulate or real")
     if num_requests is not None and num_requests < 1:
@@ -103,6 +106,21 @@ def reproduce(
     reports = f"{out / 'reproduce.md'}, {out / 'claims.md'}"
     wrote = f"{out}/fig12/seed-<s>/<trace>.placement/" if place_only else reports
     typer.echo(f"done in {time.perf_counter() - start:.0f} s: {wrote}")
+
+
+RUN_ONLY = ("seed", "repeats", "num_requests", "deadline_s", "place_only")
+"""Options that shape runs, which `--rejudge` does not make: it judges the rows already in --out."""
+
+
+def _check_rejudge(ctx: typer.Context) -> None:
+    """Refuse a run option given with `--rejudge`, which would ignore it: the seeds and counts
+    are those the folder's rows were run with (the reports name its own seeds)."""
+    given = [f"--{name.replace('_', '-')}" for name in RUN_ONLY if opt.given(ctx, name)]
+    if given:
+        raise KvbenchError(
+            f"--rejudge judges the rows already in --out, with the seeds they were run on: "
+            f"{', '.join(given)} would be ignored; drop {'it' if len(given) == 1 else 'them'}"
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -154,6 +154,8 @@ def convert(
 
     prepare_out(out, "trace", flag="OUT")
     path = registry.trace_file(source)
+    if path.is_dir():
+        raise KvbenchError(f"TRACE {source}: is a folder, not a trace file")
     if not path.is_file():
         raise KvbenchError(f"TRACE {source}: no such file or registered trace")
     trace = read_trace(path)

@@ -35,6 +35,7 @@ import numpy as np
 
 from kvbench.engine import EngineRun, OccupancyTotals
 from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import check_distinct
 from kvbench.metrics.latency import ItlTable, distribution
 from kvbench.metrics.occupancy import categories
 from kvbench.sequence import Sequence
@@ -265,14 +266,15 @@ def check_metric_options(percentiles: Seq[float], slo: Slo) -> None:
 
 
 def parse_percentiles(text: str) -> tuple[float, ...]:
-    """`--percentiles 50,90,99.9` -> (50.0, 90.0, 99.9), sorted, repeats dropped."""
+    """`--percentiles 50,90,99.9` -> (50.0, 90.0, 99.9), sorted; a value given twice is refused."""
     values = []
     for item in text.split(","):
         try:
             values.append(float(item))
         except ValueError:
             raise KvbenchError(f"--percentiles: {item.strip()!r} is not a number (e.g. 50,90,99)") from None
-    percentiles = tuple(sorted(set(values)))
+    check_distinct("--percentiles", [item.strip() for item in text.split(",")], float)
+    percentiles = tuple(sorted(values))
     check_metric_options(percentiles, Slo())
     return percentiles
 

@@ -32,6 +32,7 @@ import numpy as np
 from engines.scheduler import Batch
 from kvbench.cost_model import KvReads
 from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import check_distinct
 from kvbench.runner import Runner, StepResult
 
 COLLECTORS = ("torch", "nvml", "roofline", "host")
@@ -46,6 +47,7 @@ def parse_collectors(text: str) -> tuple[str, ...]:
         if name not in COLLECTORS:
             choices = ", ".join(COLLECTORS)
             raise KvbenchError(f"--collectors: unknown collector {name!r}; choose from {choices} or none")
+    check_distinct("--collectors", names)
     return names
 
 

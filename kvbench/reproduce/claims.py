@@ -44,29 +44,37 @@ def _fig2(rows, engine, cat):
     return lookup(rows, "fig2", engine, SHAREGPT, f"{cat}_%")
 
 
+# a Figure 2 share that is NaN: the run finished, but no request waited for memory in it
+NO_SHARE = "not measured (no request waited for memory)"
+
+
+def _percent(value: float) -> str:
+    return NO_SHARE if math.isnan(value) else f"{value:.1f} %"
+
+
 def _unused(rows) -> str | None:
     useful = {e: _fig2(rows, e, "token_states") for e in CONTIGUOUS}
     if None in useful.values():
         return None
     return "unused (not token states) in contiguous engines: " + ", ".join(
-        f"{e} {100 - v:.1f} %" for e, v in useful.items()
+        f"{e} {_percent(100 - v)}" for e, v in useful.items()
     )
 
 
 def _paged_waste(rows) -> str | None:
     useful = _fig2(rows, "paged", "token_states")
-    return (
-        None
-        if useful is None
-        else f"paged wastes {100 - useful:.1f} % of the KV arena (token states {useful:.1f} %)"
-    )
+    if useful is None:
+        return None
+    if math.isnan(useful):
+        return f"paged: {NO_SHARE}"
+    return f"paged wastes {100 - useful:.1f} % of the KV arena (token states {useful:.1f} %)"
 
 
 def _useful(rows) -> str | None:
     useful = {e: _fig2(rows, e, "token_states") for e in ("orca-max", "orca-pow2", "orca-oracle")}
     if None in useful.values():
         return None
-    return "token states " + ", ".join(f"{e} {v:.1f} %" for e, v in useful.items())
+    return "token states " + ", ".join(f"{e} {_percent(v)}" for e, v in useful.items())
 
 
 THROUGHPUT_PAIRS = tuple((t, o) for t in (SHAREGPT, "alpaca-paper") for o in ("orca-oracle", "orca-max"))
@@ -74,7 +82,7 @@ THROUGHPUT_PAIRS = tuple((t, o) for t in (SHAREGPT, "alpaca-paper") for o in ("o
 
 def _ratio(rows, trace: str, pair: str, metric: str) -> Row | None:
     row = find(rows, "fig12", pair, trace, metric)
-    return row if row is not None and row.kvbench is not None else None
+    return row if row is not None and row.interval is not None else None
 
 
 def _throughput(rows) -> str | None:
@@ -135,11 +143,15 @@ def _cache(rows) -> str | None:
     useful = _fig2(rows, "orca-max", "token_states")
     if useful is None:
         return None
+    paged = _fig2(rows, "paged", "token_states") or 100
     return (
-        f"not measurable as stated (no model or trace given); closest: orca-max reserves {100 / useful:.1f}x "
-        "the slots its tokens use, paged "
-        f"{100 / (_fig2(rows, 'paged', 'token_states') or 100):.2f}x"
+        f"not measurable as stated (no model or trace given); closest: orca-max reserves "
+        f"{_times(100 / useful, '.1f')} the slots its tokens use, paged {_times(100 / paged, '.2f')}"
     )
+
+
+def _times(ratio: float, spec: str) -> str:
+    return NO_SHARE if math.isnan(ratio) else f"{ratio:{spec}}x"
 
 
 def _pages(rows) -> str | None:
@@ -220,7 +232,9 @@ def _judge_pages(rows) -> list[Verdict]:
     return [
         range_verdict(f"{trace} best block size", Interval(row.kvbench, row.kvbench, row.kvbench), (128, 256))
         for trace in (SHAREGPT, "alpaca-paper")
-        if (row := find(rows, "fig18b", "paged", trace, "best_block_size")) is not None and row.kvbench
+        if (row := find(rows, "fig18b", "paged", trace, "best_block_size")) is not None
+        and row.interval is not None  # NaN: not measured
+        and row.kvbench
     ]
 
 

@@ -16,10 +16,12 @@ from kvbench.report.figures import PlotSkipped, plot_batched_bars, plot_occupanc
 from kvbench.reproduce.rows import SEED_PREFIX, FigureResult, Options, Row, find
 from kvbench.reproduce.verdicts import (
     Interval,
+    Verdict,
     figure_verdict,
     missing,
     order_verdict,
     ratio_verdict,
+    unmeasured,
     value_verdict,
 )
 from kvbench.results.files import write_text
@@ -61,6 +63,8 @@ def _plot(plot, runs: list[Path], out: Path, notes: list[str]) -> tuple[str, ...
 
 FIG2_METRIC = "token states (% of the KV cache), time-weighted while requests wait"
 FIG13_METRIC = "mean batched requests, busy-weighted"
+# why a finished run has no Figure 2 share (`kvbench.demo`: NaN, never the busy-weighted one)
+NO_WAIT = "no request waited for memory in the run, and the share is weighted by the time requests wait"
 
 
 def fig2(options: Options, folder: Path) -> FigureResult:
@@ -80,9 +84,13 @@ def fig2(options: Options, folder: Path) -> FigureResult:
 def fig2_verdict(rows: Sequence[Row], options: Options) -> str:
     """Each engine's token-state share against the paper's, and the engines' order."""
     measured = _intervals(rows, "fig2", "sharegpt-paper", "token_states_%", FIG2_OCCUPANCY)
+    blank = _blank(rows, "fig2", "sharegpt-paper", "token_states_%", FIG2_OCCUPANCY)
     paper = {e: FIG2_OCCUPANCY[e]["token_states"] for e in FIG2_OCCUPANCY}
     return figure_verdict(
-        [order_verdict(FIG2_METRIC, measured, paper), *_values(FIG2_METRIC, measured, paper)]
+        [
+            _order(FIG2_METRIC, measured, paper, blank),
+            *_values(FIG2_METRIC, measured, paper, blank=blank, why=NO_WAIT),
+        ]
     )
 
 
@@ -91,9 +99,37 @@ def _intervals(rows, figure: str, trace: str, metric: str, engines) -> dict[str,
     return {e: row.interval for e, row in found.items() if row is not None and row.interval is not None}
 
 
-def _values(metric: str, measured: dict[str, Interval], paper: dict[str, float], label: str = "") -> list:
+def _blank(rows, figure: str, trace: str, metric: str, engines) -> frozenset[str]:
+    """The engines whose run finished without a value (a row whose number is NaN): not measured,
+    where an engine without a row (its run did not finish) is a missing measurement."""
+    found = {e: find(rows, figure, e, trace, metric) for e in engines}
+    return frozenset(e for e, row in found.items() if row is not None and row.interval is None)
+
+
+def _order(
+    metric: str, measured: dict[str, Interval], paper: dict[str, float], blank: frozenset[str]
+) -> Verdict:
+    """The engines' order, over those whose runs gave a value: a run without one cannot be
+    ranked (its own verdict says not measured), and fewer than two such engines rank nothing."""
+    ranked = {e: value for e, value in paper.items() if e not in blank}
+    if len(ranked) < 2:
+        return unmeasured(
+            metric, f"fewer than two engines have a value to rank; none from {', '.join(sorted(blank))}"
+        )
+    return order_verdict(metric, measured, ranked)
+
+
+def _values(
+    metric: str,
+    measured: dict[str, Interval],
+    paper: dict[str, float],
+    label: str = "",
+    blank: frozenset[str] = frozenset(),
+    why: str = "the run finished without a value",
+) -> list:
     return [
         value_verdict(f"{label}{e} {metric}", measured[e], paper[e]) if e in measured
+        else unmeasured(f"{label}{e} {metric}", why) if e in blank
         else missing(f"{label}{e} {metric}", "the run did not finish")
         for e in paper
     ]  # fmt: skip
@@ -128,13 +164,16 @@ def fig13_verdict(rows: Sequence[Row], options: Options) -> str:
     verdicts = []
     for trace, paper in FIG13_BATCHED.items():
         measured = _intervals(rows, "fig13", trace, "mean_batched_requests", paper)
+        blank = _blank(rows, "fig13", trace, "mean_batched_requests", paper)
         metric = f"{trace} {FIG13_METRIC}"
         if "paged" in measured and "orca-oracle" in measured:
             ratio = paper["paged"] / paper["orca-oracle"]
             verdicts.append(ratio_verdict(f"{metric}, paged/orca-oracle", measured["paged"],
                                           measured["orca-oracle"], ratio))  # fmt: skip
+        elif {"paged", "orca-oracle"} & blank:
+            verdicts.append(unmeasured(f"{metric}, paged/orca-oracle", "a run finished without a value"))
         else:
             verdicts.append(missing(f"{metric}, paged/orca-oracle", "a run did not finish"))
-        verdicts.append(order_verdict(metric, measured, paper))
-        verdicts += _values(FIG13_METRIC, measured, paper, f"{trace} ")
+        verdicts.append(_order(metric, measured, paper, blank))
+        verdicts += _values(FIG13_METRIC, measured, paper, f"{trace} ", blank)
     return figure_verdict(verdicts)

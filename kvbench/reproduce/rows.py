@@ -93,8 +93,10 @@ class Row:
 
     @property
     def interval(self) -> Interval | None:
-        """The verdicts' view of the row; None where nothing was measured."""
-        if self.kvbench is None:
+        """The verdicts' view of the row; None where nothing was measured: no value, or NaN (a
+        run that has none, such as Figure 2's share weighted by the time requests wait in a run
+        where none waited), which no verdict may hold against the paper as a number."""
+        if self.kvbench is None or math.isnan(self.kvbench):
             return None
         low = self.kvbench if self.low is None else self.low
         high = self.kvbench if self.high is None else self.high

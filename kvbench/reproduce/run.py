@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kvbench.calibrate.fit import model_of, read_cost_file
 from kvbench.demo import REAL
 from kvbench.errors import KvbenchError
 from kvbench.paper import FIG13_RATE
@@ -25,6 +26,7 @@ from kvbench.reproduce.claims import claims_table
 from kvbench.reproduce.engines import fig2, fig2_verdict, fig13, fig13_verdict
 from kvbench.reproduce.plots import plot_seed_intervals
 from kvbench.reproduce.rows import (
+    SEED_PREFIX,
     FigureResult,
     Options,
     Row,
@@ -136,9 +138,7 @@ def setting_for(real: bool, cost_model: str | None, *, quick: bool, model: str |
         )
     if cost_model is None:
         return Setting()
-    fitted = read_json(Path(cost_model)).get("model")
-    if fitted is None:
-        return Setting(cost_model=cost_model)
+    fitted = model_of(read_cost_file(cost_model, "--cost-model"), f"--cost-model {cost_model}")
     if fitted in GPU_SETTINGS:  # fitted on that model's real runs: its GPU setting, rates and bound
         return replace(GPU_SETTINGS[fitted], cost_model=cost_model)
     raise KvbenchError(
@@ -154,13 +154,10 @@ def placement_for(setting: Setting, place_with: str | None) -> Setting:
         return setting
     if not setting.real:
         raise KvbenchError("--place-with places real runs: use it with --mode real (or auto on a GPU)")
-    if not Path(place_with).is_file():
-        raise KvbenchError(f"--place-with {place_with}: no such file")
-    fitted = read_json(Path(place_with)).get("model")
+    fitted = model_of(read_cost_file(place_with, "--place-with"), f"--place-with {place_with}")
     if fitted != setting.model:
         raise KvbenchError(
-            f"--place-with {place_with}: fitted on {fitted or 'no named model'}, the real runs decode "
-            f"{setting.model}"
+            f"--place-with {place_with}: fitted on {fitted}, the real runs decode {setting.model}"
         )
     return replace(setting, placement=place_with)
 
@@ -223,10 +220,24 @@ def rejudge(
         results.append(result)
     if not results:
         raise KvbenchError(f"--rejudge: {out} holds no figure to judge")
-    # the reports' setting line names the seeds the rows were merged over, not the flag's default
+    # the reports' setting line names the seeds the rows were merged over, not the flags' defaults
     merged = max((row.n or 1 for r in results for row in r.rows), default=1)
-    write_reports(out, replace(options, repeats=max(options.repeats, merged)))
+    first = first_seed(out, [r.name for r in results])
+    seed = options.seed if first is None else first
+    write_reports(out, replace(options, seed=seed, repeats=max(options.repeats, merged)))
     return results
+
+
+def first_seed(out: Path, figures: Sequence[str]) -> int | None:
+    """The lowest seed the figures in `out` ran (their `seed-<s>/` folders); None where none
+    has one (written before seeds had folders). `--rejudge` reads it from the folder: the rows
+    were run on it, whatever `--seed` would say."""
+    seeds = [
+        int(found.name[len(SEED_PREFIX) :])
+        for name in figures
+        if (found := seed_folder(out / name)) != out / name
+    ]
+    return min(seeds, default=None)
 
 
 def place_only(figures: Sequence[str], options: Options, out: Path, echo: Callable[[str], None]) -> list:

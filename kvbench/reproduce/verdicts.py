@@ -10,7 +10,9 @@ A verdict names its metric (and weighting) and reads one of:
 - **order only**: where only an order is compared (no value to hold the interval against),
   said so beside "matches"/"differs";
 - **not measured**: the measurement rests on a constant that was assumed, not fitted or measured
-  (a cost-model term without data behind it), so it cannot confirm or refute the paper;
+  (a cost-model term without data behind it), or the run that should give it gave none (a NaN:
+  Figure 2's share weighted by the time requests wait, in a run where no request waited), so it
+  cannot confirm or refute the paper;
 - **inconclusive**: the paper's value lies inside the widened interval, but so does half or
   twice the paper's value (`RESOLUTION`): a "matches" that could not have told the paper's number
   from one twice as large or half as large confirms nothing. Seeds whose results spread widely
@@ -191,6 +193,12 @@ def range_verdict(metric: str, measured: Interval, paper: tuple[float, float]) -
 def missing(metric: str, what: str) -> Verdict:
     """A verdict with nothing measured to hold against the paper: it cannot match."""
     return Verdict(DIFFERS, metric, f"no measurement: {what}")
+
+
+def unmeasured(metric: str, why: str) -> Verdict:
+    """A verdict on a run that finished without the quantity (NaN): unlike `missing` (nothing
+    ran, or nothing passed), the run says nothing about the paper's value either way."""
+    return Verdict(NOT_MEASURED, metric, f"no measurement: {why}")
 
 
 def figure_verdict(verdicts: Sequence[Verdict]) -> str:
