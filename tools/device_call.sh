@@ -24,7 +24,8 @@
 #                    grouped (results/reference/mla-vs-dense/expert_dispatch.json)
 #   vmm-occupancy    OPT-13B at the paper's 15,728 slots, ShareGPT at 9 and Alpaca at 110 req/s (above
 #                    every engine's sustained rate, so every engine queues), 30 s of arrivals, seeds
-#                    $SEEDS (default 0,1,2; SEEDS=0 runs one seed of every setting first): paged,
+#                    $SEEDS (default 0,1,2; SEEDS=0 runs one seed of every setting first; a resume may
+#                    add seeds, not drop them: after 0,1,2, SEEDS=1 is refused): paged,
 #                    orca-oracle and vmm per-layer, then vmm per-request, then vmm per-request
 #                    mapping ahead (`--vmm-map ahead`, folders *-ahead-held: the pages reserved by the
 #                    allocator) (results/reference/vmm-occupancy-real)
