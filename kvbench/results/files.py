@@ -21,7 +21,6 @@ import glob
 import json
 import os
 import platform
-import re
 import secrets
 import shutil
 import subprocess
@@ -35,7 +34,7 @@ from operator import attrgetter
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
-from kvbench.results.ownership import carry_foreign
+from kvbench.results.ownership import TEMP, carry_foreign
 
 
 def environment() -> dict:
@@ -173,10 +172,11 @@ def temp_path(path: Path, token: str | None = None) -> Path:
 def remove_stale_temps(path: Path) -> None:
     """Remove the temporary copies of `path` left by kvbench processes that are gone."""
     path = Path(path)
-    ours = re.compile(rf"\.{re.escape(path.name)}\.kvbench-(\d+)-[0-9a-z]+")
     for stale in path.parent.glob(f".{glob.escape(path.name)}.kvbench-*"):
-        found = ours.fullmatch(stale.name)
-        if found is None or int(found[1]) == os.getpid() or _alive(int(found[1])):
+        found = TEMP.fullmatch(stale.name)
+        if found is None or found["name"] != path.name:
+            continue
+        if int(found["pid"]) == os.getpid() or _alive(int(found["pid"])):
             continue
         if stale.is_dir() and not stale.is_symlink():
             shutil.rmtree(stale, ignore_errors=True)

@@ -28,7 +28,8 @@ from pathlib import Path
 TABLES = ("steps.csv", "requests.csv")  # packed as .csv.gz in committed results (kvbench/results/packed.py)
 RUN_FILES = frozenset({"config.json", "env.json", "summary.json", *TABLES, *(f"{t}.gz" for t in TABLES)})
 MARKER = "kvbench.json"  # {"kind": ..., "files": [...]}: kvbench/results/outputs.py
-TEMP = re.compile(r"\..+\.kvbench-\d+-[0-9a-z]+")
+# `files.temp_path`'s names: `.<name>.kvbench-<pid>-<token>` (`files.remove_stale_temps` reads the pid)
+TEMP = re.compile(r"\.(?P<name>.+)\.kvbench-(?P<pid>\d+)-[0-9a-z]+")
 
 
 def is_temp(name: str) -> bool:
