@@ -11,13 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.swap_copies import SwapSpace, main
 from engines.batch import Batch
-from engines.paged import PagedAllocator
-from kvbench.modeling.arena import KVArena
 from kvbench.models import MlaShape, ModelSpec
-from kvbench.real.kv_copies import ArenaCopies, host_spans
+from kvbench.real.kv_copies import host_spans
 
-CPU = torch.device("cpu")
 DENSE = ModelSpec("tiny", "llama", 3, 32, 4, 2, 64, 128, 64)
 MLA = ModelSpec(
     "tiny-mla", "deepseek", 2, 64, 4, 4, 128, 512, 64, norm_eps=1e-6,
@@ -30,22 +28,13 @@ def batch(*swaps: tuple[bool, int, int]) -> Batch:
     return Batch(seqs=(), is_prefill=False, num_tokens=0, num_context=0, swaps=swaps)
 
 
-class Copies(ArenaCopies):
-    """The runner's copy methods over a real arena and allocator, without a model."""
-
-    def __init__(self, spec: ModelSpec, block_size: int, blocks: int, host_blocks: int) -> None:
-        self.device = CPU
-        self.allocator = PagedAllocator(blocks * block_size, block_size, host_blocks=host_blocks)
-        self.arena = KVArena(spec, blocks * block_size, torch.float32, CPU)
-        # every slot of every layer distinct, so a block landing in the wrong place shows
-        self.arena.k.copy_(torch.arange(self.arena.k.numel(), dtype=torch.float32).view_as(self.arena.k))
-        self.arena.v.copy_(-torch.arange(self.arena.v.numel(), dtype=torch.float32).view_as(self.arena.v))
-        self._host = self._swap_space()
-
-    def block(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One device block's K and V, all layers: `[L, bs, Hkv, D]` each."""
-        bs = self.allocator.block_size
-        return tuple(kv[:, block * bs : (block + 1) * bs].clone() for kv in (self.arena.k, self.arena.v))
+def space(spec: ModelSpec, block_size: int, blocks: int, host_blocks: int) -> SwapSpace:
+    """A real arena and paged host space, every slot of every layer distinct, so a block landing
+    in the wrong place shows."""
+    copies = SwapSpace(spec, block_size, blocks, host_blocks, torch.float32, "cpu")
+    copies.arena.k.copy_(torch.arange(copies.arena.k.numel(), dtype=torch.float32).view_as(copies.arena.k))
+    copies.arena.v.copy_(-torch.arange(copies.arena.v.numel(), dtype=torch.float32).view_as(copies.arena.v))
+    return copies
 
 
 @pytest.mark.parametrize("spec", [DENSE, MLA], ids=["dense", "mla"])
@@ -56,7 +45,7 @@ class Copies(ArenaCopies):
     ids=["consecutive", "scattered", "reversed"],
 )
 def test_blocks_swapped_out_and_in_land_where_the_scheduler_says(spec, block_size, host_order):
-    copies = Copies(spec, block_size, blocks=12, host_blocks=8)
+    copies = space(spec, block_size, blocks=12, host_blocks=8)
     device_out = [3, 9, 4, 0, 11]  # device blocks swapped out, in this order, to host_order
     before = {b: copies.block(b) for b in device_out}
     copies._swap(batch(*((True, d, h) for d, h in zip(device_out, host_order, strict=True))))
@@ -75,7 +64,7 @@ def test_blocks_swapped_out_and_in_land_where_the_scheduler_says(spec, block_siz
 
 def test_swaps_in_scheduled_order_let_a_freed_block_be_taken_by_the_next_swap():
     """A block swapped out may be the target of a swap-in in the same batch: the order holds."""
-    copies = Copies(DENSE, 4, blocks=6, host_blocks=4)
+    copies = space(DENSE, 4, blocks=6, host_blocks=4)
     first, second = copies.block(2), copies.block(5)
     copies._swap(batch((True, 5, 1)))
     # host block 1 now holds device block 5; swap out block 2, then bring block 5's K/V into block 2
@@ -89,3 +78,16 @@ def test_host_spans_join_consecutive_host_blocks_in_swap_order_only():
     assert host_spans([4, 5, 9, 10, 2]) == [(0, 4, 2), (2, 9, 2), (4, 2, 1)]
     assert host_spans([6, 5, 4]) == [(0, 6, 1), (1, 5, 1), (2, 4, 1)]  # descending: one copy each
     assert host_spans([]) == []
+
+
+def test_the_benchmark_times_every_copy_and_prices_it_against_the_bound(tmp_path, capsys):
+    rows = main(["--device", "cpu", "--model", "tiny-llama", "--tokens", "32", "--block-sizes", "1,16",
+                 "--repeats", "2", "--dtype", "float32", "--out", str(tmp_path / "swap.json")])  # fmt: skip
+    # per block size: out and in, consecutive and random host order, and the bound each way
+    assert [(r["block_size"], r["copy"], r["host_order"]) for r in rows[:6]] == [
+        (1, "swap out", "consecutive"), (1, "swap in", "consecutive"), (1, "swap out", "random"),
+        (1, "swap in", "random"), (1, "bound out", "-"), (1, "bound in", "-"),
+    ]  # fmt: skip
+    assert len(rows) == 12 and all(r["seconds"] > 0 and r["gb_per_s"] > 0 for r in rows)
+    assert [r["of_bound"] for r in rows if r["copy"].startswith("bound")] == [1.0] * 4
+    assert "of bound" in capsys.readouterr().out and (tmp_path / "swap.json").exists()

@@ -12,11 +12,16 @@
 #   fig2-13          Figures 2 and 13 at OPT-13B, seeds 0-2 (`--repeats 3`: finished runs are resumed, so it
 #                    goes on with the first seed not done; one seed is about 10.5 GPU-minutes)
 #                    (results/reproduce/opt-13b-h200)
-#   fig19            Figure 19 at OPT-13B (recompute vs swap at block sizes 1, 16, 256), 3 seeds of 100
-#                    requests a run: the calibrated simulator gives each run 73-122 preemptions and
-#                    44-54 s (`reproduce fig19 --mode simulate --cost-model
-#                    results/reproduce/opt-13b-h200/calibration/cost.json --num-requests 100`), about
-#                    6 GPU-minutes a seed (results/reproduce/opt-13b-h200/fig19)
+#   fig19            Figure 19 at OPT-13B (recompute vs swap at the paper's block sizes 1, 2, 4, ... 256), 3
+#                    seeds of 100 requests a run: the calibrated simulator gives each run 73-122
+#                    preemptions and 44-54 s (`reproduce fig19 --mode simulate --cost-model
+#                    results/reproduce/opt-13b-h200/calibration/cost.json --num-requests 100`); on the
+#                    H200 a recompute cell took about 50 s and a swap cell 75-90 s (swaps through pageable
+#                    host copies, since made block-major: results/reference/fig19-pageable-swap), about
+#                    18 GPU-minutes a seed, with a cell's start-up (results/reproduce/opt-13b-h200/fig19)
+#   swap-copies      what the real runner's swap copies cost against one pinned copy of the same bytes,
+#                    OPT-13B's geometry, Figure 19's block sizes, host blocks consecutive and random
+#                    (benchmarks/swap_copies.py; under a minute) (results/reference/swap-copies)
 #   vmm-real         vmm sync and ahead beside orca-oracle and paged (results/reference/vmm-real)
 #   hybrid-arxiv     Gemma 3 12B on arxiv-sum, four allocators, 3 seeds (results/reference/hybrid-real)
 #   mla-dense        DeepSeek-V2-Lite beside Llama-3.1-8B at one KV budget (results/reference/mla-vs-dense)
@@ -234,6 +239,11 @@ for job in "$@"; do
           --trace alpaca-paper --rates $2 --duration 60 --seeds 0 --latency-threshold 0.0327 --bisect 2 \
           --bracket 0.05 --resume --continue-on-error --collectors torch --out $folder/$1
       done ;;
+    swap-copies)
+      folder=results/reference/swap-copies
+      mkdir -p $folder
+      timeout $left python benchmarks/swap_copies.py --model opt-13b --block-sizes 1,2,4,8,16,32,64,128,256 \
+        --out $folder/swap.json > $folder/swap.txt ;;
     kernels-mla)
       folder=results/reference/kernels-window-mla/h200-splits
       timeout $left python -m kvbench kernels --batch 1,4,8,64 --context 8192,32768 --window 0 --mla \
