@@ -612,6 +612,44 @@ def test_num_requests_above_a_replayed_files_rows_is_refused(timed_trace, tmp_pa
         assert summary["num_requests"] == summary["completed"] == int(count)
 
 
+def test_num_requests_above_a_retimed_files_rows_is_refused(timed_trace, tmp_path):
+    """The same file re-timed by --arrivals poisson: four rows cannot make 100 requests either."""
+    retimed = ("--arrivals", "poisson", "--rate", "2")
+    result = simulate(timed_trace, tmp_path / "out", *retimed, "--num-requests", "100")
+    refused(result, f"--num-requests 100: {timed_trace} has 4 rows;", "at most 4")
+    assert not (tmp_path / "out").exists()
+    ran = simulate(timed_trace, tmp_path / "three", *retimed, "--num-requests", "3")
+    assert ran.exit_code == 0, ran.output
+    assert json.loads((tmp_path / "three" / "summary.json").read_text())["num_requests"] == 3
+    # a preset draws the count, and --max-total-len drops some of what it drew: not refused
+    drawn = simulate("sharegpt-paper", tmp_path / "drawn", "--num-requests", "40", "--max-total-len", "1024")
+    assert drawn.exit_code == 0, drawn.output
+
+
+def test_a_sweeps_duration_past_a_files_rows_is_refused_before_any_cell(tmp_path):
+    """--duration 60 at 2 req/s asks 120 requests of a 30-row file: running 30 would judge the
+    rate on 15 seconds of load. Refused before any cell; within the rows, each rate's cell gets
+    rate x duration requests (at least 20), and the baseline, a few requests far apart, takes the
+    file's 30 rows instead of its usual 50."""
+    lines = [HEADER, *(row(request_id=i, arrival_s=float(i), prompt_len=4 + i) for i in range(30))]
+    trace = write_trace_file(tmp_path, "rows.jsonl", lines)
+    flags = ("sweep", "--engines", "paged", "--model", "tiny-llama", "--kv-cache-gib", "0.01",
+             "--trace", str(trace), "--arrivals", "poisson", "--rates", "0.05,2")  # fmt: skip
+    result = cli(*flags, "--duration", "60", "--out", str(tmp_path / "long"))
+    refused(
+        result, "--duration 60 at 2 req/s: 120 requests (rate x duration, at least 20)", f"{trace} gives 30"
+    )
+    assert not (tmp_path / "long").exists()
+    ran = cli(*flags, "--duration", "12.5", "--out", str(tmp_path / "within"))
+    assert ran.exit_code == 0, ran.output
+    cells = tmp_path / "within" / "cells"
+    counts = {
+        p.parent.name.split("__")[2]: json.loads(p.read_text())["num_requests"]
+        for p in cells.glob("*/summary.json")
+    }
+    assert counts == {"rate-unloaded": 30, "rate-0.05": 20, "rate-2": 25}
+
+
 def test_no_file_is_left_behind_by_a_refused_checkpoint(checkpoints, tmp_path):
     """kvbench reads checkpoint folders; a refusal must not write into them."""
     folder = tmp_path / "llama"

@@ -23,6 +23,7 @@ them (scaled and windowed) unless another process is asked for; anything else ne
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, replace
@@ -325,6 +326,8 @@ def _arrivals(spec: WorkloadSpec, cols: Columns, timestamps: bool, rng: np.rando
         picked = cols.take(index)
         picked.arrival_s = times
         return picked
+    if _from_file(spec):  # generated columns hold the count drawn (less those --max-total-len drops)
+        _check_enough_rows(spec, cols, len(cols))
     if spec.num_requests is not None and spec.num_requests < len(cols):
         cols = cols.take(np.arange(spec.num_requests))
     if kind == "all":
@@ -344,8 +347,8 @@ def _arrivals(spec: WorkloadSpec, cols: Columns, timestamps: bool, rng: np.rando
 
 
 def _check_enough_rows(spec: WorkloadSpec, cols: Columns, available: int) -> None:
-    """Refuse a --num-requests above the `available` requests a replayed file holds (in the
-    window, after --max-total-len): replaying what is there would run fewer requests than
+    """Refuse a --num-requests above the `available` requests a file holds (replayed: in the
+    window; after --max-total-len): running what is there would run fewer requests than
     config.json records. Text datasets refuse it likewise (`workloads.text`)."""
     if spec.num_requests is None or spec.num_requests <= available:
         return
@@ -357,8 +360,32 @@ def _check_enough_rows(spec: WorkloadSpec, cols: Columns, available: int) -> Non
         held += f", {available} of them in the --window-start/--window-duration window"
     raise KvbenchError(
         f"--num-requests {spec.num_requests}: {held}; give at most {available}, or leave "
-        "--num-requests out to replay them all"
+        "--num-requests out to run them all"
     )
+
+
+def file_rows(spec: WorkloadSpec) -> int | None:
+    """The requests a trace file gives this spec when --num-requests is left out (after
+    --max-total-len and conversations; a replay: in its window), or None where the count is
+    drawn (presets, length distributions) or read to order (text datasets). A sweep sizes its
+    implicit counts by it (`kvbench.sweep.grid.cell_config`)."""
+    if not _from_file(spec):
+        return None
+    # the rows do not depend on the seed or the rate: one read serves every cell of a sweep
+    return _rows(replace(spec, num_requests=None, seed=0, rate=None if spec.rate is None else 1.0))
+
+
+def _from_file(spec: WorkloadSpec) -> bool:
+    """Whether the spec's requests are a trace file's rows (a path or a registered trace), not
+    drawn from a preset or a distribution, nor read from a text dataset."""
+    kind, _, rest = spec.source.partition(":")
+    drawn = kind in (*LENGTH_KINDS, "empirical", "sharegpt", "alpaca", "dataset") and bool(rest)
+    return spec.source not in PRESETS and not drawn
+
+
+@functools.lru_cache(maxsize=16)
+def _rows(spec: WorkloadSpec) -> int:
+    return len(build_trace(spec).requests)
 
 
 def _describe(spec: WorkloadSpec) -> dict:

@@ -146,6 +146,9 @@ def _sweep(
     )  # fmt: skip
     if not real_mode and not continue_on_error:
         prepare(plan.config(grid_cells(axes)[0]))  # a mistyped setting fails now, not in the first cell
+    if duration is not None:  # every grid rate's count within the trace's rows, before any cell runs
+        for cell in grid_cells(axes):
+            plan.config(cell)
     start = time.perf_counter()
     where = _executor(executor, parallel_gpus, ray_address, ray_retries, real.device if real_mode else None)
     try:

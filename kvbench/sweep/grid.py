@@ -24,6 +24,7 @@ from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
 from kvbench.plugins import EXTERNAL
 from workloads.presets import PRESETS
+from workloads.spec import file_rows
 
 REPEAT_SEED_STRIDE = 1000  # repeat r of seed s draws its workload with seed s + 1000 r
 PAPER_ENGINES = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged")
@@ -139,10 +140,20 @@ def cell_config(
     workload = replace(base.workload, source=cell.trace, seed=cell.workload_seed, rate=cell.rate)
     if duration_s is not None and cell.rate is not None and cell.role != BASELINE:
         count = max(DURATION_MIN_REQUESTS, math.ceil(cell.rate * duration_s))
+        rows = file_rows(workload)
+        if rows is not None and count > rows:  # fewer would shorten the overload the rate is judged on
+            raise KvbenchError(
+                f"--duration {duration_s:g} at {cell.rate:g} req/s: {count:,} requests (rate x duration, at "
+                f"least {DURATION_MIN_REQUESTS}), and {cell.trace} gives {rows:,}; give a shorter --duration "
+                "or lower --rates"
+            )
         workload = replace(workload, num_requests=count)
     if cell.role == BASELINE:
         count = min(baseline.num_requests, base.workload.num_requests or baseline.num_requests)
-        workload = replace(workload, rate=baseline.rate, arrivals="constant", num_requests=count)
+        workload = replace(workload, rate=baseline.rate, arrivals="constant")
+        # a few requests far apart: a file of fewer rows gives them all
+        count = min(count, file_rows(workload) or count)
+        workload = replace(workload, num_requests=count)
     elif workload.rate is None and workload.arrivals is None and workload.source in PRESETS:
         workload = replace(workload, rate=1.0)  # as `simulate` does: presets have no timestamps
     return replace(
