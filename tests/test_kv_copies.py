@@ -8,12 +8,14 @@ and check every slot of every layer, K and V, against where the block must have 
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from benchmarks.swap_copies import SwapSpace, main
 from engines.batch import Batch
-from kvbench.models import MlaShape, ModelSpec
+from kvbench.models import MlaShape, ModelSpec, get_model
 from kvbench.real.kv_copies import host_spans
 
 DENSE = ModelSpec("tiny", "llama", 3, 32, 4, 2, 64, 128, 64)
@@ -28,10 +30,10 @@ def batch(*swaps: tuple[bool, int, int]) -> Batch:
     return Batch(seqs=(), is_prefill=False, num_tokens=0, num_context=0, swaps=swaps)
 
 
-def space(spec: ModelSpec, block_size: int, blocks: int, host_blocks: int) -> SwapSpace:
+def space(spec: ModelSpec, block_size: int, blocks: int, host_blocks: int, device: str = "cpu") -> SwapSpace:
     """A real arena and paged host space, every slot of every layer distinct, so a block landing
     in the wrong place shows."""
-    copies = SwapSpace(spec, block_size, blocks, host_blocks, torch.float32, "cpu")
+    copies = SwapSpace(spec, block_size, blocks, host_blocks, torch.float32, device)
     copies.arena.k.copy_(torch.arange(copies.arena.k.numel(), dtype=torch.float32).view_as(copies.arena.k))
     copies.arena.v.copy_(-torch.arange(copies.arena.v.numel(), dtype=torch.float32).view_as(copies.arena.v))
     return copies
@@ -71,6 +73,27 @@ def test_swaps_in_scheduled_order_let_a_freed_block_be_taken_by_the_next_swap():
     copies._swap(batch((True, 2, 3), (False, 1, 2), (False, 3, 0)))
     assert all(torch.equal(a, b) for a, b in zip(copies.block(2), second, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(copies.block(0), first, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_asynchronous_copies_through_pinned_memory_keep_the_scheduled_order_on_cuda():
+    """On a GPU the copies are asynchronous against pinned memory: a swap out, the arena
+    overwritten by a kernel, and a swap in, queued back to back with no synchronisation, must
+    still bring back every block as it was (the copies and the kernel share one stream)."""
+    spec = get_model("opt-125m")
+    copies = space(spec, 16, blocks=256, host_blocks=256, device="cuda")
+    rng = random.Random(0)
+    out, back = rng.sample(range(256), 96), rng.sample(range(256), 96)
+    host = rng.sample([b for b in range(256) if not 100 <= b < 130], 66)
+    host[10:10] = range(100, 130)  # a long span of consecutive host blocks among scattered ones
+    before = [copies.block(b) for b in out]
+    copies._swap(batch(*((True, d, h) for d, h in zip(out, host, strict=True))))
+    copies.arena.k.fill_(0.5)
+    copies.arena.v.fill_(0.5)
+    copies._swap(batch(*((False, h, d) for h, d in zip(host, back, strict=True))))
+    for kept, b in zip(before, back, strict=True):
+        assert all(torch.equal(a, k) for a, k in zip(copies.block(b), kept, strict=True))
 
 
 def test_host_spans_join_consecutive_host_blocks_in_swap_order_only():
