@@ -158,9 +158,9 @@ def engine_options(num_slots: int, *, block_size=4, preemption="recompute", host
 def decode_all(
     engine: str, model_name: str, num_slots: int, *, temperature=0.0, block_size=4, poison=True, device=CPU,
     preemption="recompute", host_blocks=0, coalesce=True, attention="torch", cuda_graphs=True,
-    clock: CostModel | None = VIRTUAL_CLOCK,
+    clock: CostModel | None = VIRTUAL_CLOCK, requests=10,
 ):  # fmt: skip
-    """Every request of `small_trace` decoded for real. Steps last what `clock` prices (the
+    """Every request of `small_trace(requests)` decoded for real. Steps last what `clock` prices (the
     default: the schedule is the same on any machine under any load); `clock=None`: measured."""
     spec = get_model(model_name)
     model = random_model(spec, torch.float32, device, seed=3)
@@ -173,7 +173,7 @@ def decode_all(
         model, arena, sched.allocator, max_batch=10, max_len=64, temperature=temperature, seed=5,
         attention=attention, cuda_graphs=cuda_graphs, clock=clock,
     )  # fmt: skip
-    run = Engine(sched, runner, coalesce=coalesce).run(small_trace())
+    run = Engine(sched, runner, coalesce=coalesce).run(small_trace(requests))
     return run, runner, arena
 
 
@@ -206,9 +206,11 @@ def test_greedy_tokens_are_identical_across_engines(model_name, device):
 @INTERPRETED
 @pytest.mark.parametrize("engine", ["paged", "orca-oracle"])
 def test_triton_kernels_give_the_reference_tokens(engine):
-    """The whole runner on the Triton kernels (interpreted on CPU) against the PyTorch reference."""
-    reference, _, _ = decode_all(engine, "tiny-llama", 300)
-    kernels, _, _ = decode_all(engine, "tiny-llama", 300, attention="triton")
+    """The whole runner on the Triton kernels (interpreted on CPU) against the PyTorch reference.
+    Six requests, not ten (every step runs interpreted kernels): prompts of 3-20 tokens over
+    4-token blocks, up to 14 tokens out, decoded in batches of several sequences and segments."""
+    reference, _, _ = decode_all(engine, "tiny-llama", 300, requests=6)
+    kernels, _, _ = decode_all(engine, "tiny-llama", 300, attention="triton", requests=6)
     assert [s.output_ids for s in kernels.sequences] == [s.output_ids for s in reference.sequences]
 
 
