@@ -192,8 +192,10 @@ def test_the_real_model_decodes_the_same_tokens_with_prompts_in_chunks(engine, a
     split_rows, real = [], module._split_prefill
     monkeypatch.setattr(module, "_split_prefill", lambda *a: split_rows.append(a[3].decode_rows) or real(*a))
     # all six within a millisecond, before the first step ends: four run at once from the second
-    # step on, so chunks of the later prompts run beside the earlier ones' decodes, however fast
-    workload = WorkloadSpec("uniform:prompt=20..48,output=3..6", num_requests=6, rate=1e4, seed=2)
+    # step on, so chunks of the later prompts run beside the earlier ones' decodes, however fast.
+    # Two or three tokens out: the decodes beside the chunks are what is checked, not long tails
+    # of decode-only steps (each step runs the interpreted kernels)
+    workload = WorkloadSpec("uniform:prompt=20..48,output=2..3", num_requests=6, rate=1e4, seed=2)
     runs = real_chunked_and_whole(
         engine, workload, 16, kv_cache_gib=0.01, block_size=4, max_num_seqs=4, attention=attention
     )
