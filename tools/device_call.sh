@@ -95,7 +95,9 @@
 # writing into this tree's folders. A figure whose runs span several device sessions keeps one
 # run code so, while the engines, kernels and runner go on changing (tools/cell_commits.py checks
 # that the commits its runs record share their run code). The commit must know --deadline-s
-# (kvbench.sweep.deadline): an older one refuses the flag with exit code 2.
+# (kvbench.sweep.deadline): an older one refuses the flag with exit code 2. A commit newer than the
+# machine's copy of the repository travels in .carry/pin.bundle (carry ".carry/shared" and
+# ".carry/pin.bundle"): `git bundle create .carry/pin.bundle <a landed commit>..<PIN>`.
 set -u
 ROOT=$PWD
 export PYTHONPATH=. KVBENCH_TRACE_DIR=${KVBENCH_TRACE_DIR:-$ROOT/.carry/shared/traces}
@@ -109,6 +111,10 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt
 KVBENCH=(python -m kvbench)
 if [ -n "${PIN:-}" ]; then
   CODE=/tmp/kvbench-at-${PIN}
+  # the machine's repository knows only the commits that had landed when its copy was made: a
+  # newer PIN travels as a bundle (git bundle create .carry/pin.bundle <landed>..<PIN>)
+  git cat-file -e "$PIN^{commit}" 2>/dev/null || [ ! -f .carry/pin.bundle ] \
+    || git fetch -q .carry/pin.bundle >> "$OUT/calls.log" 2>&1
   [ -d "$CODE" ] || git worktree add -q --detach "$CODE" "$PIN" >> "$OUT/calls.log" 2>&1 \
     || { echo "PIN=$PIN: no such commit here" | tee -a "$OUT/calls.log"; exit 2; }
   echo "reproduction jobs run kvbench at $(git -C "$CODE" rev-parse HEAD)" >> "$OUT/calls.log"
