@@ -114,7 +114,7 @@ if [ -n "${PIN:-}" ]; then
   # the machine's repository knows only the commits that had landed when its copy was made: a
   # newer PIN travels as a bundle (git bundle create .carry/pin.bundle <landed>..<PIN>)
   git cat-file -e "$PIN^{commit}" 2>/dev/null || [ ! -f .carry/pin.bundle ] \
-    || git fetch -q .carry/pin.bundle >> "$OUT/calls.log" 2>&1
+    || git fetch -q .carry/pin.bundle "refs/heads/*:refs/remotes/pin-bundle/*" >> "$OUT/calls.log" 2>&1
   [ -d "$CODE" ] || git worktree add -q --detach "$CODE" "$PIN" >> "$OUT/calls.log" 2>&1 \
     || { echo "PIN=$PIN: no such commit here" | tee -a "$OUT/calls.log"; exit 2; }
   echo "reproduction jobs run kvbench at $(git -C "$CODE" rev-parse HEAD)" >> "$OUT/calls.log"
