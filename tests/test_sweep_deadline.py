@@ -81,3 +81,20 @@ def test_the_cli_stops_at_its_deadline_with_exit_75_and_refuses_a_deadline_that_
     assert "6 cells (5 run, 1 resumed, 0 failed)" in proc.stdout
     bad = kvbench(*args, "--resume", "--deadline-s", "0")
     assert bad.returncode == 2 and "--deadline-s" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_later_sweep_under_the_same_deadline_is_judged_by_the_cells_of_the_earlier_ones(tmp_path):
+    """A reproduction's sweeps (seeds, preemption modes) share one deadline: the first cell of a
+    new sweep is expected to last as long as the longest of its kind timed before, so it is not
+    started with too little time left (a blind start would be killed with the call)."""
+    deadline = Deadline.in_seconds(FUTURE)
+    run_sweep(plan(engines=("paged",), rates=(1.0,)), tmp_path / "first", progress=quiet(), deadline=deadline)
+    assert set(deadline.timed) == {False} and deadline.timed[False] > 0  # a loaded cell, timed
+    later = Deadline(deadline.at - 2 * FUTURE, deadline.timed)  # the same record, the time spent
+    with pytest.raises(DeadlineReached, match=r"^paged__.*rate-2.* not started"):
+        run_sweep(
+            plan(engines=("paged",), rates=(2.0,)), tmp_path / "second", progress=quiet(), deadline=later
+        )
+    assert not (tmp_path / "second" / "cells").exists() or not any((tmp_path / "second" / "cells").iterdir())
+    assert later.expected_s(False) == pytest.approx(MARGIN * deadline.timed[False])
+    later.check("a baseline", later.expected_s(True))  # a kind never timed still starts its first cell

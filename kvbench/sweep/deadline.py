@@ -9,14 +9,17 @@ cell that would not finish, its folder as a `--resume` expects it, and exits wit
 cell is the longest wall time among the sweep's finished cells of its kind (unloaded baselines
 apart from loaded cells: a baseline of 5 requests is far shorter), with a margin; a cell of a
 kind no finished cell has timed is started (nothing to judge it by), so a deadline never stops a
-sweep before its first cell of each kind.
+sweep before its first cell of each kind. A reproduction runs one sweep after another (a seed, a
+preemption mode) under one `Deadline`, which keeps the longest wall time of each kind seen by any
+of them: a sweep's first cell is judged by the sweeps before it, not started blind with seconds
+left (at OPT-13B that lost the cell in progress of every Figure 19 call).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEADLINE_EXIT = 75  # sysexits' EX_TEMPFAIL: nothing failed; run again (with --resume) to go on
 MARGIN = 1.1  # a cell is expected to last up to 10 % longer than the longest of its kind so far
@@ -32,6 +35,18 @@ class Deadline:
     """A point in time (`time.monotonic()` seconds) by which the sweep must have ended."""
 
     at: float
+    # the longest wall time (s) of a finished cell of each kind (True: unloaded baselines) seen by
+    # any sweep run under this deadline; mutable by design: the sweeps of one call share it
+    timed: dict[bool, float] = field(default_factory=dict, compare=False)
+
+    def note(self, baseline: bool, wall_s: float | None) -> None:
+        """A cell of this kind finished (or was found finished) in `wall_s` seconds."""
+        if wall_s is not None and wall_s == wall_s:
+            self.timed[baseline] = max(wall_s, self.timed.get(baseline, 0.0))
+
+    def expected_s(self, baseline: bool) -> float | None:
+        """How long the next cell of this kind is expected to last (None: none timed yet)."""
+        return expected_s([self.timed.get(baseline)])
 
     @classmethod
     def in_seconds(cls, seconds: float) -> Deadline:

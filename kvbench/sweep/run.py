@@ -30,7 +30,7 @@ from kvbench.errors import KvbenchError
 from kvbench.results.outputs import prepare_out
 from kvbench.results.ownership import is_temp, remove_owned
 from kvbench.sweep.cell import Outcome, config_differences
-from kvbench.sweep.deadline import Deadline, expected_s
+from kvbench.sweep.deadline import Deadline
 from kvbench.sweep.executor import CellJob, Executor, LocalExecutor
 from kvbench.sweep.files import (
     CELL_COLUMNS,
@@ -119,13 +119,8 @@ class _Sweep:
         """A cell is about to start: first, where the sweep has a deadline, check the cell is
         expected to end before it (raises `DeadlineReached`, and nothing more is handed out)."""
         if self.deadline is not None:
-            kind = self.rows[job.cell_id]["role"] == BASELINE  # baselines timed apart from loaded cells
-            walls = (
-                row["wall_s"]
-                for cell_id, row in self.rows.items()
-                if cell_id in self.finished and row["status"] == "ok" and (row["role"] == BASELINE) == kind
-            )
-            self.deadline.check(job.cell_id, expected_s(walls))
+            baseline = self.rows[job.cell_id]["role"] == BASELINE  # timed apart from loaded cells
+            self.deadline.check(job.cell_id, self.deadline.expected_s(baseline))
         self.progress.begin(job.cell_id)
 
     def _found(self, cell: Cell, config: RunConfig, folder: Path) -> None:
@@ -148,6 +143,8 @@ class _Sweep:
 
     def _record(self, cell: Cell, row: dict) -> None:
         self.rows[cell.id] = row
+        if self.deadline is not None and row["status"] == "ok":
+            self.deadline.note(row["role"] == BASELINE, row["wall_s"])
         self.finished.add(cell.id)
         self.write()
         if row["status"] == "failed" and not self.plan.continue_on_error:
