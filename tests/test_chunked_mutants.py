@@ -243,3 +243,12 @@ def test_the_host_swap_space_holds_the_arenas_dtype_block_major():
     layers, heads, dim = half.arena.k.shape[0], *half.arena.k.shape[2:]
     for host in half._host:
         assert host.dtype == torch.float16 and host.shape == (3, layers, 4, heads, dim)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_the_host_swap_space_is_pinned_on_cuda():
+    """Pinned host memory is what lets each span cross the link as one asynchronous DMA copy;
+    unpinned, every swap still lands right, only slower, so the values tests cannot see it."""
+    copies = space(DENSE, 4, blocks=6, host_blocks=3, device="cuda")
+    assert all(host.is_pinned() and host.device.type == "cpu" for host in copies._host)
