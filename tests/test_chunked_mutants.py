@@ -9,6 +9,8 @@ dtype).
 
 Schedules run the real scheduler, allocator and `Engine` (`tests.test_chunked_prefill`'s
 recorder, one step a row); copies run on real arenas on the CPU, every slot distinct.
+docs/MUTATION.md says why such tests exist; the mutants they kill, and those that are equivalent,
+are in results/mutation/engines-chunked/.
 """
 
 from __future__ import annotations
