@@ -44,9 +44,26 @@ clean:
 
 # Mutation testing (slow, not part of `make test`; docs/MUTATION.md): engines first, then the
 # metrics and trace validation, then the hybrid allocators, the verdicts, the sweep, and the real runner's
-# host collector and prefill graphs; reports land in
+# host collector and prefill graphs, then chunked prefill, the outside-window terms and the arena copies,
+# then the prefix-caching page pools; reports land in
 # results/mutation/<scope>/
 .PHONY: mutation
+# chunked prefill's tests but the interpreted Triton ones (about 26 s, every surviving mutant would rerun them)
+CHUNKED_TESTS = $(addprefix tests/test_chunked_prefill.py::,test_every_step_keeps_the_budget_runs_every_decode_and_chunks_in_arrival_order \
+	test_a_first_token_comes_with_the_last_chunk test_coalesced_runs_match_step_by_step_runs_through_preemptions \
+	test_chunked_prefill_lowers_the_decode_latency_of_a_prefill_heavy_trace \
+	'test_the_real_model_decodes_the_same_tokens_with_prompts_in_chunks[paged-torch]' \
+	test_static_engines_refuse_chunked_prefill test_a_budget_below_the_running_decodes_is_refused \
+	test_requests_with_several_outputs_are_refused test_a_budget_below_the_model_length_is_taken_when_chunked \
+	test_the_chunked_step_budget_is_2048_unless_set_whatever_the_model_length)
+# the prefix-caching pools' tests but the real-model ones
+CACHING_TESTS = $(addprefix tests/test_hybrid_prefix.py::,test_group_names \
+	test_window_hits_skip_blocks_below_the_window_and_stop_at_a_gap test_the_request_hit_is_what_every_group_serves \
+	test_a_sequence_registers_its_window_blocks_before_the_window_frees_them \
+	test_references_lru_eviction_and_pages_returned_hybrid test_references_lru_eviction_and_pages_returned_jenga \
+	test_random_runs_keep_exact_accounting test_simulated_runs_partition_the_arena_at_every_step \
+	test_coalesced_segments_equal_step_by_step_with_the_cache test_summary_hit_tokens_per_group_by_hand)
+
 mutation: $(VENV)/.dev
 	$(PIP) install -q "mutmut==3.8.1"
 	nice $(PY) tools/mutation.py --scope engines-core --paths engines/scheduler.py engines/preemption.py \
@@ -72,3 +89,9 @@ mutation: $(VENV)/.dev
 		tests/test_sweep_executor.py tests/test_sweep_mutants.py
 	nice $(PY) tools/mutation.py --scope real-host --paths kvbench/real/host.py kvbench/real/prefill_graphs.py \
 		--tests tests/test_collectors.py tests/test_prefill_graphs.py
+	nice $(PY) tools/mutation.py --scope engines-chunked --paths engines/chunked.py engines/windows.py \
+		kvbench/real/kv_copies.py --tests $(CHUNKED_TESTS) tests/test_outside_window.py \
+		tests/test_real_window_pricing.py tests/test_kv_copies.py tests/test_rules.py tests/test_chunked_mutants.py
+	nice $(PY) tools/mutation.py --scope engines-caching-pages --timeout-multiplier 2 \
+		--paths engines/caching_pages.py --tests $(CACHING_TESTS) tests/test_hybrid_prefix_mutants.py \
+		tests/test_rules.py tests/test_caching_pages_mutants.py

@@ -146,6 +146,17 @@ def test_an_append_may_take_the_last_free_pages():
     alloc.check_integrity()
 
 
+def test_jenga_prefix_counts_a_live_pages_spare_blocks_as_allocator_overhead():
+    """A 10-token prompt takes three blocks a group: two window pages (2 blocks each, one spare
+    block of 4 x 24 bytes) and one full page (3 blocks, none spare). The spare 96 bytes are 2.4
+    slots of 40 granted beyond the 12 asked, as plain `jenga` grants them."""
+    alloc = JengaPrefixAllocator(60, BS, GROUPS, watermark=0.0)
+    alloc.allocate(Sequence(Request(0, 0.0, 10, 4)))
+    footprint = alloc.footprint()
+    assert (footprint.asked, footprint.granted) == (12.0, pytest.approx(12.0 + slots(96)))
+    alloc.check_integrity()
+
+
 # ---------------------------------------------------------------- freeing and registration
 
 

@@ -115,6 +115,10 @@ def main() -> None:
     parser.add_argument("--tests", nargs="*", default=[], help="test files to run (default: setup.cfg's)")
     parser.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
     parser.add_argument("--max-children", type=int, default=1, help="mutants run at once (CPU cores)")
+    parser.add_argument(
+        "--timeout-multiplier", type=float, default=None,
+        help="a mutant's CPU limit is 2 x this x (its tests' seconds + 1) (default: setup.cfg's, else 15)",
+    )  # fmt: skip
     args = parser.parse_args()
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.scope):
         parser.error(f"--scope must be a plain folder name, got {args.scope!r}")
@@ -126,12 +130,19 @@ def main() -> None:
     commit = committed_tree(work)
     paths = narrow(work / "setup.cfg", "source_paths", args.paths)
     narrow(work / "setup.cfg", "pytest_add_cli_args_test_selection", args.tests)
+    if args.timeout_multiplier:  # a mutant that loops stops sooner
+        config = configparser.ConfigParser()
+        config.read(work / "setup.cfg")
+        config["mutmut"]["timeout_multiplier"] = f"{args.timeout_multiplier:g}"
+        with open(work / "setup.cfg", "w") as f:
+            config.write(f)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     command = "python tools/mutation.py " + " ".join(
         [
             f"--scope {args.scope}",
             f"--max-children {args.max_children}",
             *([f"--time-limit {args.time_limit:g}"] if args.time_limit else []),
+            *([f"--timeout-multiplier {args.timeout_multiplier:g}"] if args.timeout_multiplier else []),
             *(["--paths", *args.paths] if args.paths else []),
             *(["--tests", *args.tests] if args.tests else []),
         ]
