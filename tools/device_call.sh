@@ -16,9 +16,8 @@
 #                    seeds of 100 requests a run: the calibrated simulator gives each run 73-122
 #                    preemptions and 44-54 s (`reproduce fig19 --mode simulate --cost-model
 #                    results/reproduce/opt-13b-h200/calibration/cost.json --num-requests 100`); on the
-#                    H200 a recompute cell took about 50 s and a swap cell 75-90 s (swaps through pageable
-#                    host copies, since made block-major: results/reference/fig19-pageable-swap), about
-#                    18 GPU-minutes a seed, with a cell's start-up (results/reproduce/opt-13b-h200/fig19)
+#                    H200 a recompute cell takes 49-68 s and a swap cell 49-63 s (seed 0 at 40dc8fc), about
+#                    17 GPU-minutes a seed, with a cell's start-up (results/reproduce/opt-13b-h200/fig19)
 #   swap-copies      what the real runner's swap copies cost against one pinned copy of the same bytes,
 #                    OPT-13B's geometry, Figure 19's block sizes, host blocks consecutive and random
 #                    (benchmarks/swap_copies.py; under a minute) (results/reference/swap-copies)
