@@ -6,13 +6,14 @@ a call that is killed at its time limit loses the cell in progress, on average h
 GPU time per call. A sweep told its deadline (`--deadline-s`) instead stops before the first
 cell that would not finish, its folder as a `--resume` expects it, and exits with
 `DEADLINE_EXIT` so a script can tell "stopped in time" from a failure. The expected duration of a
-cell is the longest wall time among the sweep's finished cells of its kind (unloaded baselines
+cell is the longest wall time among the finished cells of its kind (unloaded baselines
 apart from loaded cells: a baseline of 5 requests is far shorter), with a margin; a cell of a
 kind no finished cell has timed is started (nothing to judge it by), so a deadline never stops a
 sweep before its first cell of each kind. A reproduction runs one sweep after another (a seed, a
 preemption mode) under one `Deadline`, which keeps the longest wall time of each kind seen by any
 of them: a sweep's first cell is judged by the sweeps before it, not started blind with seconds
-left (at OPT-13B that lost the cell in progress of every Figure 19 call).
+left (at OPT-13B that lost the cell in progress of every Figure 19 call). The estimate errs long:
+a sweep of short cells after one of long cells may stop with time to spare, never mid-cell.
 """
 
 from __future__ import annotations
