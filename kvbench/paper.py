@@ -52,6 +52,9 @@ FIG18B_BEST = {"sharegpt-paper": (16, 128), "alpaca-paper": (16, 32)}
 # Figure 19 (digitized, ms): recompute flat ~36-39; swap in+out by block size
 FIG19_SWAP_MS = {1: 137.0, 16: 40.0, 256: 33.0}
 FIG19_RECOMPUTE_MS = 37.5  # middle of the flat 36-39 ms
+# Figure 19 end to end (section 7.3's text): at block sizes 16-64 recompute and swap perform
+# comparably; small blocks make swapping slow (its per-preemption cost above recompute's)
+FIG19_COMPARABLE_BLOCK_SIZES = (16, 32, 64)
 
 # Figures 14-17: sharing (OPT-13B; LLaMA-13B for Figure 16)
 FIG14_BEAM6_RATIO = 2.3  # vLLM over Orca (Oracle), sustained rate, Alpaca, beam width 6 (text)

@@ -23,6 +23,7 @@ from kvbench.paper import (
     FIG12_SUSTAINED,
     FIG12_THRESHOLD_S,
     FIG18B_BEST,
+    FIG19_COMPARABLE_BLOCK_SIZES,
     FIG19_RECOMPUTE_MS,
     FIG19_SWAP_MS,
     RATIO_BASELINES,
@@ -31,6 +32,7 @@ from kvbench.report.figures import PlotSkipped, plot_block_size, plot_latency_vs
 from kvbench.report.style import pyplot, save
 from kvbench.reproduce.rows import SET_ASIDE, FigureResult, Options, Row, find
 from kvbench.reproduce.verdicts import (
+    NOT_MEASURED,
     Interval,
     Verdict,
     assumed_terms,
@@ -38,6 +40,7 @@ from kvbench.reproduce.verdicts import (
     missing,
     order_verdict,
     range_verdict,
+    ratio_verdict,
     value_verdict,
 )
 from kvbench.results.load import Run, load_run
@@ -567,9 +570,10 @@ def fig19(options: Options, folder: Path) -> FigureResult:
 
 
 def fig19_verdict(rows: Sequence[Row], options: Options) -> str:
-    """Each overhead at a block size the paper gives against the paper's: swap's (137 -> 33 ms)
-    and recompute's (flat ~37.5). A term the setting's cost rests on without data behind it
-    (the roofline's swap link, a cost file's "assumed") makes its verdicts "not measured"."""
+    """Figure 19 judged twice: each overhead per preemption at a block size the paper gives
+    against the paper's (swap's 137 -> 33 ms, recompute's flat ~37.5), and the two modes end to
+    end (`_fig19_end_to_end`). A term the setting's cost rests on without data behind it (the
+    roofline's swap link, a cost file's "assumed") makes its verdicts "not measured"."""
     assumed = assumed_terms(options.setting.cost_model, options.setting.real)
     verdicts = []
     for how, terms in (("swap", ("per_swap_block_s",)), ("recompute", RECOMPUTE_TERMS)):
@@ -584,7 +588,52 @@ def fig19_verdict(rows: Sequence[Row], options: Options) -> str:
             paper = FIG19_SWAP_MS[bs] if how == "swap" else FIG19_RECOMPUTE_MS
             cost = f"cost term {rested}" if rested else None
             verdicts.append(value_verdict(label, row.interval, paper, assumed=cost))
-    return figure_verdict(verdicts)
+    either = next((t for t in ("per_swap_block_s", *RECOMPUTE_TERMS) if t in assumed), None)
+    return figure_verdict(verdicts + _fig19_end_to_end(rows, either and f"cost term {either}"))
+
+
+FIG19_E2E_METRIC = "normalized latency (s/token, mean over requests), swap / recompute"
+
+
+def _fig19_end_to_end(rows: Sequence[Row], assumed: str | None) -> list[Verdict]:
+    """The two preemption modes on the same requests, by their normalized latency: what a
+    preemption's cost does to the run, without a fitted constant between.
+
+    Where the paper finds the modes comparable (block sizes 16-64), swap over recompute is judged
+    against 1, seed by seed where there are seeds (both modes ran each seed's requests:
+    `Interval.paired_ratio`), else as the ratio of the two; at block size 1, where its swaps cost
+    3.7 times a recompute (137 against ~37.5 ms), the paper's order only: swap slower.
+    """
+    verdicts = []
+    for bs in (min(FIG19_SWAP_MS), *FIG19_COMPARABLE_BLOCK_SIZES):
+        measured = {
+            how: row.interval
+            for how in ("recompute", "swap")
+            if (row := find(rows, "fig19", f"paged-{how}", "sharegpt-paper", f"normalized_latency_s@bs{bs}"))
+            and row.interval is not None
+        }
+        label = f"{FIG19_E2E_METRIC} at block size {bs}"
+        if len(measured) < 2:
+            verdicts.append(missing(label, "a mode without a finished run at this block size"))
+        elif bs not in FIG19_COMPARABLE_BLOCK_SIZES:
+            paper = {"paged-recompute": FIG19_RECOMPUTE_MS, "paged-swap": FIG19_SWAP_MS[bs]}
+            ranked = f"{label}, ranked as the paper's ms per preemption"
+            order = order_verdict(ranked, {f"paged-{h}": i for h, i in measured.items()}, paper)
+            verdicts.append(_rested(order, assumed))
+        elif (paired := measured["recompute"].paired_ratio(measured["swap"])) is not None:
+            verdicts.append(value_verdict(f"{label}, seed by seed", paired, 1.0, assumed=assumed))
+        else:
+            swap, recompute = measured["swap"], measured["recompute"]
+            verdicts.append(ratio_verdict(label, swap, recompute, 1.0, assumed=assumed))
+    return verdicts
+
+
+def _rested(verdict: Verdict, assumed: str | None) -> Verdict:
+    """An order verdict on runs whose cost rests on an assumed term: "not measured"."""
+    if assumed is None:
+        return verdict
+    evidence = f"{verdict.evidence}; rests on an assumed {assumed}"
+    return replace(verdict, outcome=NOT_MEASURED, evidence=evidence)
 
 
 def _ms(value: float) -> str:
