@@ -21,6 +21,11 @@
 #   swap-copies      what the real runner's swap copies cost against one pinned copy of the same bytes,
 #                    OPT-13B's geometry, Figure 19's block sizes, host blocks consecutive and random
 #                    (benchmarks/swap_copies.py; under a minute) (results/reference/swap-copies)
+#   preemption-costs what one preemption costs each way at OPT-13B's geometry, measured: a request of
+#                    64, 256 and 1,024 tokens swapped out and in through the runner's copies, and
+#                    recomputed by one prefill forward through its block table, at Figure 19's nine
+#                    block sizes (benchmarks/preemption_costs.py; a few minutes)
+#                    (results/reference/preemption-costs)
 #   vmm-real         vmm sync and ahead beside orca-oracle and paged (results/reference/vmm-real)
 #   hybrid-arxiv     Gemma 3 12B on arxiv-sum, four allocators, 3 seeds (results/reference/hybrid-real)
 #   mla-dense        DeepSeek-V2-Lite beside Llama-3.1-8B at one KV budget (results/reference/mla-vs-dense)
@@ -249,6 +254,11 @@ for job in "$@"; do
       mkdir -p $folder
       timeout $left python benchmarks/swap_copies.py --model opt-13b --block-sizes 1,2,4,8,16,32,64,128,256 \
         --out $folder/swap.json > $folder/swap.txt ;;
+    preemption-costs)
+      folder=results/reference/preemption-costs
+      mkdir -p $folder
+      timeout $left python benchmarks/preemption_costs.py --model opt-13b --tokens 64,256,1024 \
+        --out $folder/costs.json > $folder/costs.txt ;;
     kernels-mla)
       folder=results/reference/kernels-window-mla/h200-splits
       timeout $left python -m kvbench kernels --batch 1,4,8,64 --context 8192,32768 --window 0 --mla \

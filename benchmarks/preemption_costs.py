@@ -1,0 +1,120 @@
+"""What one preemption costs on the GPU, measured each way rather than fitted: Figure 19's
+microbenchmark (the paper's first panel) at a model's geometry.
+
+A real Figure 19 cell prices its preemptions with constants fitted to its own step times, and a
+fit can trade a prefill's per-token cost against its per-step cost (at OPT-13B on the H200 the
+recompute cells' fitted per-token prefill cost, 6-23 us, lies below the ~26 us that a token's
+2 FLOPs a weight take at the H200's dense fp16 peak). This times the two ways directly, for a request of
+`--tokens` tokens (the prompt and the tokens generated before it was preempted) at each block size:
+
+- swap: the request's blocks out to the host and back in through the real runner's copies
+  (`kvbench/real/kv_copies.py`, the arena and host space of `benchmarks/swap_copies.py`), host
+  blocks consecutive, as the paged allocator's host space hands them out to one request;
+- recompute: one prefill forward of its tokens through the model (random weights) into the same
+  paged arena at the same block size, its blocks scattered as a running engine leaves them.
+
+Prints, per block size and token count, the median ms of `--repeats` each way, swap over
+recompute, and the prefill's compute floor (2 FLOPs a token for each weight outside the
+embeddings, at `--gpu`'s datasheet dense fp16 peak); writes the rows as JSON.
+
+    PYTHONPATH=. python benchmarks/preemption_costs.py [--model opt-13b] [--tokens 64,256,1024] [--out F]
+    PYTHONPATH=. python benchmarks/preemption_costs.py --device cpu --model tiny-llama --tokens 32  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from benchmarks.swap_copies import SwapSpace, swaps, timed
+from kvbench.budget import get_gpu
+from kvbench.modeling.attention import AttentionMetadata, resolve_backend
+from kvbench.modeling.weights import random_model
+from kvbench.models import ModelSpec, get_model
+from kvbench.results.files import write_text
+
+FIG19_BLOCK_SIZES = "1,2,4,8,16,32,64,128,256"
+
+
+def prefill_metadata(
+    blocks: list[int], block_size: int, tokens: int, device: torch.device
+) -> AttentionMetadata:
+    """One sequence's prefill of `tokens` new tokens into `blocks` (its block table, in order)."""
+    positions = torch.arange(tokens, device=device)  # [T]
+    table = torch.tensor([blocks], dtype=torch.int32, device=device)  # [1, n]
+    slots = table[0, positions // block_size].long() * block_size + positions % block_size  # [T]
+    return AttentionMetadata(
+        True, slots, torch.tensor([0, tokens], device=device),
+        torch.tensor([tokens], dtype=torch.int32, device=device), block_tables=table,
+        block_size=block_size, max_new=tokens, backend=resolve_backend("auto", device),
+    )  # fmt: skip
+
+
+def measure(model, spec: ModelSpec, block_size: int, tokens: int, args: argparse.Namespace) -> dict:
+    """One row: a `tokens`-token request preempted at `block_size`, swapped out and in, and
+    recomputed."""
+    device = torch.device(args.device)
+    n = -(-tokens // block_size)
+    space = SwapSpace(
+        spec, block_size, blocks=2 * n, host_blocks=n, dtype=getattr(torch, args.dtype), device=device
+    )
+    rng = random.Random(0)
+    blocks = rng.sample(range(2 * n), n)  # where a running engine left the request's blocks
+    host = list(range(n))
+
+    def swap() -> None:
+        space._swap(swaps(True, blocks, host))
+        space._swap(swaps(False, blocks, host))
+
+    meta = prefill_metadata(blocks, block_size, tokens, device)
+    ids = torch.randint(0, spec.vocab, (tokens,), device=device)  # [T]
+    positions = torch.arange(tokens, device=device)  # [T]
+
+    def recompute() -> None:
+        with torch.inference_mode():
+            model(ids, positions, meta, space.arena)  # [1, V]: the next token's logits
+
+    swap_s, recompute_s = timed(swap, device, args.repeats), timed(recompute, device, args.repeats)
+    # every layer's weights multiply each token once (2 FLOPs a weight); embeddings only look up
+    floor_s = tokens * 2 * (spec.num_params - spec.embedding_params) / get_gpu(args.gpu).fp16_flops
+    return {"block_size": block_size, "tokens": tokens, "swap_ms": 1e3 * swap_s,
+            "recompute_ms": 1e3 * recompute_s, "swap_over_recompute": swap_s / recompute_s,
+            "recompute_floor_ms": 1e3 * floor_s}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="opt-13b")
+    parser.add_argument("--block-sizes", default=FIG19_BLOCK_SIZES)
+    parser.add_argument(
+        "--tokens", default="64,256,1024", help="a preempted request's tokens, comma-separated"
+    )
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--gpu", default="h200-141gb", help="whose datasheet peak sets the compute floor")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    spec = get_model(args.model)
+    model = random_model(spec, getattr(torch, args.dtype), torch.device(args.device), seed=0)
+    rows = [
+        measure(model, spec, int(bs), int(t), args)
+        for t in args.tokens.split(",")
+        for bs in args.block_sizes.split(",")
+    ]
+    print(f"{args.model}: one request preempted, {args.dtype} on {args.device}, median of {args.repeats}")
+    print(f"{'tokens':>6} {'block':>6} {'swap ms':>9} {'recompute ms':>13} {'swap/rec':>9} {'floor ms':>9}")
+    for r in rows:
+        print(f"{r['tokens']:>6} {r['block_size']:>6} {r['swap_ms']:>9.2f} {r['recompute_ms']:>13.2f} "
+              f"{r['swap_over_recompute']:>9.2f} {r['recompute_floor_ms']:>9.2f}")  # fmt: skip
+    if args.out:
+        write_text(args.out, json.dumps({"model": args.model, "gpu": args.gpu, "rows": rows}, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
