@@ -1,11 +1,14 @@
 """What one preemption costs on the GPU, measured each way rather than fitted: Figure 19's
 microbenchmark (the paper's first panel) at a model's geometry.
 
-A real Figure 19 cell prices its preemptions with constants fitted to its own step times, and a
-fit can trade a prefill's per-token cost against its per-step cost (at OPT-13B on the H200 the
-recompute cells' fitted per-token prefill cost, 6-23 us, lies below the ~26 us that a token's
-2 FLOPs a weight take at the H200's dense fp16 peak). This times the two ways directly, for a request of
-`--tokens` tokens (the prompt and the tokens generated before it was preempted) at each block size:
+A real Figure 19 cell prices its preemptions with constants fitted to its own step times: a line
+(a cost per prefill step plus one per token) through prefill steps whose time is the larger of
+reading the weights and computing their tokens. At OPT-13B on the H200 a prefill under ~200
+tokens is bound by the weights (26 GB at 4.8 TB/s, ~5.4 ms), so the recompute cells' fitted cost
+of a token, 6-23 us, lies below the ~25 us its FLOPs take at the dense fp16 peak, and the per-step
+part carries the rest: what a recompute adds then depends on what else its step holds, which the
+fitted constant cannot say. This times the two ways directly, for a request of `--tokens` tokens
+(the prompt and the tokens generated before it was preempted) at each block size:
 
 - swap: the request's blocks out to the host and back in through the real runner's copies
   (`kvbench/real/kv_copies.py`, the arena and host space of `benchmarks/swap_copies.py`), host
