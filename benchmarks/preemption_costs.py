@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.swap_copies import SwapSpace, swaps, timed
+from benchmarks.swap_copies import SwapSpace, print_rows, swaps, timed
 from kvbench.budget import get_gpu
 from kvbench.modeling.attention import AttentionMetadata, resolve_backend
 from kvbench.modeling.weights import random_model
@@ -110,10 +110,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for bs in args.block_sizes.split(",")
     ]
     print(f"{args.model}: one request preempted, {args.dtype} on {args.device}, median of {args.repeats}")
-    print(f"{'tokens':>6} {'block':>6} {'swap ms':>9} {'recompute ms':>13} {'swap/rec':>9} {'floor ms':>9}")
-    for r in rows:
-        print(f"{r['tokens']:>6} {r['block_size']:>6} {r['swap_ms']:>9.2f} {r['recompute_ms']:>13.2f} "
-              f"{r['swap_over_recompute']:>9.2f} {r['recompute_floor_ms']:>9.2f}")  # fmt: skip
+    columns = [
+        ("tokens", "tokens", ">6"), ("block", "block_size", ">6"), ("swap ms", "swap_ms", ">9.2f"),
+        ("recompute ms", "recompute_ms", ">13.2f"), ("swap/rec", "swap_over_recompute", ">9.2f"),
+        ("floor ms", "recompute_floor_ms", ">9.2f"),
+    ]  # fmt: skip
+    print_rows(rows, columns)
     if args.out:
         write_text(args.out, json.dumps({"model": args.model, "gpu": args.gpu, "rows": rows}, indent=1))
     return rows

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import time
 from pathlib import Path
@@ -128,13 +129,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(
         f"{args.model}: {args.tokens} tokens a way, {args.dtype} on {args.device}, median of {args.repeats}"
     )
-    print(f"{'block':>6} {'copy':<10} {'host order':<12} {'ms':>9} {'GB/s':>8} {'of bound':>9}")
-    for r in rows:
-        print(f"{r['block_size']:>6} {r['copy']:<10} {r['host_order']:<12} {1e3 * r['seconds']:>9.2f} "
-              f"{r['gb_per_s']:>8.2f} {r['of_bound']:>9.2f}")  # fmt: skip
+    columns = [
+        ("block", "block_size", ">6"), ("copy", "copy", "<10"), ("host order", "host_order", "<12"),
+        ("ms", "ms", ">9.2f"), ("GB/s", "gb_per_s", ">8.2f"), ("of bound", "of_bound", ">9.2f"),
+    ]  # fmt: skip
+    print_rows([{**r, "ms": 1e3 * r["seconds"]} for r in rows], columns)
     if args.out:
         write_text(args.out, json.dumps({"model": args.model, "tokens": args.tokens, "rows": rows}, indent=1))
     return rows
+
+
+def print_rows(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
+    """`rows` as a text table: one (header, key, format spec) a column, each header aligned and
+    as wide as its column's spec."""
+    print(" ".join(f"{header:{re.match(r'[<>^]?[0-9]*', spec).group()}}" for header, _, spec in columns))
+    for row in rows:
+        print(" ".join(f"{row[key]:{spec}}" for _, key, spec in columns))
 
 
 if __name__ == "__main__":
