@@ -454,3 +454,13 @@ def test_fig19_real_overheads_are_judged_by_their_shape_not_another_gpus_millise
     simulated = fig19_verdict(_fig19_seeds({1: (1.5, 1.6, 1.55), **level}, scaled), fitted)
     assert f"differs: {FIG19_METRIC.format('swap')} at block size 1" in simulated
     assert "over swap at 16" not in simulated
+
+
+def test_fig19_end_to_end_judges_the_comparable_sizes_its_grid_ran():
+    """A quick grid runs 1, 16 and 256: judged at 1 and 16, not refused for 32 and 64; a grid
+    with none of 16-64 cannot match the paper's "comparable"."""
+    real = Options(True, Setting(real=True))
+    quick = fig19_verdict(_fig19_seeds({1: (1.5, 1.6, 1.55), 16: (0.97, 0.99, 0.98)}), real)
+    assert quick.startswith("matches: ") and quick.count("swap / recompute at block size") == 2
+    alone = fig19_verdict(_fig19_seeds({1: (1.5, 1.6, 1.55)}), real)
+    assert f"differs: {FIG19_E2E_METRIC} at block sizes 16-64: no measurement: none of them run" in alone
