@@ -10,7 +10,9 @@
 #
 # Only folders two levels under results/ (results/<kind>/<name>) are taken out; results written
 # into a folder that was not kept would be hidden by git until `restore`, so keep every folder the
-# jobs of the calls write (tools/device_call.sh names each job's folder). Runs a seed set aside
+# jobs of the calls write (tools/device_call.sh names each job's folder), each whole: a
+# reproduction's jobs rewrite its folder's reproduce.md and claims.md from every figure found in
+# it, so a figure taken out of the tree would be left out of them. Runs a seed set aside
 # (`earlier/` folders: kept as evidence, read by no job) are taken out of kept folders too.
 set -eu
 cd "$(git rev-parse --show-toplevel)"
