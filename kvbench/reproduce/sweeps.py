@@ -677,10 +677,6 @@ def _rested(verdict: Verdict, assumed: str | None) -> Verdict:
     return replace(verdict, outcome=NOT_MEASURED, evidence=evidence)
 
 
-def _ms(value: float) -> str:
-    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
-
-
 def _plot_overheads(overheads: dict[str, dict[int, float | None]], out: Path) -> list[Path]:
     series = {how: {bs: v for bs, v in by.items() if v is not None} for how, by in overheads.items()}
     if not any(len(v) >= 2 for v in series.values()):
