@@ -5,7 +5,7 @@ A real Figure 19 cell prices its preemptions with constants fitted to its own st
 (a cost per prefill step plus one per token) through prefill steps whose time is the larger of
 reading the weights and computing their tokens. At OPT-13B on the H200 a prefill under ~200
 tokens is bound by the weights (26 GB at 4.8 TB/s, ~5.4 ms), so the recompute cells' fitted cost
-of a token, 6-23 us, lies below the ~25 us its FLOPs take at the dense fp16 peak, and the per-step
+of a token, 1.6-25 us, lies at or below the ~25 us its FLOPs take at the dense fp16 peak, and the per-step
 part carries the rest: what a recompute adds then depends on what else its step holds, which the
 fitted constant cannot say. This times the two ways directly, for a request of `--tokens` tokens
 (the prompt and the tokens generated before it was preempted) at each block size:
@@ -57,6 +57,12 @@ def prefill_metadata(
     )  # fmt: skip
 
 
+def compute_floor_s(spec: ModelSpec, peak_flops: float, tokens: int) -> float:
+    """The least time a prefill of `tokens` tokens takes at `peak_flops`: every layer's weights
+    multiply each token once (2 FLOPs a weight); the embeddings are only looked up."""
+    return tokens * 2 * (spec.num_params - spec.embedding_params) / peak_flops
+
+
 def measure(model, spec: ModelSpec, block_size: int, tokens: int, args: argparse.Namespace) -> dict:
     """One row: a `tokens`-token request preempted at `block_size`, swapped out and in, and
     recomputed."""
@@ -82,8 +88,7 @@ def measure(model, spec: ModelSpec, block_size: int, tokens: int, args: argparse
             model(ids, positions, meta, space.arena)  # [1, V]: the next token's logits
 
     swap_s, recompute_s = timed(swap, device, args.repeats), timed(recompute, device, args.repeats)
-    # every layer's weights multiply each token once (2 FLOPs a weight); embeddings only look up
-    floor_s = tokens * 2 * (spec.num_params - spec.embedding_params) / get_gpu(args.gpu).fp16_flops
+    floor_s = compute_floor_s(spec, get_gpu(args.gpu).fp16_flops, tokens)
     return {"block_size": block_size, "tokens": tokens, "swap_ms": 1e3 * swap_s,
             "recompute_ms": 1e3 * recompute_s, "swap_over_recompute": swap_s / recompute_s,
             "recompute_floor_ms": 1e3 * floor_s}  # fmt: skip

@@ -32,6 +32,8 @@ from kvbench.report.figures import PlotSkipped, plot_block_size, plot_latency_vs
 from kvbench.report.style import pyplot, save
 from kvbench.reproduce.rows import SET_ASIDE, FigureResult, Options, Row, find
 from kvbench.reproduce.verdicts import (
+    DIFFERS,
+    MATCHES,
     NOT_MEASURED,
     Interval,
     Verdict,
@@ -40,7 +42,7 @@ from kvbench.reproduce.verdicts import (
     missing,
     order_verdict,
     range_verdict,
-    ratio_verdict,
+    unmeasured,
     value_verdict,
 )
 from kvbench.results.load import Run, load_run
@@ -531,12 +533,19 @@ def prompt_tokens(run: Run | Path) -> float:
 
 FIG19_METRIC = "ms per preemption ({}; blocks swapped or tokens recomputed x the cost per unit)"
 RECOMPUTE_TERMS = ("per_prefill_token_s", "per_token_s")  # what a recomputed token costs
+# what a run's latency rests on beyond them: the steps a recompute's prefill and the decodes take
+STEP_TERMS = ("fixed_s", "per_prefill_s", "per_kv_token_s")
+
+
+def fig19_block_sizes(options: Options) -> tuple[int, ...]:
+    """The block sizes Figure 19 runs at (and its verdicts expect)."""
+    return options.pick((1, 4, 16, 64, 256), POWERS, real=(1, 16, 256))
 
 
 def fig19(options: Options, folder: Path) -> FigureResult:
     s = options.setting
     trace, kv = "sharegpt-paper", s.kv_cache_gib * FIG19_BUDGET_SHARE
-    sizes = options.pick((1, 4, 16, 64, 256), POWERS, real=(1, 16, 256))
+    sizes = fig19_block_sizes(options)
     rows: list[Row] = []
     overheads: dict[str, dict[int, float | None]] = {}
     notes, plots = [], []
@@ -574,9 +583,10 @@ def fig19_verdict(rows: Sequence[Row], options: Options) -> str:
     modes end to end (`_fig19_end_to_end`). A term the setting's cost rests on without data behind
     it (the roofline's swap link, a cost file's "assumed") makes its verdicts "not measured"."""
     assumed = assumed_terms(options.setting.cost_model, options.setting.real)
-    either = next((t for t in ("per_swap_block_s", *RECOMPUTE_TERMS) if t in assumed), None)
+    either = next((t for t in ("per_swap_block_s", *RECOMPUTE_TERMS, *STEP_TERMS) if t in assumed), None)
     overheads = _fig19_overheads(rows, assumed, options.setting.real)
-    return figure_verdict(overheads + _fig19_end_to_end(rows, either and f"cost term {either}"))
+    sizes = fig19_block_sizes(options)
+    return figure_verdict(overheads + _fig19_end_to_end(rows, sizes, either and f"cost term {either}"))
 
 
 def _fig19_overheads(rows: Sequence[Row], assumed: frozenset[str], real: bool) -> list[Verdict]:
@@ -614,8 +624,10 @@ def _fig19_overheads(rows: Sequence[Row], assumed: frozenset[str], real: bool) -
     pairs.append((("recompute", mid), ("swap", mid)))
     for top, bottom in pairs:
         if top in found and bottom in found:
-            label = (f"ms per preemption, {top[0]} at block size {top[1]} over {bottom[0]} at {bottom[1]} "
-                     "(blocks swapped or tokens recomputed x the cost per unit)")  # fmt: skip
+            label = (
+                f"ms per preemption, {top[0]} at block size {top[1]} over {bottom[0]} at {bottom[1]} "
+                "(blocks swapped or tokens recomputed x a cost per unit fitted to the cell's steps)"
+            )
             verdicts.append(_over(label, found[top], found[bottom], paper_ms[top] / paper_ms[bottom]))
     return verdicts
 
@@ -623,50 +635,71 @@ def _fig19_overheads(rows: Sequence[Row], assumed: frozenset[str], real: bool) -
 def _over(
     label: str, numerator: Interval, denominator: Interval, paper: float, assumed: str | None = None
 ) -> Verdict:
-    """`numerator` over `denominator` against the paper's ratio: seed by seed where both hold the
-    same seeds (each seed's two runs share its requests: `Interval.paired_ratio`), else the ratio
-    of the two intervals."""
+    """`numerator` over `denominator` (`_ratio`) against the paper's ratio."""
+    ratio = _ratio(label, numerator, denominator)
+    if isinstance(ratio, Verdict):
+        return ratio
+    label, interval = ratio
+    return value_verdict(label, interval, paper, assumed=assumed)
+
+
+def _ratio(label: str, numerator: Interval, denominator: Interval) -> tuple[str, Interval] | Verdict:
+    """(`label` saying how, the interval of `numerator` over `denominator`): seed by seed where
+    both hold the same seeds (each seed's two runs share its requests: `Interval.paired_ratio`);
+    one run each: the ratio of the two. Sides merged over seeds that share fewer than two are "not
+    measured": a ratio of means over different seeds would mix their requests."""
     paired = denominator.paired_ratio(numerator)
     if paired is not None:
-        return value_verdict(f"{label}, seed by seed", paired, paper, assumed=assumed)
-    return ratio_verdict(label, numerator, denominator, paper, assumed=assumed)
+        return f"{label}, seed by seed", paired
+    if numerator.seeds or denominator.seeds:
+        return unmeasured(label, "fewer than two seeds measured on both sides")
+    low, high = ratio_interval((numerator.low, numerator.high), (denominator.low, denominator.high))
+    return f"{label}, one run", Interval(numerator.value / denominator.value, low, high)
 
 
 FIG19_E2E_METRIC = "normalized latency (s/token, mean over requests), swap / recompute"
 
 
-def _fig19_end_to_end(rows: Sequence[Row], assumed: str | None) -> list[Verdict]:
+def _fig19_end_to_end(rows: Sequence[Row], sizes: Sequence[int], assumed: str | None) -> list[Verdict]:
     """The two preemption modes on the same requests, by their normalized latency: what a
     preemption's cost does to the run, without a fitted constant between.
 
-    Where the paper finds the modes comparable (block sizes 16-64), swap over recompute is judged
-    against 1, seed by seed where there are seeds (both modes ran each seed's requests:
-    `Interval.paired_ratio`), else as the ratio of the two; at block size 1, where its swaps cost
-    3.7 times a recompute (137 against ~37.5 ms), the paper's order only: swap slower. The sizes
-    of 16-64 judged are those the figure's grid ran (a quick grid runs 16 alone), at least one.
+    Swap over recompute, seed by seed where there are seeds (both modes ran each seed's requests:
+    `_over`). Where the paper finds the modes comparable (block sizes 16-64 of the figure's grid
+    `sizes`: a quick grid runs 16 alone), it is judged against 1. At block size 1, where the
+    paper's swaps cost 3.7 times a recompute (137 against ~37.5 ms a preemption), by the paper's
+    order alone: swap slower, its ratio's interval wholly above 1.
     """
 
-    def latency(how: str, bs: int) -> Row | None:
-        return find(rows, "fig19", f"paged-{how}", "sharegpt-paper", f"normalized_latency_s@bs{bs}")
+    def latency(how: str, bs: int) -> Interval | None:
+        row = find(rows, "fig19", f"paged-{how}", "sharegpt-paper", f"normalized_latency_s@bs{bs}")
+        return None if row is None else row.interval
 
-    modes = ("recompute", "swap")
-    ran = [bs for bs in FIG19_COMPARABLE_BLOCK_SIZES if any(latency(how, bs) for how in modes)]
-    verdicts = [] if ran else [missing(f"{FIG19_E2E_METRIC} at block sizes 16-64", "none of them run")]
-    for bs in (min(FIG19_SWAP_MS), *ran):
-        measured = {
-            how: row.interval for how in modes if (row := latency(how, bs)) and row.interval is not None
-        }
+    comparable = [bs for bs in FIG19_COMPARABLE_BLOCK_SIZES if bs in sizes]  # every grid runs 16
+    verdicts = []
+    for bs in (min(FIG19_SWAP_MS), *comparable):
         label = f"{FIG19_E2E_METRIC} at block size {bs}"
-        if len(measured) < 2:
+        swap, recompute = latency("swap", bs), latency("recompute", bs)
+        if swap is None or recompute is None:
             verdicts.append(missing(label, "a mode without a finished run at this block size"))
-        elif bs not in FIG19_COMPARABLE_BLOCK_SIZES:
-            paper = {"paged-recompute": FIG19_RECOMPUTE_MS, "paged-swap": FIG19_SWAP_MS[bs]}
-            ranked = f"{label}, ranked as the paper's ms per preemption"
-            order = order_verdict(ranked, {f"paged-{h}": i for h, i in measured.items()}, paper)
-            verdicts.append(_rested(order, assumed))
+        elif bs in comparable:
+            verdicts.append(_over(label, swap, recompute, 1.0, assumed))
         else:
-            verdicts.append(_over(label, measured["swap"], measured["recompute"], 1.0, assumed))
+            verdicts.append(_slower(label, swap, recompute, assumed))
     return verdicts
+
+
+def _slower(label: str, swap: Interval, recompute: Interval, assumed: str | None) -> Verdict:
+    """The paper's order at block size 1: swap slower than recompute, the interval of their ratio
+    (`_ratio`) wholly above 1."""
+    ratio = _ratio(label, swap, recompute)
+    if isinstance(ratio, Verdict):
+        return replace(ratio, order_only=True)
+    label, interval = ratio
+    evidence = (f"kvbench {interval}, paper's order: swap slower (its ms a preemption, "
+                f"{FIG19_SWAP_MS[min(FIG19_SWAP_MS)]:g} against {FIG19_RECOMPUTE_MS:g})")  # fmt: skip
+    verdict = Verdict(MATCHES if interval.low > 1 else DIFFERS, label, evidence, order_only=True)
+    return _rested(verdict, assumed)
 
 
 def _rested(verdict: Verdict, assumed: str | None) -> Verdict:
