@@ -1,0 +1,217 @@
+"""The calibration fit's arithmetic pinned exactly: the non-negative least squares, each
+objective's weights and rounds, the knee search (candidates, sides, subsampling, gain), the
+rows a fit drops, and a calibration's error figures and assumed terms
+(`kvbench/calibrate/fit.py`, scope `calibrate` of docs/MUTATION.md)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvbench.calibrate.fit import (
+    KNEE_CANDIDATES,
+    MEAN_FLOOR,
+    MEAN_ROUNDS,
+    _fit_scaled,
+    _nnls,
+    calibrate,
+    fit,
+    fit_shape,
+    knee_column,
+    predict,
+    read_rows,
+)
+from kvbench.config import RunConfig
+from kvbench.errors import KvbenchError
+from kvbench.simulate import simulate, write_result
+from workloads.spec import WorkloadSpec
+
+TRUE = dict(cost_fixed_s=0.012, cost_per_token_s=4e-5, cost_per_kv_token_s=3e-7)
+
+
+def simulated(out: Path, seed: int = 0, num_requests: int = 40) -> Path:
+    workload = WorkloadSpec("sharegpt-paper", num_requests=num_requests, rate=4.0, seed=seed)
+    write_result(simulate(RunConfig(engine="paged", workload=workload, kv_cache_gib=2.0, **TRUE)), out)
+    return out
+
+
+def scale_durations(run: Path, factors: dict[int, float]) -> None:
+    """Multiply the duration of the step rows `factors` names (0-based) in the run's steps.csv."""
+    path = run / "steps.csv"
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    for index, factor in factors.items():
+        rows[index]["duration_s"] = repr(float(rows[index]["duration_s"]) * factor)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def weighted(counts: np.ndarray, durations: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Plain least squares of every row divided by `scale` (the reference of a fit whose
+    constants all come out positive)."""
+    solution, *_ = np.linalg.lstsq(counts / scale[:, None], durations / scale, rcond=None)
+    return solution
+
+
+def noisy_rows() -> tuple[np.ndarray, np.ndarray]:
+    """Decode-like rows (steps, tokens, K/V tokens) with noise and one row far slower than
+    any fit prices (so the mean objective's floor holds it)."""
+    rng = np.random.default_rng(5)
+    steps = rng.integers(1, 30, 60).astype(np.float64)
+    rows = rng.integers(1, 20, 60).astype(np.float64)
+    counts = np.column_stack([steps, steps * rows, steps * rows * rng.integers(50, 500, 60)])
+    durations = counts @ np.array([0.01, 3e-4, 3e-7]) * rng.uniform(0.9, 1.1, 60)
+    durations[7] *= 40.0
+    return counts, durations
+
+
+def test_nnls_keeps_the_best_feasible_subset_and_its_exact_loss():
+    a = np.array([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 2.0, 0.0]])
+    x, loss = _nnls(a, np.array([2.0, 1.5, 1.0]))  # unconstrained: slope -0.5
+    assert x.tolist() == pytest.approx([1.5, 0.0, 0.0], abs=1e-12)
+    assert loss == pytest.approx(0.5, abs=1e-12)
+    x, loss = _nnls(a, np.array([1.0, 1.5, 2.0]))  # both columns, exactly
+    assert x.tolist() == pytest.approx([1.0, 0.5, 0.0], abs=1e-12) and loss == pytest.approx(0.0, abs=1e-20)
+    x, loss = _nnls(a, np.array([-1.0, -2.0, -3.0]))  # nothing feasible beats all zero
+    assert x.tolist() == [0.0, 0.0, 0.0] and loss == 14.0
+    x, loss = _nnls(a[:, 1:2], np.array([0.0, 1.0, 2.0]))  # the first column alone that is not zero
+    assert x.tolist() == pytest.approx([1.0]) and loss == pytest.approx(0.0, abs=1e-20)
+
+
+@pytest.mark.parametrize("objective", ["mean", "relative", "absolute"])
+def test_every_objective_recovers_exact_constants_and_drops_rows_of_zero_duration(objective):
+    counts, _ = noisy_rows()
+    truth = np.array([0.01, 2e-5, 3e-7])
+    durations = counts @ truth
+    counts = np.vstack([counts, [[3.0, 40.0, 9000.0]]])  # a row measured as 0 s: not fitted
+    durations = np.append(durations, 0.0)
+    assert fit(counts, durations, objective) == pytest.approx(truth, rel=1e-9)
+    with pytest.raises(
+        KvbenchError, match=r"^calibration objective 'median': not one of mean, relative, absolute$"
+    ):
+        fit(counts, durations, "median")
+
+
+def test_each_objective_weighs_the_rows_as_its_definition_says():
+    counts, durations = noisy_rows()
+    steps = counts[:, 0]
+    assert fit(counts, durations, "relative") == pytest.approx(
+        weighted(counts, durations, durations), rel=1e-9
+    )
+    even = np.delete(counts, 7, axis=0), np.delete(durations, 7)  # absolute: the slow row would price < 0
+    absolute = weighted(*even, np.sqrt(even[0][:, 0]))
+    assert fit(*even, "absolute") == pytest.approx(absolute, rel=1e-9)
+    c = weighted(counts, durations, durations)  # the mean objective: a relative start, then its rounds
+    floored = 0
+    for _ in range(MEAN_ROUNDS):
+        scale = np.maximum(counts @ c, MEAN_FLOOR * durations)
+        floored += int((counts @ c < MEAN_FLOOR * durations).sum())
+        c = weighted(counts, durations, scale / np.sqrt(steps))
+    assert (MEAN_ROUNDS, MEAN_FLOOR) == (3, 0.1) and floored > 0  # the slow row is held by the floor
+    assert fit(counts, durations, "mean") == pytest.approx(c, rel=1e-9)
+    assert fit(counts, durations) == pytest.approx(c, rel=1e-9)  # the default
+
+
+def test_knee_column_predict_and_a_linear_fit_without_a_knee():
+    steps, batch = np.array([1.0, 2.0, 3.0, 4.0]), np.array([0.0, 3.0, 5.0, 9.0])
+    assert knee_column(steps, batch, 5).tolist() == [0.0, 0.0, 0.0, 16.0]
+    counts = np.column_stack([steps, steps * batch])
+    constants = np.array([1.0, 0.5, 0.25])
+    assert predict(counts, batch, constants, 5).tolist() == [1.0, 5.0, 10.5, 26.0]
+    assert predict(counts, batch, constants, None).tolist() == [1.0, 5.0, 10.5, 22.0]
+    batch = np.arange(1.0, 41.0)  # exactly linear rows: no knee, and its term 0
+    counts = np.column_stack([np.ones(40), batch])
+    constants, knee = fit_shape(counts, counts @ np.array([9e-3, 2e-5]), batch)
+    assert knee is None and constants == pytest.approx([9e-3, 2e-5, 0.0], rel=1e-9, abs=1e-18)
+
+
+def hinged(sizes: np.ndarray, knee: int) -> tuple[np.ndarray, np.ndarray]:
+    counts = np.column_stack([np.ones(len(sizes)), sizes])
+    return counts, counts @ np.array([9e-3, 2e-5]) + 6e-5 * np.maximum(sizes - knee, 0)
+
+
+@pytest.mark.parametrize("knee", [2, 4, 16])
+def test_a_knee_is_found_two_sizes_in_from_either_end(knee):
+    sizes = np.arange(1.0, 7.0) if knee < 16 else np.arange(1.0, 41.0)
+    counts, durations = hinged(sizes, knee)
+    constants, found = fit_shape(counts, durations, sizes)
+    assert found == knee and constants == pytest.approx([9e-3, 2e-5, 6e-5], rel=1e-9)
+
+
+def test_a_knee_one_size_from_the_end_is_not_tried():
+    sizes = np.arange(1.0, 7.0)
+    _, durations = hinged(sizes, 5)  # candidates are sizes 2-4
+    counts = np.column_stack([np.ones(6), sizes])
+    scale = durations
+    tried = {k: _nnls(np.column_stack([counts / scale[:, None], knee_column(np.ones(6), sizes, k) / scale]),
+                      durations / scale)[1] for k in (2, 3, 4)}  # fmt: skip
+    found = _fit_scaled(counts, durations, sizes, scale)[1]
+    assert found == min(tried, key=tried.get) == 4
+
+
+def test_many_sizes_try_evenly_spaced_knees():
+    sizes = np.arange(1.0, 101.0)  # 97 candidates (2-98), 32 of them tried
+    tried = 2 + np.linspace(0, 96, KNEE_CANDIDATES).round().astype(int)
+    assert KNEE_CANDIDATES == 32 and 33 in tried and 32 not in tried and 34 not in tried
+    counts, durations = hinged(sizes, 33)
+    assert fit_shape(counts, durations, sizes)[1] == 33
+    counts, durations = hinged(sizes, 32)  # not tried: the nearest tried knee instead
+    assert fit_shape(counts, durations, sizes)[1] in (30, 33)
+
+
+def test_a_knee_is_kept_only_when_it_at_least_halves_the_linear_error():
+    sizes = np.arange(1.0, 41.0)
+    counts = np.column_stack([np.ones(40), sizes])
+    wobble = 1 + 0.01 * np.sin(np.arange(40.0))
+    for bend, kept in ((1e-7, False), (6e-5, True)):
+        durations = (counts @ np.array([9e-3, 2e-5]) + bend * np.maximum(sizes - 16, 0)) * wobble
+        linear = _nnls(counts / durations[:, None], np.ones(40))[1]
+        best = min(_nnls(np.column_stack([counts / durations[:, None],
+                                          knee_column(np.ones(40), sizes, k) / durations]), np.ones(40))[1]
+                   for k in range(2, 39))  # fmt: skip
+        assert (best <= 0.5 * linear) is kept and (best < linear)
+        knee = _fit_scaled(counts, durations, sizes, durations)[1]
+        assert (knee is not None) is kept
+
+
+def test_a_calibration_reports_its_rows_errors_and_assumed_terms(tmp_path):
+    run = simulated(tmp_path / "a")
+    scale_durations(run, {3: 1.5, 10: 0.7, 20: 2.0, 40: 1.1})
+    fitted = calibrate([run], simulated_ok=True)
+    rows = read_rows(run, simulated_ok=True)
+    c = fitted.cost
+    constants = np.array([c.fixed_s, c.per_token_s, c.per_kv_token_s, c.per_swap_block_s, c.per_prefill_s,
+                          c.per_prefill_token_s, c.per_map_page_s, c.per_unmap_page_s, c.per_segment_s,
+                          c.per_attention_pair_s])  # fmt: skip
+    measured = rows.counts.any(axis=0)
+    error = np.abs(rows.counts[:, measured] @ constants[measured] - rows.durations) / rows.durations
+    assert fitted.rows == len(rows.durations) == 114 and c.knee_batch is None
+    assert fitted.median_relative_error == pytest.approx(float(np.median(error)), rel=1e-9)
+    assert fitted.p90_relative_error == pytest.approx(float(np.quantile(error, 0.9)), rel=1e-9)
+    assert fitted.median_relative_error > 1e-4  # the scaled rows are off the fit
+    assert c.assumed == ("per_swap_block_s", "per_map_page_s", "per_unmap_page_s", "per_copy_slot_s")
+    assert list(fitted.assumed_from) == list(c.assumed)
+    assert c.per_map_page_s == 3.55e-05 and c.per_unmap_page_s == 2.23e-05
+    assert fitted.assumed_from["per_copy_slot_s"].endswith("(opt-13b on the a100-40gb)")
+    assert fitted.assumed_from["per_swap_block_s"].endswith("(16-slot blocks of opt-13b)")
+    assert c.per_swap_block_s == pytest.approx(0.000534288, rel=1e-9)
+    data = fitted.to_dict()
+    assert data["assumed"] == list(c.assumed) and data["rows"] == 114 and data["runs"] == [str(run)]
+
+
+def test_too_few_rows_for_the_measured_constants_are_refused(tmp_path):
+    run = simulated(tmp_path / "a", num_requests=2)
+    rows = read_rows(run, simulated_ok=True)
+    measured = int(rows.counts.any(axis=0).sum())
+    if len(rows.durations) < measured:
+        with pytest.raises(
+            KvbenchError, match=f"{len(rows.durations)} step rows are too few to fit {measured}"
+        ):
+            calibrate([run], simulated_ok=True)
+    else:
+        assert calibrate([run], simulated_ok=True).rows == len(rows.durations)
