@@ -6,6 +6,7 @@ rows a fit drops, and a calibration's error figures and assumed terms
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from kvbench.calibrate.fit import (
     KNEE_CANDIDATES,
     MEAN_FLOOR,
     MEAN_ROUNDS,
+    Calibration,
     _fit_scaled,
     _nnls,
     calibrate,
@@ -23,8 +25,10 @@ from kvbench.calibrate.fit import (
     knee_column,
     predict,
     read_rows,
+    shape_lines,
 )
 from kvbench.config import RunConfig
+from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
 from kvbench.simulate import simulate, write_result
 from workloads.spec import WorkloadSpec
@@ -205,13 +209,57 @@ def test_a_calibration_reports_its_rows_errors_and_assumed_terms(tmp_path):
 
 
 def test_too_few_rows_for_the_measured_constants_are_refused(tmp_path):
-    run = simulated(tmp_path / "a", num_requests=2)
-    rows = read_rows(run, simulated_ok=True)
-    measured = int(rows.counts.any(axis=0).sum())
-    if len(rows.durations) < measured:
-        with pytest.raises(
-            KvbenchError, match=f"{len(rows.durations)} step rows are too few to fit {measured}"
-        ):
-            calibrate([run], simulated_ok=True)
-    else:
-        assert calibrate([run], simulated_ok=True).rows == len(rows.durations)
+    """The first 7 rows of a run (prefill and decode alternate) measure 7 constants: 6 rows are
+    refused, 7 fitted."""
+    run = simulated(tmp_path / "a")
+    lines = (run / "steps.csv").read_text().splitlines()
+    (run / "steps.csv").write_text("\n".join(lines[:7]) + "\n")
+    assert int(read_rows(run, simulated_ok=True).counts.any(axis=0).sum()) == 7
+    with pytest.raises(KvbenchError, match=r"^kvbench calibrate: 6 step rows are too few to fit 7 constants"):
+        calibrate([run], simulated_ok=True)
+    (run / "steps.csv").write_text("\n".join(lines[:8]) + "\n")
+    assert calibrate([run], simulated_ok=True).rows == 7
+
+
+def test_shape_lines_say_the_padding_segment_attention_knee_and_each_assumed_term():
+    cost = CostModel(0.01, 2e-5, 3e-7, per_swap_block_s=5.25e-4, per_row_above_knee_s=6e-5, knee_batch=16,
+                     per_segment_s=6e-4, pads_decode=True, per_attention_pair_s=2.5e-12,
+                     per_prefill_token_s=None,
+                     assumed=("per_swap_block_s", "per_prefill_token_s"))  # fmt: skip
+    calibration = Calibration(cost, "opt-13b", ("a",), 10, 0.0, 0.0, {"per_swap_block_s": "roofline"})
+    assert shape_lines(calibration) == [
+        "decode rows: as the CUDA graph's bucket a batch pads to (1, 2, 4, then multiples of 8)",
+        "decode segment: 0.600 ms more per runner call (a decode row)",
+        "prefill attention: 0.003 ns a query-key pair",
+        "decode knee: 60.000 us more per row past 16 rows",
+        "assumed, no run measured it: per_swap_block_s = 0.000525 s (roofline)",
+        "assumed, no run measured it: per_prefill_token_s = a decode row's (?)",
+    ]
+    plain = Calibration(CostModel(0.01, 2e-5, 3e-7), "opt-13b", ("a",), 10, 0.0, 0.0)
+    assert shape_lines(plain) == []
+
+
+def test_a_fit_without_prefill_rows_or_a_preset_model_assumes_and_says_so(tmp_path):
+    """Decode rows alone leave both prefill terms to assume (the token cost a decode row's, None);
+    a model kvbench has no preset of has no roofline: its swap and copy costs are assumed 0."""
+    run = simulated(tmp_path / "a")
+    lines = (run / "steps.csv").read_text().splitlines()
+    kind = lines[0].split(",").index("kind")
+    (run / "steps.csv").write_text(
+        "\n".join([lines[0], *(x for x in lines[1:] if x.split(",")[kind] == "decode")])
+    )
+    fitted = calibrate([run], simulated_ok=True)
+    assert fitted.cost.per_prefill_token_s is None and fitted.cost.per_prefill_s == 0.0
+    assert fitted.cost.assumed == ("per_swap_block_s", "per_prefill_s", "per_prefill_token_s",
+                                   "per_map_page_s", "per_unmap_page_s", "per_copy_slot_s")  # fmt: skip
+    assert (
+        fitted.assumed_from["per_prefill_token_s"]
+        == "none: decode rows' per-token cost (no prefill row to fit)"
+    )
+    assert fitted.cost.fixed_s == pytest.approx(0.012, rel=1e-6)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps(summary | {"model": "/models/private-13b"}))
+    fitted = calibrate([run], simulated_ok=True)
+    assert (fitted.cost.per_swap_block_s, fitted.cost.per_copy_slot_s) == (0.0, 0.0)
+    none = "none: 0 (no preset roofline of the model)"
+    assert fitted.assumed_from["per_swap_block_s"] == fitted.assumed_from["per_copy_slot_s"] == none
