@@ -263,3 +263,17 @@ def test_a_fit_without_prefill_rows_or_a_preset_model_assumes_and_says_so(tmp_pa
     assert (fitted.cost.per_swap_block_s, fitted.cost.per_copy_slot_s) == (0.0, 0.0)
     none = "none: 0 (no preset roofline of the model)"
     assert fitted.assumed_from["per_swap_block_s"] == fitted.assumed_from["per_copy_slot_s"] == none
+
+
+def test_nnls_tries_every_subset_of_a_size_past_an_infeasible_one():
+    a = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    x, loss = _nnls(a, np.array([-1.0, 1.0, 1.0]))  # the first column alone prices < 0, the second not
+    assert x.tolist() == pytest.approx([0.0, 1.0]) and loss == pytest.approx(1.0)
+
+
+def test_nnls_keeps_the_first_of_equally_good_fits():
+    """Two equal columns (decode rows of one step each: `num_steps` and the segment count): the
+    first column alone fits exactly, and neither the second alone nor both share it."""
+    a = np.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    x, loss = _nnls(a, np.array([1.0, 2.0, 3.0]))
+    assert x.tolist() == pytest.approx([1.0, 0.0], abs=1e-12) and loss == pytest.approx(0.0, abs=1e-20)
