@@ -277,3 +277,20 @@ def test_nnls_keeps_the_first_of_equally_good_fits():
     a = np.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
     x, loss = _nnls(a, np.array([1.0, 2.0, 3.0]))
     assert x.tolist() == pytest.approx([1.0, 0.0], abs=1e-12) and loss == pytest.approx(0.0, abs=1e-20)
+
+
+def test_the_mean_rounds_scale_each_row_by_its_prediction_knee_included():
+    sizes = np.arange(1.0, 41.0)
+    counts, durations = hinged(sizes, 16)
+    durations = durations * (1 + 0.01 * np.sin(np.arange(40.0)))
+    steps = counts[:, 0]
+    constants, knee = _fit_scaled(counts, durations, sizes, durations)
+    without = constants, knee
+    for _ in range(MEAN_ROUNDS):
+        scale = np.maximum(predict(counts, sizes, constants, knee), MEAN_FLOOR * durations) / np.sqrt(steps)
+        constants, knee = _fit_scaled(counts, durations, sizes, scale)
+        scale = np.maximum(predict(counts, sizes, without[0], None), MEAN_FLOOR * durations) / np.sqrt(steps)
+        without = _fit_scaled(counts, durations, sizes, scale)
+    fitted, found = fit_shape(counts, durations, sizes)
+    assert found == knee is not None and fitted == pytest.approx(constants, rel=1e-9)
+    assert not np.allclose(without[0], constants, rtol=1e-6)  # the rows priced without the knee fit otherwise
