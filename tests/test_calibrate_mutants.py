@@ -164,8 +164,10 @@ def test_many_sizes_try_evenly_spaced_knees():
     assert KNEE_CANDIDATES == 32 and 33 in tried and 32 not in tried and 34 not in tried
     counts, durations = hinged(sizes, 33)
     assert fit_shape(counts, durations, sizes)[1] == 33
-    counts, durations = hinged(sizes, 32)  # not tried: the nearest tried knee instead
-    assert fit_shape(counts, durations, sizes)[1] in (30, 33)
+    counts, durations = hinged(sizes, 98)  # the last candidate is tried
+    assert 98 in tried and fit_shape(counts, durations, sizes)[1] == 98
+    counts, durations = hinged(sizes, 31)  # not tried (50 evenly spaced would try it): a neighbour instead
+    assert 31 not in tried and fit_shape(counts, durations, sizes)[1] in (30, 33)
 
 
 def test_a_knee_is_kept_only_when_it_at_least_halves_the_linear_error():
