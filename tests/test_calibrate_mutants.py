@@ -296,3 +296,12 @@ def test_the_mean_rounds_scale_each_row_by_its_prediction_knee_included():
     fitted, found = fit_shape(counts, durations, sizes)
     assert found == knee is not None and fitted == pytest.approx(constants, rel=1e-9)
     assert not np.allclose(without[0], constants, rtol=1e-6)  # the rows priced without the knee fit otherwise
+
+
+def test_a_knee_on_a_flat_decode_cost_is_found_with_no_per_row_cost():
+    """Rows that cost the same up to 16 and more past it: the knee's fit prices no row below it."""
+    sizes = np.arange(1.0, 41.0)
+    counts = np.column_stack([np.ones(40), sizes])
+    durations = 9e-3 + 6e-5 * np.maximum(sizes - 16, 0)
+    constants, knee = fit_shape(counts, durations, sizes)
+    assert knee == 16 and constants == pytest.approx([9e-3, 0.0, 6e-5], rel=1e-9, abs=1e-15)
