@@ -208,6 +208,10 @@ def test_a_calibration_reports_its_rows_errors_and_assumed_terms(tmp_path):
     assert c.per_swap_block_s == pytest.approx(0.000534288, rel=1e-9)
     data = fitted.to_dict()
     assert data["assumed"] == list(c.assumed) and data["rows"] == 114 and data["runs"] == [str(run)]
+    assert data["median_relative_error"] == fitted.median_relative_error
+    assert data["p90_relative_error"] == fitted.p90_relative_error
+    assert data["model"] == "opt-13b" and data["assumed_from"] == fitted.assumed_from
+    assert data["fixed_s"] == c.fixed_s and data["knee_batch"] is None
 
 
 def test_too_few_rows_for_the_measured_constants_are_refused(tmp_path):
