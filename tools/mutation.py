@@ -81,10 +81,22 @@ def survivors(work: Path, env: dict) -> list[tuple[str, str]]:
     return out
 
 
+# what a run writes into a scope's folder; the rest of it (equivalent.md) is written by hand
+REPORT = ("run.json", "stats.json", "survivors.md")
+
+
 def write_report(out: Path, run: dict, stats: dict, alive: list[tuple[str, str]]) -> None:
-    """The scope's folder, written whole in a temporary folder and renamed into place."""
+    """The scope's folder, written whole in a temporary folder and renamed into place. Its files
+    a run does not write (`equivalent.md`: the survivors explained by hand) come along unchanged."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    for kept in sorted(out.iterdir()) if out.is_dir() else ():
+        if kept.name in REPORT:
+            continue
+        if kept.is_dir():
+            shutil.copytree(kept, tmp / kept.name)
+        else:
+            shutil.copy2(kept, tmp / kept.name)
     (tmp / "run.json").write_text(json.dumps(run, indent=1) + "\n")
     (tmp / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
     lines = [
