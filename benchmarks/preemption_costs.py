@@ -31,29 +31,32 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from benchmarks.swap_copies import SwapSpace, print_rows, swaps, timed
+from engines.allocator import BlockTable
 from kvbench.budget import get_gpu
 from kvbench.modeling.attention import AttentionMetadata, resolve_backend
 from kvbench.modeling.weights import random_model
 from kvbench.models import ModelSpec, get_model
+from kvbench.real.model_runner import _step_addressing
+from kvbench.reproduce.sweeps import POWERS
 from kvbench.results.files import write_text
 
-FIG19_BLOCK_SIZES = "1,2,4,8,16,32,64,128,256"
+FIG19_BLOCK_SIZES = ",".join(map(str, POWERS))  # the real reproduction's grid
 
 
 def prefill_metadata(
     blocks: list[int], block_size: int, tokens: int, device: torch.device
 ) -> AttentionMetadata:
-    """One sequence's prefill of `tokens` new tokens into `blocks` (its block table, in order)."""
-    positions = torch.arange(tokens, device=device)  # [T]
-    table = torch.tensor([blocks], dtype=torch.int32, device=device)  # [1, n]
-    slots = table[0, positions // block_size].long() * block_size + positions % block_size  # [T]
+    """One sequence's prefill of `tokens` new tokens into `blocks` (its block table, in order),
+    addressed as the real runner addresses a prefill step's rows."""
+    slots, addressing = _step_addressing([BlockTable(tuple(blocks), block_size)], [np.arange(tokens)], device)
     return AttentionMetadata(
-        True, slots, torch.tensor([0, tokens], device=device),
-        torch.tensor([tokens], dtype=torch.int32, device=device), block_tables=table,
-        block_size=block_size, max_new=tokens, backend=resolve_backend("auto", device),
+        True, torch.from_numpy(slots).to(device), torch.tensor([0, tokens], device=device),
+        torch.tensor([tokens], dtype=torch.int32, device=device), max_new=tokens,
+        backend=resolve_backend("auto", device), **addressing,
     )  # fmt: skip
 
 

@@ -653,8 +653,7 @@ def _ratio(label: str, numerator: Interval, denominator: Interval) -> tuple[str,
         return f"{label}, seed by seed", paired
     if numerator.seeds or denominator.seeds:
         return unmeasured(label, "fewer than two seeds measured on both sides")
-    low, high = ratio_interval((numerator.low, numerator.high), (denominator.low, denominator.high))
-    return f"{label}, one run", Interval(numerator.value / denominator.value, low, high)
+    return f"{label}, one run", Interval.ratio(numerator, denominator)
 
 
 FIG19_E2E_METRIC = "normalized latency (s/token, mean over requests), swap / recompute"

@@ -59,6 +59,14 @@ class Interval:
         """A sustained rate known to lie in [last pass, first fail)."""
         return cls(last_pass, last_pass, first_fail)
 
+    @classmethod
+    def ratio(cls, numerator: Interval, denominator: Interval) -> Interval:
+        """`numerator` over `denominator`: the ratio of their values, between the ratios of
+        their ends (`ratio_interval`); an infinite value over a zero."""
+        low, high = ratio_interval((numerator.low, numerator.high), (denominator.low, denominator.high))
+        value = numerator.value / denominator.value if denominator.value else math.inf
+        return cls(value, low, high)
+
     def widened(self, tolerance: float = TOLERANCE) -> tuple[float, float]:
         return self.low * (1 - tolerance), self.high * (1 + tolerance)
 
@@ -129,9 +137,8 @@ def ratio_verdict(
     assumed: str | None = None,
 ) -> Verdict:
     """A ratio of two measured quantities (each an interval) against the paper's ratio."""
-    low, high = ratio_interval((numerator.low, numerator.high), (denominator.low, denominator.high))
-    value = numerator.value / denominator.value if denominator.value else math.inf
-    return value_verdict(metric, Interval(value, low, high), paper, tolerance=tolerance, assumed=assumed)
+    ratio = Interval.ratio(numerator, denominator)
+    return value_verdict(metric, ratio, paper, tolerance=tolerance, assumed=assumed)
 
 
 def order_verdict(
