@@ -91,8 +91,22 @@ def test_a_best_block_size_matches_only_inside_the_papers_range():
     paper = (16, 128)
     assert range_verdict("best block size", Interval(32, 16, 64), paper).outcome == MATCHES
     # every size tied with the best: the measurement cannot tell 1 or 256 from the paper's sizes
-    assert range_verdict("best block size", Interval(1, 1, 256), paper).outcome == DIFFERS
+    assert range_verdict("best block size", Interval(1, 1, 256), paper).outcome == INCONCLUSIVE
     assert range_verdict("best block size", Interval(256, 256, 256), paper).outcome == DIFFERS
+    assert range_verdict("best block size", Interval(8, 4, 8), paper).outcome == DIFFERS
+
+
+def test_a_range_verdict_straddling_an_end_neither_confirms_nor_refutes():
+    """An interval across one end of the range holds values the paper allows and values it does
+    not: inconclusive, whichever side its mean falls on; touching an end from outside is not
+    across it."""
+    paper = (17.34, 43.93)  # 20.4-38.2 % widened by 15 %
+    for measured in (Interval(19.5, 17.0, 22.1), Interval(16.0, 15.0, 18.0), Interval(43.0, 40.0, 50.0)):
+        verdict = range_verdict("token states (%)", measured, paper)
+        assert verdict.outcome == INCONCLUSIVE and "too wide to tell" in verdict.evidence
+    assert range_verdict("token states (%)", Interval(16.0, 15.0, 17.3), paper).outcome == DIFFERS
+    assert range_verdict("token states (%)", Interval(45.0, 44.0, 46.0), paper).outcome == DIFFERS
+    assert range_verdict("token states (%)", Interval(17.34, 17.34, 17.34), paper).outcome == MATCHES
     # a ratio of sustained rates no swept rate bounded above: never inside a claimed 2-4x
     assert range_verdict("ratio", Interval(1.0, 0.0, math.inf), (2.0, 4.0)).outcome == NOT_MEASURED
     assert range_verdict("ratio", Interval(5.0, 5.0, math.inf), (2.0, 4.0)).outcome == DIFFERS

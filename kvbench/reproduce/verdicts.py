@@ -187,14 +187,21 @@ def order_verdict(
 
 def range_verdict(metric: str, measured: Interval, paper: tuple[float, float]) -> Verdict:
     """A measured interval against a range the paper gives (no tolerance: the range is its own
-    allowance): matches where the measured interval lies inside the paper's range, so a
-    measurement that cannot tell values in the range from values outside it differs."""
+    allowance). Matches where the measured interval lies inside the paper's range; differs where
+    it lies wholly outside (no value it holds is one the paper allows); inconclusive where it
+    holds values on both sides, as `value_verdict`'s "too wide to tell": a measurement that
+    cannot tell values in the range from values outside it neither confirms nor refutes it."""
     low, high = paper
     evidence = f"kvbench {measured}, paper {low:g}-{high:g}"
     if math.isinf(measured.high) and measured.low <= high:  # as in `value_verdict`: cannot confirm
         return Verdict(NOT_MEASURED, metric, f"{evidence}; no upper end (no rate swept failed)")
-    inside = low <= measured.low and measured.high <= high
-    return Verdict(MATCHES if inside else DIFFERS, metric, evidence)
+    if low <= measured.low and measured.high <= high:
+        return Verdict(MATCHES, metric, evidence)
+    if measured.high < low or high < measured.low:
+        return Verdict(DIFFERS, metric, evidence)
+    return Verdict(
+        INCONCLUSIVE, metric, f"{evidence}; too wide to tell: it holds values outside the range as well"
+    )
 
 
 def missing(metric: str, what: str) -> Verdict:
