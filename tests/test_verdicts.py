@@ -68,6 +68,17 @@ def test_the_interval_of_repeated_runs_is_the_95_percent_t_interval():
     assert (one.value, one.low, one.high) == (5.0, 5.0, 5.0)
 
 
+def test_a_value_over_seeds_only_one_of_which_has_it_is_labelled_one_run():
+    """Figure 2's share weighted by the time requests wait exists only in a seed where some
+    request waited: a mean over one seed of three is a point, and its verdict says so."""
+    nan = math.nan
+    one = Interval(97.4, 97.4, 97.4, (97.4, nan, nan))
+    assert str(one) == "97.4 (one run: 2 of 3 seeds have none)"
+    assert "one run" in value_verdict("token states (%)", one, 96.3).evidence
+    assert str(Interval(97.4, 90.0, 99.0, (97.4, 95.0, nan))) == "97.4 [90, 99]"
+    assert str(Interval(97.4, 97.4, 97.4)) == "97.4"  # a figure of one seed: nothing left out
+
+
 def test_a_ratio_of_two_sustained_rate_brackets_is_an_interval():
     paged, oracle = Interval.of_bracket(2.0, 2.2), Interval.of_bracket(1.0, 1.1)  # ratio in [1.82, 2.2]
     assert ratio_verdict("sustained rate ratio paged/orca-oracle", paged, oracle, 1.75).outcome == MATCHES

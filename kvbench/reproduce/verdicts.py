@@ -88,9 +88,15 @@ class Interval:
         return Interval.of_samples(ratios) if len(ratios) >= 2 else None
 
     def __str__(self) -> str:
-        if self.low == self.high:
-            return f"{self.value:.3g}"
-        return f"{self.value:.3g} [{self.low:.3g}, {self.high:.3g}]"
+        text = (
+            f"{self.value:.3g}"
+            if self.low == self.high
+            else f"{self.value:.3g} [{self.low:.3g}, {self.high:.3g}]"
+        )
+        measured = sum(math.isfinite(v) for v in self.seeds)
+        if measured == 1 and len(self.seeds) > 1:  # the other seeds ran but have no value: no spread
+            text += f" (one run: {len(self.seeds) - 1} of {len(self.seeds)} seeds have none)"
+        return text
 
 
 @dataclass(frozen=True)
