@@ -96,4 +96,5 @@ mutation: $(VENV)/.dev
 		--paths engines/caching_pages.py --tests $(CACHING_TESTS) tests/test_hybrid_prefix_mutants.py \
 		tests/test_rules.py tests/test_caching_pages_mutants.py
 	nice $(PY) tools/mutation.py --scope calibrate --paths kvbench/calibrate/fit.py \
-		--tests tests/test_calibrate_mutants.py tests/test_calibrate.py tests/test_calibrate_held_out.py
+		--tests tests/test_calibrate_mutants.py tests/test_calibrate.py tests/test_calibrate_held_out.py \
+		tests/test_cost_file_loading.py
