@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.calibrate.check import Check, headline, read_config, summarize, trace_draw
+from kvbench.calibrate.check import Check, format_summary, headline, read_config, summarize, trace_draw
 from kvbench.config import RunConfig
-from kvbench.reproduce.calibration import HeldOutSet, held_out_markdown
+from kvbench.reproduce.calibration import HeldOutSet, held_out_markdown, rewrite_held_out, write_sets
 from kvbench.simulate import write_result
 from workloads.spec import WorkloadSpec
 
@@ -121,6 +121,14 @@ def test_summaries_count_loaded_and_unloaded_runs_apart():
     row = "| Figures 12-13 | output_token_throughput | 1 of 2 | 30.0 % | 30.0 % | 2 of 2 | 0.2 % |"
     assert lines[2] == row
     assert lines[-1] == "- Figures 12-13: 1 runs (fig12/paged-2)"
+    opening = format_summary(checks).splitlines()
+    assert opening[0] == "Headline: output_token_throughput 1 of 2 loaded runs within 10 % (2 of 2 unloaded)."
+    rows = [line for line in opening if line.startswith("| ") and not line.startswith("| load |")]
+    assert rows == [  # loaded first; the run of unknown load in neither, and no pooled row
+        "| loaded | output_token_throughput | 2 | 1 | 30.0 % | 30.0 % |",
+        "| unloaded | output_token_throughput | 2 | 2 | 0.2 % | 0.2 % |",
+    ]
+    assert opening[-1] == "1 runs of unknown load are counted in neither row."
 
 
 def test_an_older_sets_file_without_the_split_still_reads():
@@ -145,3 +153,54 @@ def test_runs_set_aside_in_a_seed_folder_are_not_held_out(runs, tmp_path):
     assert _real_runs(out, ("fig12",)) == [kept]
     shutil.rmtree(kept)
     assert _real_runs(out, ("fig12",)) == []
+
+
+def _pages(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != "cost.json"}
+
+
+def test_held_out_pages_open_with_the_split_and_rewrite_from_cost_json_alone(runs, tmp_path):
+    """Each held-out page begins with its errors for loaded and unloaded runs apart, loaded
+    first, never pooled; and a committed calibration's pages are rewritten from its cost.json
+    rows alone, byte for byte what the calibration wrote, a row without `loaded` taking it
+    from its run's own files."""
+    from kvbench.calibrate.check import fit_and_check
+
+    out = tmp_path / "out"
+    shutil.copytree(runs / "fit" / "a", out / "fig2" / "a")
+    for name, run in (("fig12/queued", "queued"), ("fig13/idle", "idle"), ("fig15/idle", "idle")):
+        shutil.copytree(runs / "held" / run, out / name)
+    folder = out / "calibration"
+    done = fit_and_check([out / "fig2/a"], [out / "fig12/queued", out / "fig13/idle", out / "fig15/idle"],
+                         folder / "cost.json", out)  # fmt: skip
+    write_sets(folder, done.checks, [])
+    written = _pages(folder)
+    assert sorted(written) == ["held_out.md", "held_out_sets.json", "held_out_sharing.md"]
+    page = written["held_out.md"].decode().splitlines()
+    assert page[0] == "# Figures 12-13: real runs beside the calibrated simulation"
+    assert (
+        page[2].startswith("Headline: output_token_throughput ") and "of 1 loaded runs within 10 %" in page[2]
+    )
+    summary = page[
+        page.index("| load | metric | runs | within 10 % | median abs. error | largest abs. error |") :
+    ]
+    summary = summary[2 : summary.index("")]
+    assert [row.split(" | ")[:3] for row in summary] == [
+        [f"| {load}", metric, "1"] for load in ("loaded", "unloaded")
+        for metric in ("output_token_throughput", "normalized_latency_s", "mean_ttft_s")
+    ]  # fmt: skip
+    assert page.index("## Every run") > page.index(summary[-1])
+    sharing = written["held_out_sharing.md"].decode().splitlines()
+    assert sharing[2].startswith("Headline: output_token_throughput 0 of 0 loaded runs within 10 % (")
+    assert "| loaded | output_token_throughput | 0 | 0 | - | - |" in sharing
+
+    for name in written:
+        (folder / name).unlink()
+    assert [s.label for s in rewrite_held_out(out)] == ["Figures 12-13", "Figures 14-17"]
+    assert _pages(folder) == written
+    cost = json.loads((folder / "cost.json").read_text())
+    for row in cost["held_out"]:
+        del row["loaded"]  # a calibration written before the split
+    (folder / "cost.json").write_text(json.dumps(cost))
+    rewrite_held_out(out)
+    assert _pages(folder) == written

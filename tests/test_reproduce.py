@@ -352,6 +352,7 @@ def test_a_real_reproduction_calibrates_the_simulator_on_its_own_runs(tmp_path, 
     runs are replayed with it (its ShareGPT runs are Figure 2's, so fitted, never held out), and
     the report states the errors."""
     from kvbench.reproduce import calibration, engines
+    from kvbench.reproduce.calibration import rewrite_held_out
     from kvbench.reproduce.rows import Options, Setting
     from kvbench.reproduce.run import run_reproduce
 
@@ -395,7 +396,20 @@ def test_a_real_reproduction_calibrates_the_simulator_on_its_own_runs(tmp_path, 
     assert summary["runs"] == len(errors) == len(REAL_ENGINES)
     assert summary["within_target"] == sum(e <= 0.10 for e in errors)
     assert summary["max_abs_error"] == errors[-1]
-    assert f"fig13/seed-{REAL_SEED}/alpaca-paper/paged" in (out / "calibration" / "held_out.md").read_text()
+    page = (out / "calibration" / "held_out.md").read_text()
+    assert f"fig13/seed-{REAL_SEED}/alpaca-paper/paged" in page
+    split = {load: summary[load] for load in ("loaded", "unloaded")}
+    assert split["loaded"]["runs"] + split["unloaded"]["runs"] == summary["runs"]
+    opening = page[: page.index("## Every run")]  # the page opens with the split, never the pooled spread
+    for load, spread in split.items():
+        assert (
+            f"| {load} | output_token_throughput | {spread['runs']} | {spread['within_target']} |" in opening
+        )
+    assert opening.index("| loaded |") < opening.index("| unloaded |")
+    pages = {p.name: p.read_bytes() for p in (out / "calibration").iterdir()}
+    (out / "calibration" / "held_out.md").unlink()
+    rewrite_held_out(out)  # from cost.json's rows alone: what the calibration wrote
+    assert {p.name: p.read_bytes() for p in (out / "calibration").iterdir()} == pages
     report = (out / "reproduce.md").read_text()
     assert "## The calibrated simulator against the real runs" in report
     assert any(line.startswith("calibration: fitted on fig2") for line in lines)

@@ -9,6 +9,7 @@ every committed result folder has a README whose provenance table the pages can 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -90,6 +91,43 @@ def test_a_number_in_a_folder_reaches_its_page(pages_module, tmp_path, monkeypat
     assert cells[3] == "96.3"  # the paper
     assert cells[5] == "12.3"  # real OPT-125M: the changed folder
     assert cells[4] == "97.3"  # the simulated run, another folder, as committed
+
+
+def test_the_calibration_table_gives_loaded_and_unloaded_runs_apart(pages_module):
+    """A pooled count lets unloaded runs (throughput = arrival rate whatever the step times)
+    lift the held-out score: the table has a row per load, loaded first, never the pooled one."""
+    import results_pages_figures as figures
+
+    def errors(runs: int, median: float, largest: float, within: int) -> dict:
+        return {"runs": runs, "median_abs_error": median, "max_abs_error": largest, "within_target": within}
+
+    spread = errors(5, 0.02, 0.3, 4) | {
+        "loaded": errors(3, 0.05, 0.3, 2),
+        "unloaded": errors(2, 0.001, 0.002, 2),
+    }
+    rows = figures.held_out_rows({"label": "Figures 12-13", "summary": {"normalized_latency_s": spread}})
+    assert rows == [
+        ["Figures 12-13", "loaded", "`normalized_latency_s`", 3, "5.0", "30.0", "2 of 3"],
+        ["Figures 12-13", "unloaded", "`normalized_latency_s`", 2, "0.1", "0.2", "2 of 2"],
+    ]
+    old = {
+        "label": "Figures 14-17",
+        "summary": {"normalized_latency_s": {k: spread[k] for k in list(spread)[:4]}},
+    }
+    assert [row[3:] for row in figures.held_out_rows(old)] == [
+        [0, "-", "-", "0 of 0"]
+    ] * 2  # not the pooled 5
+    page = pages_module.render()["reproduction.md"]
+    opt13b = [
+        line.split(" | ")
+        for line in page.splitlines()
+        if line.startswith("| real OPT-13B, 15,728 slots | Figures")
+    ]
+    assert [row[2] for row in opt13b] == ["loaded"] * 3 + ["unloaded"] * 3
+    sets = json.loads((ROOT / "results/reproduce/opt-13b-h200/calibration/held_out_sets.json").read_text())
+    throughput = sets["held_out_sets"][0]["summary"]["output_token_throughput"]
+    assert opt13b[0][4:] == [str(throughput["loaded"]["runs"]), "1.3", "13.5", "92 of 93 |"]
+    assert opt13b[3][4] == str(throughput["unloaded"]["runs"]) and "123" not in {row[4] for row in opt13b}
 
 
 def test_every_result_folder_has_a_readme_with_provenance(pages_module):

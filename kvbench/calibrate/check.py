@@ -201,6 +201,43 @@ def summarize(checks: list[Check]) -> dict:
     return out
 
 
+def by_load(summary: dict) -> list[tuple[str, str, dict]]:
+    """(load, metric, spread) for each metric of a `summarize` result, every loaded row before
+    any unloaded one: the loaded runs test the fit, so they are read first. A summary written
+    before the split gives no run for either load, never the pooled spread under a load's name."""
+    return [(load, metric, m.get(load, {"runs": 0})) for load in LOADS for metric, m in summary.items()]
+
+
+def format_summary(checks: list[Check]) -> str:
+    """The opening of a held-out report: the headline (`headline`), then per load and metric
+    the runs, how many are within `TARGET`, and the median and largest absolute error, so that
+    no reader has to count rows, nor reads an unloaded run's free match as the fit's."""
+    target = f"{100 * TARGET:.0f} %"
+    lines = [
+        f"Headline: {headline(checks)}.",
+        "",
+        f"Loaded: a request waited for admission, or the run completed below {LOADED_THROUGHPUT} x its "
+        "arrival rate. Unloaded: its throughput is the arrival rate whatever the step times, so its "
+        "error says little of the fit.",
+        "",
+        f"| load | metric | runs | within {target} | median abs. error | largest abs. error |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {load} | {metric} | {s['runs']} | {s.get('within_target', 0)} "
+        f"| {_percent(s.get('median_abs_error'))} | {_percent(s.get('max_abs_error'))} |"
+        for load, metric, s in by_load(summarize(checks))
+    ]
+    unknown = len({c.run for c in checks if c.loaded is None})
+    if unknown:
+        lines += ["", f"{unknown} runs of unknown load are counted in neither row."]
+    return "\n".join(lines)
+
+
+def _percent(error: float | None) -> str:
+    return "-" if error is None else f"{100 * error:.1f} %"
+
+
 def headline(checks: list[Check]) -> str:
     """One line: per metric, the loaded runs within `TARGET` (what a held-out check measures),
     then the unloaded ones."""
