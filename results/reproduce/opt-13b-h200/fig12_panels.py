@@ -30,7 +30,8 @@ TRACES = {"sharegpt-paper": "ShareGPT", "alpaca-paper": "Alpaca"}
 ENGINES = ("static", "orca-max", "orca-pow2", "orca-oracle", "paged")
 ROW_HEADER = (
     "| engine | rate req/s | requests | norm. latency s/token | vs bound | mean TPOT s | mean queueing s "
-    "| batched requests, busy-weighted | preemptions | completed req/s |\n|---|---|---|---|---|---|---|---|---|---|"
+    "| batched requests, busy-weighted | preemptions | completed req/s |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
