@@ -249,9 +249,7 @@ def _judge_parallel(rows) -> list[Verdict]:
         paged = find(rows, "fig13", "paged", trace, "mean_batched_requests")
         other = find(rows, "fig13", "orca-max", trace, "mean_batched_requests")
         if paged and other and paged.interval and other.interval and other.kvbench:
-            low = paged.interval.low / other.interval.high
-            high = paged.interval.high / other.interval.low if other.interval.low else math.inf
-            ratio = Interval(paged.kvbench / other.kvbench, low, high)
+            ratio = Interval.ratio(paged.interval, other.interval)
             out.append(
                 value_verdict(f"{trace} paged/orca-max mean batched requests, busy-weighted", ratio, 4.0)
             )
