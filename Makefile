@@ -45,7 +45,7 @@ clean:
 # Mutation testing (slow, not part of `make test`; docs/MUTATION.md): engines first, then the
 # metrics and trace validation, then the hybrid allocators, the verdicts, the sweep, and the real runner's
 # host collector and prefill graphs, then chunked prefill, the outside-window terms and the arena copies,
-# then the prefix-caching page pools; reports land in
+# then the prefix-caching page pools, the calibration fit and the claims table; reports land in
 # results/mutation/<scope>/
 .PHONY: mutation
 # chunked prefill's tests but the interpreted Triton ones (about 26 s, every surviving mutant would rerun them)
@@ -98,3 +98,5 @@ mutation: $(VENV)/.dev
 	nice $(PY) tools/mutation.py --scope calibrate --paths kvbench/calibrate/fit.py \
 		--tests tests/test_calibrate_mutants.py tests/test_calibrate.py tests/test_calibrate_held_out.py \
 		tests/test_cost_file_loading.py
+	nice $(PY) tools/mutation.py --scope claims --paths kvbench/reproduce/claims.py \
+		--tests tests/test_claims.py tests/test_reproduce_verdicts.py
