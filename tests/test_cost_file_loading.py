@@ -149,3 +149,44 @@ def test_assumed_names_only_cost_terms(tmp_path, assumed):
     )
     assert message.endswith(f"got {json.dumps(assumed)}")
     assert "knee_batch," not in message and "pads_decode" not in message.split("got")[0]
+
+
+def test_a_folder_a_missing_file_or_unparsable_json_is_one_line_naming_the_flag_and_path(tmp_path):
+    _refused(str(tmp_path), "is a folder, not a kvbench calibrate file")
+    _refused(str(tmp_path / "none.json"), "cannot read it (no such file)")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"model": "opt-13b", "fixed_s": ')
+    _refused(str(broken), "cannot read it (")
+
+
+def test_the_assumed_error_lists_the_cost_terms_it_takes(tmp_path):
+    message = _refused(_file(tmp_path, assumed=["nope"]), "'assumed' must be a list of cost terms (")
+    assert "(fixed_s, per_attention_pair_s, per_copy_slot_s, per_kv_token_s, per_map_page_s," in message
+
+
+def test_a_model_that_is_not_a_name_is_no_model(tmp_path):
+    _refused(_file(tmp_path, model=13), "names no model")
+    _refused(_file(tmp_path, model=["opt-13b"]), "names no model")
+
+
+def test_the_digest_follows_the_model_and_every_priced_term_and_nothing_else(tmp_path):
+    """Runs record the digest of the cost file they priced with, so a resumed sweep reruns a cell
+    whose file changed: a change of model or of any term must change it; held-out errors written
+    beside the fit, or a file that cannot be read, must not pass for a priced file."""
+    from kvbench.calibrate.fit import cost_file_digest
+
+    base = cost_file_digest(_file(tmp_path))
+    assert base is not None and len(base) == 64
+    assert cost_file_digest(_file(tmp_path, model="llama-3.1-8b")) != base
+    for term in TERMS:
+        assert cost_file_digest(_file(tmp_path, **{term: 7e-7})) != base, term
+    assert cost_file_digest(_file(tmp_path, knee_batch=16)) != base
+    # a term added after files were written: absent or 0, the file prices as it did
+    zeros = {"per_segment_s": 0, "per_attention_pair_s": 0, "pads_decode": False}
+    assert cost_file_digest(_file(tmp_path, **zeros)) == base
+    assert cost_file_digest(_file(tmp_path, held_out=[{"error": 0.1}], rows=5)) == base
+    assert cost_file_digest(str(tmp_path / "none.json")) is None
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert cost_file_digest(str(tmp_path / "list.json")) is None
+    (tmp_path / "broken.json").write_text("{")
+    assert cost_file_digest(str(tmp_path / "broken.json")) is None

@@ -463,8 +463,9 @@ def load_cost_model(path: str, model: str) -> CostModel:
     swap, copy and page-map costs."""
     where = f"--cost-model {path}"
     data = read_cost_file(path, "--cost-model")
-    if data.get("model") and data["model"] != model:  # none or "": `model_of` below says so
-        raise KvbenchError(f"{where}: fitted on {data['model']}, not on --model {model}")
+    fitted = data.get("model")
+    if isinstance(fitted, str) and fitted and fitted != model:  # no name at all: `model_of` below
+        raise KvbenchError(f"{where}: fitted on {fitted}, not on --model {model}")
     required = ("fixed_s", "per_token_s", "per_kv_token_s")
     optional = ("per_swap_block_s", "per_copy_slot_s", "per_prefill_s", "per_prefill_token_s",
                 "per_map_page_s", "per_unmap_page_s", "per_row_above_knee_s", "per_segment_s",
