@@ -97,6 +97,6 @@ mutation: $(VENV)/.dev
 		tests/test_rules.py tests/test_caching_pages_mutants.py
 	nice $(PY) tools/mutation.py --scope calibrate --paths kvbench/calibrate/fit.py \
 		--tests tests/test_calibrate_mutants.py tests/test_calibrate.py tests/test_calibrate_held_out.py \
-		tests/test_cost_file_loading.py tests/test_calibrate_read_rows.py
+		tests/test_cost_file_loading.py tests/test_calibrate_read_rows.py tests/test_calibrate_command.py
 	nice $(PY) tools/mutation.py --scope claims --paths kvbench/reproduce/claims.py \
 		--tests tests/test_claims.py tests/test_reproduce_verdicts.py

@@ -1,0 +1,170 @@
+"""`calibrate` over several run folders: what it refuses, and what it fills in where no step row
+measured a term (`kvbench/calibrate/fit.py`: `calibrate`, `_assume`).
+
+Runs of two models, or of graph-replayed and eager decode steps, price their steps differently:
+one fit over both would be a constant of neither, so each is refused naming the runs. A term no
+row measures is set from the roofline of the runs' own GPU and block size and named as assumed
+with its source, which is what turns a verdict resting on it into "not measured". Step tables
+are written by hand (distinct values a row), so each rule holds for the rows given.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvbench.budget import get_gpu
+from kvbench.calibrate.fit import calibrate
+from kvbench.config import RunConfig
+from kvbench.cost_model import CostModel
+from kvbench.errors import KvbenchError
+from kvbench.models import get_model
+from kvbench.simulate import simulate, write_result
+from workloads.spec import WorkloadSpec
+
+COLUMNS = ("kind", "num_steps", "batch_size", "num_tokens", "context_tokens", "kv_tokens_read",
+           "swapped_blocks", "mapped_pages", "unmapped_pages", "attention_pairs", "duration_s")  # fmt: skip
+
+
+def _rows(
+    n: int, *, prefill: bool, seed: int = 0, prompt_token_s: float = 2e-5, maps: bool = True
+) -> list[tuple]:
+    """`n` step rows of a made-up linear cost, decode only or with every third row a prefill
+    (whose tokens cost `prompt_token_s` each); `maps`: rows map and unmap pages."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        is_prefill = prefill and i % 3 == 0
+        batch = int(rng.integers(1, 40))
+        tokens = int(rng.integers(100, 900)) if is_prefill else batch
+        context = tokens if is_prefill else int(rng.integers(batch * 50, batch * 900))
+        mapped = int(rng.integers(0, 9)) if maps else 0
+        token_s = prompt_token_s if is_prefill else 2e-5
+        duration = 0.008 + token_s * tokens + 3e-7 * context + 1e-5 * mapped + (0.004 if is_prefill else 0.0)
+        kind, pairs = ("prefill", tokens * tokens / 2) if is_prefill else ("decode", 0)
+        unmapped = int(rng.integers(0, 5)) if maps else 0
+        rows.append((kind, 1, batch, tokens, context, context, 0, mapped, unmapped, pairs, duration))
+    return rows
+
+
+def _run(folder: Path, rows: list[tuple], *, summary: dict | None = None, config: dict | None = None) -> Path:
+    workload = WorkloadSpec("sharegpt-paper", num_requests=3, rate=4.0, seed=0)
+    write_result(simulate(RunConfig(engine="paged", workload=workload, kv_cache_gib=2.0)), folder)
+    with (folder / "steps.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(("step", *COLUMNS))
+        writer.writerows((i, *row) for i, row in enumerate(rows))
+    for name, changes in (("summary.json", summary), ("config.json", config)):
+        if changes is not None:
+            data = json.loads((folder / name).read_text())
+            (folder / name).write_text(json.dumps({**data, **changes}))
+    return folder
+
+
+def _refused(runs: list[Path]) -> str:
+    with pytest.raises(KvbenchError) as error:
+        calibrate(runs, simulated_ok=True)
+    return str(error.value)
+
+
+def test_no_run_is_refused():
+    assert _refused([]) == "kvbench calibrate: give at least one run folder"
+
+
+def test_runs_of_two_models_are_refused_naming_both(tmp_path):
+    a = _run(tmp_path / "a", _rows(30, prefill=True))
+    b = _run(tmp_path / "b", _rows(30, prefill=True, seed=1), summary={"model": "gemma-3-12b"})
+    assert _refused([a, b]) == "kvbench calibrate: the runs are of different models (gemma-3-12b, opt-13b)"
+
+
+def test_graph_replayed_and_eager_runs_are_refused_naming_one_of_each(tmp_path):
+    eager = _run(tmp_path / "eager", _rows(30, prefill=True))
+    graphed = _run(tmp_path / "graphed", _rows(30, prefill=True, seed=1), summary={"cuda_graphs": True})
+    other = _run(tmp_path / "other", _rows(30, prefill=True, seed=2))
+    message = _refused([eager, other, graphed])
+    assert message == (
+        f"kvbench calibrate: {graphed} replayed CUDA graphs and {eager} did not; their decode steps cost "
+        "differently, fit them apart"
+    )
+
+
+def test_graph_replayed_runs_fit_a_model_that_pads_and_eager_ones_one_that_does_not(tmp_path):
+    graphed = calibrate([_run(tmp_path / "g", _rows(40, prefill=True), summary={"cuda_graphs": True})],
+                        simulated_ok=True)  # fmt: skip
+    assert graphed.cost.pads_decode is True
+    assert (
+        calibrate([_run(tmp_path / "e", _rows(40, prefill=True))], simulated_ok=True).cost.pads_decode
+        is False
+    )
+
+
+def test_without_a_prefill_row_prompt_tokens_cost_a_decode_rows_and_the_prefill_terms_are_assumed(tmp_path):
+    """Decode rows that map pages: the prefill-token term is unmeasured (None, a decode row's
+    cost), not 0, whatever other columns hold."""
+    fit = calibrate([_run(tmp_path / "d", _rows(40, prefill=False))], simulated_ok=True)
+    assert fit.cost.per_prefill_token_s is None and fit.cost.per_prefill_s == 0.0
+    assert {"per_prefill_s", "per_prefill_token_s"} <= set(fit.cost.assumed)
+    assert (
+        fit.assumed_from["per_prefill_token_s"] == "none: decode rows' per-token cost (no prefill row to fit)"
+    )
+    with_prefill = calibrate([_run(tmp_path / "p", _rows(40, prefill=True))], simulated_ok=True)
+    assert with_prefill.cost.per_prefill_token_s == pytest.approx(2e-5, rel=1e-3)
+    assert "per_prefill_token_s" not in with_prefill.cost.assumed
+
+
+def test_unmeasured_swap_and_copy_costs_come_from_the_runs_gpu_and_block_size(tmp_path):
+    run = _run(
+        tmp_path / "h200", _rows(40, prefill=True), config={"emulate_gpu": "h200-141gb", "block_size": 32}
+    )
+    fit = calibrate([run], simulated_ok=True)
+    roofline = CostModel.roofline(get_model("opt-13b"), get_gpu("h200-141gb"), 32)
+    assert fit.cost.per_swap_block_s == roofline.per_swap_block_s
+    assert fit.cost.per_copy_slot_s == roofline.per_copy_slot_s
+    assert {"per_swap_block_s", "per_copy_slot_s"} <= set(fit.cost.assumed)
+    assert fit.assumed_from["per_swap_block_s"].endswith(" (32-slot blocks of opt-13b)")
+    assert fit.assumed_from["per_copy_slot_s"].endswith(" (opt-13b on the h200-141gb)")
+    assert "per_map_page_s" not in fit.cost.assumed  # the rows map pages: measured
+
+
+def test_a_run_that_names_no_gpu_or_block_size_is_priced_on_the_a100_at_16(tmp_path):
+    run = _run(tmp_path / "bare", _rows(40, prefill=True))
+    config = json.loads((run / "config.json").read_text())
+    for key in ("emulate_gpu", "block_size"):
+        config.pop(key, None)
+    (run / "config.json").write_text(json.dumps(config))
+    fit = calibrate([run], simulated_ok=True)
+    roofline = CostModel.roofline(get_model("opt-13b"), get_gpu("a100-40gb"), 16)
+    assert fit.cost.per_swap_block_s == roofline.per_swap_block_s != 0
+    assert fit.assumed_from["per_swap_block_s"].endswith(" (16-slot blocks of opt-13b)")
+    assert fit.assumed_from["per_copy_slot_s"].endswith(" (opt-13b on the a100-40gb)")
+
+
+def test_prefill_rows_whose_tokens_cost_nothing_fit_a_measured_zero_not_an_assumed_default(tmp_path):
+    fit = calibrate(
+        [_run(tmp_path / "z", _rows(45, prefill=True, prompt_token_s=0.0, maps=False))], simulated_ok=True
+    )
+    assert fit.cost.per_prefill_token_s == 0.0 and "per_prefill_token_s" not in fit.cost.assumed
+    assert "per_map_page_s" in fit.cost.assumed  # no row mapped a page: the driver's measured cost
+
+
+def test_each_assumed_terms_source_says_where_its_value_comes_from(tmp_path):
+    fit = calibrate([_run(tmp_path / "s", _rows(40, prefill=True, maps=False))], simulated_ok=True)
+    assert fit.assumed_from["per_swap_block_s"].startswith("roofline: ")
+    assert fit.assumed_from["per_copy_slot_s"].startswith("roofline: a slot's K/V read and written")
+    assert fit.assumed_from["per_map_page_s"].startswith("H200 driver, results/reference/vmm-probe")
+
+
+def test_a_model_without_a_preset_roofline_assumes_free_copies_and_says_so(tmp_path):
+    run = _run(
+        tmp_path / "folder-model", _rows(40, prefill=True, maps=False), summary={"model": "my-checkpoint"}
+    )
+    fit = calibrate([run], simulated_ok=True)
+    assert fit.model == "my-checkpoint"
+    assert fit.cost.per_swap_block_s == 0.0 and fit.cost.per_copy_slot_s == 0.0
+    none = "none: 0 (no preset roofline of the model)"
+    assert fit.assumed_from["per_swap_block_s"] == fit.assumed_from["per_copy_slot_s"] == none
+    assert fit.cost.per_map_page_s > 0 and "per_map_page_s" in fit.cost.assumed  # the driver's cost kept
