@@ -165,3 +165,29 @@ def proc_state(pid: int) -> str | None:
     except OSError:
         return None
     return stat[stat.rindex(")") + 2]
+
+
+def run_with_steps(
+    folder: Path, columns, rows, *, summary: dict | None = None, config: dict | None = None
+) -> Path:
+    """A simulated run folder (a few ShareGPT requests on paged) whose steps.csv is replaced by
+    `rows` under `columns` (a step index first), its summary.json and config.json updated with
+    `summary` and `config`: hand-made step tables for the calibration fit's tests."""
+    import csv
+    import json
+
+    from kvbench.config import RunConfig
+    from kvbench.simulate import simulate, write_result
+    from workloads.spec import WorkloadSpec
+
+    workload = WorkloadSpec("sharegpt-paper", num_requests=3, rate=4.0, seed=0)
+    write_result(simulate(RunConfig(engine="paged", workload=workload, kv_cache_gib=2.0)), folder)
+    with (folder / "steps.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(("step", *columns))
+        writer.writerows((i, *row) for i, row in enumerate(rows))
+    for name, changes in (("summary.json", summary), ("config.json", config)):
+        if changes:
+            data = json.loads((folder / name).read_text())
+            (folder / name).write_text(json.dumps({**data, **changes}))
+    return folder

@@ -10,7 +10,6 @@ are written by hand (distinct values a row), so each rule holds for the rows giv
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -19,12 +18,10 @@ import pytest
 
 from kvbench.budget import get_gpu
 from kvbench.calibrate.fit import calibrate
-from kvbench.config import RunConfig
 from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
 from kvbench.models import get_model
-from kvbench.simulate import simulate, write_result
-from workloads.spec import WorkloadSpec
+from tests.support import run_with_steps
 
 COLUMNS = ("kind", "num_steps", "batch_size", "num_tokens", "context_tokens", "kv_tokens_read",
            "swapped_blocks", "mapped_pages", "unmapped_pages", "attention_pairs", "duration_s")  # fmt: skip
@@ -52,17 +49,7 @@ def _rows(
 
 
 def _run(folder: Path, rows: list[tuple], *, summary: dict | None = None, config: dict | None = None) -> Path:
-    workload = WorkloadSpec("sharegpt-paper", num_requests=3, rate=4.0, seed=0)
-    write_result(simulate(RunConfig(engine="paged", workload=workload, kv_cache_gib=2.0)), folder)
-    with (folder / "steps.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(("step", *COLUMNS))
-        writer.writerows((i, *row) for i, row in enumerate(rows))
-    for name, changes in (("summary.json", summary), ("config.json", config)):
-        if changes is not None:
-            data = json.loads((folder / name).read_text())
-            (folder / name).write_text(json.dumps({**data, **changes}))
-    return folder
+    return run_with_steps(folder, COLUMNS, rows, summary=summary, config=config)
 
 
 def _refused(runs: list[Path]) -> str:

@@ -8,19 +8,15 @@ hand-made steps.csv of distinct values into a run folder and checks the fit's ma
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kvbench.calibrate.fit import read_rows
-from kvbench.config import RunConfig
 from kvbench.cost_model import graph_rows
 from kvbench.errors import KvbenchError
-from kvbench.simulate import simulate, write_result
-from workloads.spec import WorkloadSpec
+from tests.support import run_with_steps
 
 # kind, num_steps, batch_size, num_tokens, context_tokens, kv_tokens_read, swapped_blocks,
 # mapped_pages, unmapped_pages, attention_pairs, duration_s: every value distinct
@@ -36,17 +32,7 @@ OPTIONAL = ("kv_tokens_read", "mapped_pages", "unmapped_pages", "attention_pairs
 
 
 def _run(tmp_path: Path, rows=ROWS, columns=COLUMNS, **summary) -> Path:
-    run = tmp_path / "run"
-    workload = WorkloadSpec("sharegpt-paper", num_requests=3, rate=4.0, seed=0)
-    write_result(simulate(RunConfig(engine="paged", workload=workload, kv_cache_gib=2.0)), run)
-    with (run / "steps.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(("step", *columns))
-        writer.writerows((i, *row) for i, row in enumerate(rows))
-    if summary:
-        data = json.loads((run / "summary.json").read_text())
-        (run / "summary.json").write_text(json.dumps({**data, **summary}))
-    return run
+    return run_with_steps(tmp_path / "run", columns, rows, summary=summary)
 
 
 def _column(index: int) -> np.ndarray:
