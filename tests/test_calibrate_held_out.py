@@ -204,3 +204,13 @@ def test_held_out_pages_open_with_the_split_and_rewrite_from_cost_json_alone(run
     (folder / "cost.json").write_text(json.dumps(cost))
     rewrite_held_out(out)
     assert _pages(folder) == written
+
+
+def test_the_rewrite_tool_refuses_a_folder_without_a_calibration_in_one_line(tmp_path, capsys):
+    from tests.support import load_script
+
+    tool = load_script("tools/rewrite_held_out.py")
+    assert tool.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {tmp_path}: no calibration/cost.json to rewrite the held-out pages from\n"
+    assert not any(tmp_path.iterdir())  # nothing written into a folder kvbench did not make

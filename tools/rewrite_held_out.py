@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvbench.calibrate.check import TARGET
+from kvbench.errors import KvbenchError
 from kvbench.reproduce.calibration import rewrite_held_out
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.parent.parent for p in (ROOT / "results/reproduce").glob("*/calibration/cost.json")
     )
     for folder in folders:
-        for s in rewrite_held_out(folder):
+        try:
+            sets = rewrite_held_out(folder)
+        except KvbenchError as error:  # a folder with no calibration: one line, nothing written
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        for s in sets:
             loaded = "; ".join(
                 f"{metric} {m['loaded']['within_target']} of {m['loaded']['runs']}"
                 for metric, m in s.summary.items()

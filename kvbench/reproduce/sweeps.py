@@ -487,11 +487,12 @@ def fig18b_verdict(rows: Sequence[Row], options: Options) -> str:
         best = min(latency, key=lambda bs: latency[bs].value)
         tied = sorted(bs for bs, i in latency.items() if i.overlaps(latency[best]))
         near = sorted(bs for bs, i in latency.items() if i.value <= 1.05 * latency[best].value)
-        verdict = range_verdict(metric, Interval(best, tied[0], tied[-1]), paper)
+        tie = Interval(best, tied[0], tied[-1])
+        verdict = range_verdict(metric, tie, paper)
         if verdict.outcome == INCONCLUSIVE:  # sizes the paper finds slower tie with the best: a gap lost
-            verdict = replace(
-                verdict, outcome=DIFFERS, evidence=f"{verdict.evidence}: a tie where the paper shows a gap"
-            )
+            outside = ", ".join(str(bs) for bs in tied if not paper[0] <= bs <= paper[1])
+            gap = f"a tie where the paper shows a gap: {outside} tie with the best"
+            verdict = Verdict(DIFFERS, metric, f"kvbench {tie}, paper {paper[0]:g}-{paper[1]:g}; {gap}")
         within = ", ".join(f"{bs} ({latency[bs].value / latency[best].value - 1:+.1%})" for bs in near)
         verdicts.append(replace(verdict, evidence=f"{verdict.evidence}; within 5 % of the best: {within}"))
     return figure_verdict(verdicts)
