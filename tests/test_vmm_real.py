@@ -71,6 +71,33 @@ def test_vmm_under_memory_pressure_reclaims_preempts_and_keeps_the_tokens():
     assert [seq.output_ids for seq in run.sequences] == [seq.output_ids for seq in oracle.sequences]
 
 
+@pytest.mark.parametrize("layout", ["per-layer", "per-request"])
+def test_the_warm_up_of_a_virtual_arena_reads_only_range_zero(layout):
+    """The warm-up backs only range 0 of a virtual arena (`VirtualKVArena.scratch`), so its
+    decode launches stay within that range's slots: with 64-slot ranges every split launch
+    (128 positions and more) is skipped and the unsplit ones run over the range. On a GPU the
+    slots past range 0 are unbacked and a launch reading them faults (an illegal address in the
+    CUDA graph tests of this module); here a scratch past the range is refused instead."""
+    from kvbench.modeling.virtual_arena import VirtualKVArena
+    from kvbench.real.model_runner import ModelRunner
+
+    spec = get_model("tiny-llama")
+    sched = ENGINES["vmm"].build(engine_options(1024, block_size=8))
+    arena = VirtualKVArena.for_allocator(spec, sched.allocator, layout, torch.float32, CPU)
+    assert arena.range_slots == 64 and arena.num_slots > 128  # a split launch fits the span, not the range
+    model = random_model(spec, torch.float32, CPU, seed=3)
+    runner = ModelRunner(model, arena, sched.allocator, max_batch=2, max_len=64, attention="torch")
+    ran = runner.warm_up()
+    assert len(ran) == 2 and all(splits == 1 for _, splits in ran)  # a row of 1, then the large grid
+    # pages of 8 slots: the prefill's 16 slots map 1 past the pinned one, each launch's 64 slots 7
+    assert arena.scratch_maps == 1 + 7 + 7
+    driver = arena._pages  # the CPU stand-in counts a GPU's driver calls: a page per tensor
+    assert driver.maps == (arena.pinned + 15) * arena.tensors and driver.unmaps == 15 * arena.tensors
+    assert int(arena.mapped.sum()) == 1  # the pinned page under slot 0 alone stays mapped
+    with pytest.raises(ValueError, match="range 0 holds 64"), arena.scratch(65):
+        pass
+
+
 # ---------------------------------------------------------------------------- the virtual arena
 # A `kvbench run --engine vmm` decodes over `VirtualKVArena`: on CPU a stand-in tensor, on CUDA
 # memory reserved and mapped through the driver. tests/test_vmm_arena.py checks the arena's
@@ -177,10 +204,11 @@ def test_gpu_virtual_arena_gives_orca_oracles_tokens_and_gives_its_memory_back(l
     assert runner.cuda_graphs and runner.virtual is arena
     assert [seq.output_ids for seq in run.sequences] == want
     buffer = arena._pages.buffer
-    # every driver map and unmap is the arena's, or range 0's first page, pinned at construction
-    # (the warm-up reads 16 slots: within that page here, so it maps nothing)
-    assert arena.maps > 0 and buffer.maps == (arena.maps + arena.pinned) * arena.tensors
-    assert buffer.unmaps == arena.unmaps * arena.tensors
+    # every driver map and unmap is the arena's: range 0's first page, pinned at construction,
+    # the pages the warm-up reads past it (mapped for it and unmapped after), and the run's
+    scratch = arena.scratch_maps
+    assert arena.maps > 0 and buffer.maps == (arena.maps + arena.pinned + scratch) * arena.tensors
+    assert buffer.unmaps == (arena.unmaps + scratch) * arena.tensors
     assert buffer.maps - buffer.unmaps == len(buffer.mapped_pages) == int(arena.mapped.sum()) * arena.tensors
     assert buffer.mapped_pages == arena.driver_pages
     assert (arena.mapped >= alloc.mapped_counts()).all()

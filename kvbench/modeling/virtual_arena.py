@@ -176,6 +176,7 @@ class VirtualKVArena:
         self._page_bytes = int(page_elems) * flat.element_size()
         self.mapped = self._floor.copy()  # [ranges] pages mapped under each range
         self.maps = self.unmaps = self.ahead_maps = 0  # allocator pages (each a driver page per tensor)
+        self.scratch_maps = 0  # pages mapped for a warm-up (`scratch`), each unmapped after it
         self.ahead_unmaps = 0  # of `unmaps`, `prefetch`'s (idle pages reclaimed for the lookahead)
         self._allocator = allocator  # asked for its lost lookahead (None: none reported)
         self.map_s = 0.0  # seconds in driver calls (map, unmap) of `sync` and `prefetch`
@@ -270,10 +271,15 @@ class VirtualKVArena:
     @contextmanager
     def scratch(self, tokens: int) -> Iterator[None]:
         """Back range 0's first `tokens` slots for the duration (a warm-up that reads them before
-        any allocation); pages mapped for it are unmapped after."""
+        any allocation); pages mapped for it are unmapped after. More than the range's slots is
+        a caller's bug, refused: the slots past it are another range's, unbacked, and a kernel
+        reading them faults on a GPU (a CPU stand-in would read NaN into dropped logits)."""
+        if tokens > self.range_slots:
+            raise ValueError(f"scratch of {tokens} slots: range 0 holds {self.range_slots}")
         before = int(self.mapped[0])
         pages = -(-tokens * self.page_tokens.denominator // self.page_tokens.numerator)
-        self._grow(0, max(before, min(self.range_pages, pages)))
+        self._grow(0, max(before, pages))
+        self.scratch_maps += max(before, pages) - before
         try:
             yield
         finally:

@@ -246,8 +246,8 @@ class ModelRunner(ArenaCopies):
         its output dropped; then a mixed step's decode rows once per decode launch they can take
         (`kernels.splits.mixed_step_launches`), 1-token padding rows over `splits` x 128
         positions. Returns the (decode rows, splits) launches run: a contiguous arena skips
-        those that would read past it, and an MLA model (whose prefill attends through its own
-        path, unsplit) runs none.
+        those that would read past it (a virtual one, past its first range), and an MLA model
+        (whose prefill attends through its own path, unsplit) runs none.
 
         Why: Triton compiles a kernel the first time it meets a variant, and the decode graphs'
         capture compiles only the decode path. On a fresh H200 the paged prefill kernel's first
@@ -263,10 +263,15 @@ class ModelRunner(ArenaCopies):
         kv_heads = self.arena.k[0].shape[-2]
         dev = self.device
         sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+        # a contiguous arena's launches stay within its slots; a virtual one's within range 0,
+        # the only range its warm-up can back (`VirtualKVArena.scratch`), which no request of
+        # the run outgrows either
+        reach = self.arena.k[0].shape[0] if self.virtual is None else self.virtual.range_slots
         ran = []
         for rows, splits in mixed_step_launches(kv_heads, sms):
-            context = splits * MIN_SPLIT_TOKENS
-            if self.decoder.paged or context <= self.arena.k[0].shape[0]:
+            # one split is what any shorter context takes too, so it is warmed within any reach
+            context = splits * MIN_SPLIT_TOKENS if splits > 1 else min(MIN_SPLIT_TOKENS, reach)
+            if self.decoder.paged or context <= reach:
                 self._padding_pass(rows, context, max_new=1, num_splits=splits, decode_rows=rows)
                 ran.append((rows, splits))
         return tuple(ran)
