@@ -133,7 +133,7 @@ def test_a_real_run_with_every_collector(tmp_path):
     if "nvml_samples" in summary:  # NVML present on the machine
         assert summary["nvml_samples"] > 0 and float(rows[0]["nvml_used_bytes"]) > summary["arena_bytes"]
     assert all(0 <= float(row["host_cpu_s"]) <= float(row["duration_s"]) + 1e-3 for row in rows)
-    assert summary["host_cpus_used"] >= 1 and 0 < summary["host_cpu_share"] <= 1.01
+    assert summary["host_cpus_used"] >= 1 and 0 < summary["host_cpu_share"] <= 1
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert env["gpu"] and env["packages"]["torch"]
 
@@ -197,6 +197,8 @@ def test_host_clock_tells_a_step_that_waited_from_one_that_ran_on_the_cpu():
     (ran, waited), spans = runner.rows, runner.spans
     # over the call alone: `begin` and `row` bracket its wall span with a few us of bookkeeping
     assert 0.03 <= ran["host_cpu_s"] <= spans[0][1] - spans[0][0] + 1e-3
+    for row, (start, end) in zip(runner.rows, spans, strict=True):  # its own interval holds the span's
+        assert end - start <= row["host_wall_s"] and row["host_cpu_s"] <= row["host_wall_s"]
     assert waited["host_cpu_s"] < 0.015 <= 0.03 <= spans[1][1] - spans[1][0]
     assert waited["host_waits"] >= 1  # a sleep gives the CPU up
     for row, (waits, preemptions) in zip(runner.rows, switches, strict=True):
@@ -204,8 +206,8 @@ def test_host_clock_tells_a_step_that_waited_from_one_that_ran_on_the_cpu():
         assert 0 <= row["host_waits"] <= waits and 0 <= row["host_preemptions"] <= preemptions
         assert row["host_runnable"] >= 1  # this thread ran
         assert 0 <= row["host_cpu_id"] < os.cpu_count()
-        assert set(row) == {"host_cpu_s", "host_waits", "host_preemptions", "host_runnable", "host_cpu_id",
-                            "host_cpu_mhz", "host_busy_pct", "host_steal_pct"}  # fmt: skip
+        assert set(row) == {"host_cpu_s", "host_wall_s", "host_waits", "host_preemptions", "host_runnable",
+                            "host_cpu_id", "host_cpu_mhz", "host_busy_pct", "host_steal_pct"}  # fmt: skip
     summary = runner.finish()
     assert summary["host_cpus"] == os.cpu_count()
     assert 0 < summary["host_cpu_share"] < 1  # one call of two burnt its CPU, the other slept
@@ -219,12 +221,12 @@ def test_host_clocks_summary_is_its_rows_arithmetic():
     from kvbench.real.host import HostClock
 
     rows = [
-        {"host_cpu_s": 0.01, "host_preemptions": 0.0, "host_cpu_id": 3.0},
-        {"host_cpu_s": 0.03, "host_preemptions": 2.0, "host_cpu_id": 5.0},
-        {"host_cpu_s": 0.02, "host_preemptions": 1.0, "host_cpu_id": 3.0},
-        {"host_cpu_s": 0.0, "host_preemptions": 0.0, "host_cpu_id": math.nan},
+        {"host_cpu_s": 0.01, "host_wall_s": 0.02, "host_preemptions": 0.0, "host_cpu_id": 3.0},
+        {"host_cpu_s": 0.03, "host_wall_s": 0.04, "host_preemptions": 2.0, "host_cpu_id": 5.0},
+        {"host_cpu_s": 0.02, "host_wall_s": 0.04, "host_preemptions": 1.0, "host_cpu_id": 3.0},
+        {"host_cpu_s": 0.0, "host_wall_s": 0.0, "host_preemptions": 0.0, "host_cpu_id": math.nan},
     ]
-    spans = [(0.0, 0.02), (1.0, 1.04), (2.0, 2.04), (3.0, 3.0)]
+    spans = [(0.0, 0.5), (1.0, 1.5), (2.0, 2.5), (3.0, 3.5)]  # not the share's wall time: the rows' is
     clock = HostClock()
     summary = clock.finish(rows, spans)
     assert clock._stat.fd is None and clock._loadavg.fd is None  # its /proc files closed
