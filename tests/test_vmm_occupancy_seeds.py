@@ -34,7 +34,8 @@ def test_pairs_only_the_seeds_both_engines_ran(seeds, tmp_path):
     for name in ("alpaca-paper-per-layer", "alpaca-paper-per-request"):
         shutil.copytree(FOLDER / name, tmp_path / name)
     cells = tmp_path / "alpaca-paper-per-request" / "cells"
-    shutil.move(next(cells.glob("*__seed-1__*")), tmp_path / "aside")  # a run set aside
+    for seed in (1, 2):  # runs set aside: seed 0 alone is left
+        shutil.move(next(cells.glob(f"*__seed-{seed}__*")), tmp_path / f"aside-{seed}")
     page = seeds.render(tmp_path)
     assert "| alpaca-paper | vmm per-request 2 MiB | 1 (0: 7badcdb) | 78.83 |" in page
     pair = "| alpaca-paper | vmm per-request 2 MiB / paged | 0 | 0.817 | one run | same commit"
