@@ -78,8 +78,10 @@
 #                    seed 0, the real panel's bound 0.0327 s/token (results/reference/fig12-alpaca-chunked)
 #   fig12-alpaca-prefill-graphs  the same panel's paged and orca-oracle with --prefill-graphs (short
 #                    prefills replayed as CUDA graphs: their time no longer follows the host's speed),
-#                    seed 0, the real panel's bound 0.0328 s/token, bisected to a 10 % bracket, with the
-#                    host collector (results/reference/fig12-alpaca-prefill-graphs)
+#                    seeds $SEEDS (default 0; seed 0 is done: SEEDS=0,1,2 resumes it and runs seeds 1
+#                    and 2, bisected each; about 15 GPU-minutes a seed), the real panel's bound 0.0328
+#                    s/token, bisected to a 10 % bracket, with the host collector
+#                    (results/reference/fig12-alpaca-prefill-graphs)
 #   kernels-mla      decode attention of full, windowed and MLA layers at batches 1-64
 #                    (results/reference/kernels-window-mla/h200-splits)
 #   gpu-tests        the GPU-marked tests (their report: $OUT/gpu-tests.log); GPU_TESTS_K=EXPR runs
@@ -238,7 +240,7 @@ for job in "$@"; do
       folder=results/reference/fig12-alpaca-prefill-graphs
       timeout $left python -m kvbench sweep --deadline-s $((left - 15)) --real --prefill-graphs \
         --engines paged,orca-oracle --model opt-13b --emulate-gpu a100-40gb --kv-cache-gib 12 \
-        --trace alpaca-paper --rates 53.57,70,94.02,120 --duration 60 --seeds 0 --latency-threshold 0.0328 \
+        --trace alpaca-paper --rates 53.57,70,94.02,120 --duration 60 --seeds "${SEEDS:-0}" --latency-threshold 0.0328 \
         --bisect 3 --bracket 0.1 --resume --continue-on-error --collectors torch,host --out $folder ;;
     fig12-alpaca-chunked)
       folder=results/reference/fig12-alpaca-chunked
