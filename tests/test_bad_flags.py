@@ -108,6 +108,7 @@ BAD_FLAGS = [
     (("trace", "make", "fixed:prompt=4,output=4"), ("--rate", "nan"), "--rate"),
     (("reproduce", "--quick"), ("--num-requests", "0"), "--num-requests"),
     (("reproduce", "--quick"), ("--seed", "-1"), "--seed"),
+    *[(("reproduce", "--quick"), ("--rate-scale", v), "--rate-scale") for v in ("0", "-2", "nan", "inf")],
 ]  # fmt: skip
 
 

@@ -325,6 +325,23 @@ def test_a_figure_of_other_settings_is_run_again_and_said_so(tmp_path):
     assert not list(tmp_path.rglob("earlier"))  # simulated runs are cheap: replaced, not kept
 
 
+def test_rate_scale_multiplies_the_papers_rates_and_says_so(tmp_path):
+    """`--rate-scale 2.5` runs Figure 13 at 2.5 x the paper's rates (its runs' config.json), and
+    reproduce.md names the scale: a figure made at another load says which."""
+    from kvbench.paper import FIG13_RATE
+
+    proc = kvbench("reproduce", "fig13", "--quick", "--mode", "simulate", "--num-requests", "12",
+                   "--rate-scale", "2.5", "--out", str(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rates = {}
+    for config in tmp_path.glob("fig13/seed-0/*/*/config.json"):
+        workload = json.loads(config.read_text())["workload"]
+        rates.setdefault(workload["source"], set()).add(workload["rate"])
+    assert set(rates) == set(FIG13_RATE)
+    assert all(rates[trace] == {2.5 * rate} for trace, rate in FIG13_RATE.items())
+    assert "the paper's rates x 2.5" in (tmp_path / "reproduce.md").read_text()
+
+
 def test_real_runs_of_other_settings_are_set_aside_not_deleted(tmp_path):
     """A real figure's sweep made with other settings moves to `<seed>/earlier/<sweep>` (then
     `<sweep>-2`, ...) whole, a user's file in it included: real runs cost GPU time."""

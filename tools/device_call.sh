@@ -12,6 +12,9 @@
 #   fig2-13          Figures 2 and 13 at OPT-13B, seeds 0-2 (`--repeats 3`: finished runs are resumed, so it
 #                    goes on with the first seed not done; one seed is about 10.5 GPU-minutes)
 #                    (results/reproduce/opt-13b-h200)
+#   fig2-13-x6       Figures 2 and 13 at OPT-13B at the paper's rates x 6 (`--rate-scale 6`; x 3, the
+#                    setting's own, leaves paged arrival-limited), seeds 0-2, resumed as fig2-13 is
+#                    (results/reproduce/opt-13b-h200-x6: a folder of its own, the x 3 figures stay)
 #   fig19            Figure 19 at OPT-13B (recompute vs swap at the paper's block sizes 1, 2, 4, ... 256), 3
 #                    seeds of 100 requests a run: the calibrated simulator gives each run 73-122
 #                    preemptions and 44-54 s (`reproduce fig19 --mode simulate --cost-model
@@ -139,6 +142,10 @@ for job in "$@"; do
       folder=results/reproduce/opt-13b-h200
       timeout $left "${KVBENCH[@]}" reproduce --deadline-s $((left - 15)) fig2 fig13 --mode real --model opt-13b \
         --num-requests 200 --repeats 3 --out $folder ;;
+    fig2-13-x6)
+      folder=results/reproduce/opt-13b-h200-x6
+      timeout $left "${KVBENCH[@]}" reproduce --deadline-s $((left - 15)) fig2 fig13 --mode real --model opt-13b \
+        --rate-scale 6 --num-requests 200 --repeats 3 --out $folder ;;
     fig19)
       folder=results/reproduce/opt-13b-h200
       timeout $left "${KVBENCH[@]}" reproduce --deadline-s $((left - 15)) fig19 --mode real --model opt-13b \

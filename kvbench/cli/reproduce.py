@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -65,6 +66,15 @@ def reproduce(
             "they hold (no run), and rewrite their verdicts, reproduce.md and claims.md."
         ),
     ] = False,
+    rate_scale: Annotated[
+        float | None,
+        typer.Option(
+            help="The paper's rates times this, instead of the setting's own (real OPT-13B: 3, the "
+            "A100's decode step over the H200's; simulated: 1, the paper's). A higher scale loads "
+            "an engine the setting's rates leave arrival-limited (OPT-13B's paged in Figures 2 and "
+            "13 needs about 6). Figure 12's rates placed by --place-with are found, not scaled."
+        ),
+    ] = None,
     num_requests: Annotated[int | None, typer.Option(hidden=True, help="Requests per run (tests).")] = None,
     deadline_s: opt.DeadlineOption = None,
     seed: Annotated[int, typer.Option(help="Seed of the traces (the first, with --repeats).")] = 0,
@@ -90,8 +100,13 @@ def reproduce(
         raise KvbenchError(f"--num-requests must be at least 1, got {num_requests}")
     if repeats < 1:
         raise KvbenchError(f"--repeats must be at least 1, got {repeats}")
+    if rate_scale is not None and not (math.isfinite(rate_scale) and rate_scale > 0):
+        raise KvbenchError(f"--rate-scale must be a positive number, got {rate_scale:g}")
     real = mode == "real" or (mode == "auto" and cost_model is None and opt.has_cuda())
-    setting = placement_for(setting_for(real, cost_model, quick=quick, model=model), place_with)
+    setting = setting_for(real, cost_model, quick=quick, model=model)
+    if rate_scale is not None:
+        setting = replace(setting, rate_scale=rate_scale)
+    setting = placement_for(setting, place_with)
     if place_only and setting.placement is None:
         raise KvbenchError("--place-only: give the cost file to place with (--place-with)")
     setting = replace(setting, place_only=place_only)
