@@ -5,7 +5,9 @@ Runs of two models, or of graph-replayed and eager decode steps, price their ste
 one fit over both would be a constant of neither, so each is refused naming the runs. A term no
 row measures is set from the roofline of the runs' own GPU and block size and named as assumed
 with its source, which is what turns a verdict resting on it into "not measured". Step tables
-are written by hand (distinct values a row), so each rule holds for the rows given.
+are written by hand (distinct values a row), so each rule holds for the rows given. Decode rows
+whose cost per row steepens past a batch size fit that knee: its batch, its cost per row, error
+figures priced with it, and the command's line naming it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import pytest
 
 from kvbench.budget import get_gpu
-from kvbench.calibrate.fit import calibrate
+from kvbench.calibrate.fit import calibrate, load_cost_model, shape_lines
 from kvbench.cost_model import CostModel
 from kvbench.errors import KvbenchError
 from kvbench.models import get_model
@@ -155,3 +157,62 @@ def test_a_model_without_a_preset_roofline_assumes_free_copies_and_says_so(tmp_p
     none = "none: 0 (no preset roofline of the model)"
     assert fit.assumed_from["per_swap_block_s"] == fit.assumed_from["per_copy_slot_s"] == none
     assert fit.cost.per_map_page_s > 0 and "per_map_page_s" in fit.cost.assumed  # the driver's cost kept
+
+
+# a decode row's made-up cost: per step, per row, per K/V slot read, per runner call, and per
+# row past `KNEE` rows (a step's rows past the knee, times its steps)
+KNEE, FIXED, ROW, KV, SEGMENT, ABOVE = 64, 0.010, 1e-5, 2e-7, 5e-4, 4e-5
+
+
+def _knee_rows(above: float = ABOVE) -> list[tuple]:
+    """Decode rows of 1, 2 and 4 steps at 12 batch sizes (half of them past `KNEE`, which the
+    search tries: two sizes or more on each side), each costing exactly the model above with
+    `above` per row past the knee: rows the non-negative fit describes exactly."""
+    rows = []
+    for i, batch in enumerate((8, 16, 32, 48, 56, 64, 72, 80, 96, 128, 160, 192)):
+        for j, steps in enumerate((1, 2, 4)):
+            context = steps * batch * (100 + 37 * ((i + j) % 5)) + 11 * i  # not a multiple of the rows
+            duration = (FIXED * steps + ROW * batch * steps + KV * context + SEGMENT
+                        + above * steps * max(batch - KNEE, 0))  # fmt: skip
+            rows.append(("decode", steps, batch, batch * steps, context, context, 0, 0, 0, 0, duration))
+    return rows
+
+
+def test_decode_rows_steeper_past_a_batch_size_fit_that_knee_and_its_cost_per_row(tmp_path):
+    """The fit finds the knee at 64 rows and 40 us a row past it, every other constant as made,
+    and its error figures price the knee: 0 on every row (priced without it, the 18 rows past it,
+    half of them, would err by 2.2-22.4 %: median 1.1 %, p90 19.6 %)."""
+    fit = calibrate([_run(tmp_path / "knee", _knee_rows())], simulated_ok=True)
+    c = fit.cost
+    assert c.knee_batch == KNEE and isinstance(c.knee_batch, int)
+    assert c.per_row_above_knee_s == pytest.approx(ABOVE, rel=1e-9)
+    assert (c.fixed_s, c.per_token_s, c.per_kv_token_s, c.per_segment_s) == pytest.approx(
+        (FIXED, ROW, KV, SEGMENT), rel=1e-9
+    )
+    assert fit.rows == 36 and fit.median_relative_error < 1e-9 and fit.p90_relative_error < 1e-9
+    assert c.above_knee(KNEE) == 0.0 and c.above_knee(192) == pytest.approx(128 * ABOVE, rel=1e-9)
+    assert "decode knee: 40.000 us more per row past 64 rows" in shape_lines(fit)
+    # the same rows at one cost per row: no knee, and its term 0
+    linear = calibrate([_run(tmp_path / "linear", _knee_rows(above=0.0))], simulated_ok=True)
+    assert linear.cost.knee_batch is None and linear.cost.per_row_above_knee_s == 0.0
+    assert linear.cost.per_token_s == pytest.approx(ROW, rel=1e-9)
+    assert not any(line.startswith("decode knee") for line in shape_lines(linear))
+
+
+def test_the_command_prints_the_knee_and_writes_it_to_the_cost_file(tmp_path):
+    """`kvbench calibrate` on a real run of those rows: the error figures it prints are the
+    knee's (0.0 %), it names the knee, and the file it writes loads back with it."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli.app import app
+
+    run = _run(tmp_path / "knee", _knee_rows(), summary={"mode": "real"})
+    out = tmp_path / "cost.json"
+    done = CliRunner().invoke(app, ["calibrate", str(run), "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("opt-13b: fixed 10.000 ms/step, 10.000 us/decode row, ")
+    assert lines[0].endswith(" (36 rows; relative error median 0.0 %, p90 0.0 %)")
+    assert "  decode knee: 40.000 us more per row past 64 rows" in lines
+    loaded = load_cost_model(str(out), "opt-13b")
+    assert loaded.knee_batch == KNEE and loaded.per_row_above_knee_s == pytest.approx(ABOVE, rel=1e-9)
