@@ -81,6 +81,40 @@ def test_graph_replayed_and_eager_runs_are_refused_naming_one_of_each(tmp_path):
     )
 
 
+def test_runs_with_replayed_and_eager_prefills_are_refused_naming_one_of_each(tmp_path):
+    eager = _run(tmp_path / "eager", _rows(30, prefill=True), config={"prefill_graphs": False})
+    graphed = _run(tmp_path / "graphed", _rows(30, prefill=True, seed=1), config={"prefill_graphs": True})
+    other = _run(tmp_path / "other", _rows(30, prefill=True, seed=2))  # a config.json without the key
+    assert _refused([other, graphed, eager]) == (
+        f"kvbench calibrate: {graphed} replayed its short prefills as CUDA graphs (--prefill-graphs) and "
+        f"{other} ran them eagerly; their prefill steps cost differently, fit them apart"
+    )
+    both = calibrate([_run(tmp_path / "g2", _rows(30, prefill=True, seed=3), config={"prefill_graphs": True}),
+                      graphed], simulated_ok=True)  # fmt: skip
+    assert both.rows == 60  # runs of one kind fit together
+
+
+@pytest.mark.parametrize("fitted_graphs", [True, False])
+def test_a_held_out_run_of_the_other_prefill_kind_is_refused_before_fitting(tmp_path, fitted_graphs):
+    """A fit prices one kind of prefill step; a held-out run of the other kind is refused by name
+    before anything is written (its error would be the prefill mode's)."""
+    from kvbench.calibrate.check import fit_and_check
+
+    fit = _run(tmp_path / "fit", _rows(30, prefill=True), summary={"mode": "real"},
+               config={"prefill_graphs": fitted_graphs})  # fmt: skip
+    other = _run(tmp_path / "other", _rows(30, prefill=True, seed=1), summary={"mode": "real"},
+                 config={"prefill_graphs": not fitted_graphs})  # fmt: skip
+    out = tmp_path / "cost.json"
+    with pytest.raises(KvbenchError) as error:
+        fit_and_check([fit], [other], out)
+    ran, fit_ran = ("as CUDA graphs", "eagerly") if not fitted_graphs else ("eagerly", "as CUDA graphs")
+    assert str(error.value) == (
+        f"--held-out {other}: its short prefills ran {ran} and the fitted runs' {fit_ran} "
+        "(--prefill-graphs); hold out runs of the fit's kind"
+    )
+    assert not out.exists()
+
+
 def test_graph_replayed_runs_fit_a_model_that_pads_and_eager_ones_one_that_does_not(tmp_path):
     graphed = calibrate([_run(tmp_path / "g", _rows(40, prefill=True), summary={"cuda_graphs": True})],
                         simulated_ok=True)  # fmt: skip

@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from kvbench.calibrate.fit import Calibration
+from kvbench.calibrate.fit import Calibration, replays_prefills
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
 from kvbench.metrics.summary import Slo
@@ -280,6 +280,7 @@ def fit_and_check(
         raise KvbenchError(f"--held-out {both[0]}: a run cannot be both fitted and held out")
     for run in held_out:  # before fitting: a bad held-out run fails fast, writing nothing
         _real_summary(run)
+    _same_prefills(fit, held_out)
     dropped = shared_draw(fit, held_out)
     held_out = [run for run in held_out if run not in {run for run, _ in dropped}]
 
@@ -300,6 +301,21 @@ def fit_and_check(
     write_json(out, result.to_dict() | notes | {"held_out": [c.to_dict() for c in checks],
                                                 "held_out_summary": summarize(checks)})  # fmt: skip
     return FitCheck(result, checks, dropped)
+
+
+def _same_prefills(fit: list[Path], held_out: list[Path]) -> None:
+    """Refuse a held-out run whose short prefills ran another way than the fitted runs' (CUDA
+    graphs or eager, `replays_prefills`): the fit prices one kind, so the other's error would be
+    the prefill mode's, not the model's."""
+    fitted = {replays_prefills(read_json(run / "config.json")) for run in fit}
+    for run in held_out:
+        replayed = replays_prefills(read_json(run / "config.json"))
+        if fitted == {not replayed}:
+            ran, fit_ran = ("as CUDA graphs", "eagerly") if replayed else ("eagerly", "as CUDA graphs")
+            raise KvbenchError(
+                f"--held-out {run}: its short prefills ran {ran} and the fitted runs' {fit_ran} "
+                "(--prefill-graphs); hold out runs of the fit's kind"
+            )
 
 
 def dropped_note(dropped: list[tuple[Path, Path]], name=str) -> str:

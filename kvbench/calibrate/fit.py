@@ -188,6 +188,15 @@ class Rows:
     padded: bool = False
 
 
+def replays_prefills(config: dict) -> bool:
+    """Whether a run (its config.json) replayed short prefills as CUDA graphs (`--prefill-graphs`).
+
+    Why it matters: an eager short prefill on a GPU is the host launching each operator, a graph
+    replay is its device work; on OPT-13B's Alpaca steps 13-25 ms against 9 ms
+    (results/reference/alpaca-prefill-profile), so one prefill price for both is neither's."""
+    return bool(config.get("prefill_graphs", False))
+
+
 def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
     """The counts and durations of a real run folder's steps.csv.
 
@@ -354,6 +363,14 @@ def calibrate(
     if len(models) > 1:
         names = ", ".join(sorted(models))
         raise KvbenchError(f"kvbench calibrate: the runs are of different models ({names})")
+    replayed = {replays_prefills(rows.config) for rows in read}
+    if len(replayed) > 1:
+        graphed = next(run for run, rows in zip(runs, read, strict=True) if replays_prefills(rows.config))
+        eager = next(run for run, rows in zip(runs, read, strict=True) if not replays_prefills(rows.config))
+        raise KvbenchError(
+            f"kvbench calibrate: {graphed} replayed its short prefills as CUDA graphs (--prefill-graphs) "
+            f"and {eager} ran them eagerly; their prefill steps cost differently, fit them apart"
+        )
     padded = {rows.padded for rows in read}
     if len(padded) > 1:
         graphed = next(run for run, rows in zip(runs, read, strict=True) if rows.padded)
