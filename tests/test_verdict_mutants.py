@@ -94,11 +94,34 @@ def test_a_range_verdict_includes_the_ranges_ends_and_says_both_sides():
     )
 
 
+def test_a_range_verdict_whose_interval_ends_exactly_at_an_end_of_the_range_is_inconclusive():
+    """An interval that reaches the paper's range at one end holds that end, a value the paper
+    allows, as well as values outside: not wholly outside, so inconclusive, not "differs". The
+    paper's 16-128: measured sizes [8, 16] hold 16, [128, 256] hold 128."""
+    below = range_verdict("best block size", Interval(8, 8, 16), (16, 128))
+    assert below == Verdict(
+        INCONCLUSIVE,
+        "best block size",
+        "kvbench 8 [8, 16], paper 16-128; too wide to tell: it holds values outside the range as well",
+    )
+    above = range_verdict("best block size", Interval(256, 128, 256), (16, 128))
+    assert above.outcome == INCONCLUSIVE
+    assert above.evidence.startswith("kvbench 256 [128, 256], paper 16-128; too wide to tell")
+
+
 def test_a_missing_measurement_differs_naming_the_metric():
     """`missing`: nothing to hold against the paper is a "differs" of that metric."""
     assert missing("sustained rate", "orca-max") == Verdict(
         DIFFERS, "sustained rate", "no measurement: orca-max"
     )
+
+
+def test_one_run_is_said_of_two_seeds_one_without_a_value_never_of_a_single_seed():
+    """Two seeds, one of them NaN: a point over one run, and the label counts 1 of 2. A row of a
+    single seed (its one value kept) left nothing out: no label."""
+    assert str(Interval(97.4, 97.4, 97.4, (97.4, math.nan))) == "97.4 (one run: 1 of 2 seeds have none)"
+    assert str(Interval(97.4, 97.4, 97.4, (math.nan, 97.4))) == "97.4 (one run: 1 of 2 seeds have none)"
+    assert str(Interval(97.4, 97.4, 97.4, (97.4,))) == "97.4"
 
 
 # --- order and seed-by-seed pairing ----------------------------------------------------------
