@@ -141,6 +141,8 @@ RANGES: dict[str, Range] = {
     "duration": POSITIVE,  # seconds of arrivals per loaded cell
     "parallel_gpus": COUNT,
     "ray_retries": Range(0, 1000),
+    # reproduce
+    "rate_scale": POSITIVE,  # the paper's rates times this
 }
 
 
