@@ -15,6 +15,11 @@
 #   fig2-13-x6       Figures 2 and 13 at OPT-13B at the paper's rates x 6 (`--rate-scale 6`; x 3, the
 #                    setting's own, leaves paged arrival-limited), seeds 0-2, resumed as fig2-13 is
 #                    (results/reproduce/opt-13b-h200-x6: a folder of its own, the x 3 figures stay)
+#   fig13-alpaca-x6  Figure 13's Alpaca runs at x 6 (180 req/s) with 1,000 requests, the five engines at
+#                    the paper's 15,728 slots, seeds $SEEDS (default 0,1,2): 200 requests arrive in 1.1 s
+#                    and never queue for paged; simulated (results/reference/fig2-13-x6-sim), 1,000 fill
+#                    paged's batch to 162 (paper 132) and take 280 s of runs a seed, static's 153 of them
+#                    (results/reference/fig13-alpaca-x6-real)
 #   fig19            Figure 19 at OPT-13B (recompute vs swap at the paper's block sizes 1, 2, 4, ... 256), 3
 #                    seeds of 100 requests a run: the calibrated simulator gives each run 73-122
 #                    preemptions and 44-54 s (`reproduce fig19 --mode simulate --cost-model
@@ -148,6 +153,12 @@ for job in "$@"; do
       folder=results/reproduce/opt-13b-h200-x6
       timeout $left "${KVBENCH[@]}" reproduce --deadline-s $((left - 15)) fig2 fig13 --mode real --model opt-13b \
         --rate-scale 6 --num-requests 200 --repeats 3 --out $folder ;;
+    fig13-alpaca-x6)
+      folder=results/reference/fig13-alpaca-x6-real
+      timeout $left python -m kvbench sweep --deadline-s $((left - 15)) --real \
+        --engines paged,orca-oracle,orca-pow2,orca-max,static --model opt-13b --trace alpaca-paper --rates 180 \
+        --num-requests 1000 --seeds ${SEEDS:-0,1,2} --latency-threshold 1 --resume --continue-on-error \
+        --collectors torch,nvml --out $folder ;;
     fig19)
       folder=results/reproduce/opt-13b-h200
       timeout $left "${KVBENCH[@]}" reproduce --deadline-s $((left - 15)) fig19 --mode real --model opt-13b \
