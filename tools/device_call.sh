@@ -35,7 +35,7 @@
 #                    block sizes (benchmarks/preemption_costs.py; a few minutes)
 #                    (results/reference/preemption-costs)
 #   vmm-real         vmm sync and ahead beside orca-oracle and paged (results/reference/vmm-real)
-#   hybrid-arxiv     Gemma 3 12B on arxiv-sum, four allocators, 3 seeds (results/reference/hybrid-real)
+#   hybrid-arxiv     Gemma 3 12B on arxiv-sum, four allocators, 3 seeds (results/reference/hybrid-real/arxiv-sum)
 #   mla-dense        DeepSeek-V2-Lite beside Llama-3.1-8B at one KV budget (results/reference/mla-vs-dense)
 #   mla-experts      the same, DeepSeek-V2-Lite's decode step timed with its experts run densely and
 #                    grouped (results/reference/mla-vs-dense/expert_dispatch.json)
@@ -46,7 +46,7 @@
 #                    orca-oracle and vmm per-layer, then vmm per-request, then vmm per-request
 #                    mapping ahead (`--vmm-map ahead`, folders *-ahead-held: the pages reserved by the
 #                    allocator) (results/reference/vmm-occupancy-real)
-#   vmm-ahead        only the last two: vmm per-request mapping ahead, Alpaca then ShareGPT
+#   vmm-ahead        only the last two: vmm per-request mapping ahead, Alpaca then ShareGPT (results/reference/vmm-occupancy-real)
 #   mooncake-window  the first 30 s of Mooncake's conversation trace, replayed at its own timestamps, on
 #                    Llama-3.1-8B with what an H200 leaves it: paged, orca-oracle, vmm
 #                    (results/reference/mooncake-window-real)
