@@ -40,7 +40,7 @@ def test_the_page_reads_each_panel_as_its_sweep_did_at_its_bound(compare, panel)
     for engine in compare.ENGINES:
         swept = sustained[engine]
         assert float(swept["latency_threshold_s"]) == pytest.approx(compare.BOUND, rel=0.001)
-        low, high = compare.bracket(rows, engine, float(swept["latency_threshold_s"]))
+        low, high = compare.bracket_at(rows, engine, float(swept["latency_threshold_s"]))
         assert low == pytest.approx(float(swept["last_pass_rate"]))
         assert high == pytest.approx(float(swept["first_fail_rate"]))
 
@@ -52,4 +52,4 @@ def test_a_ratio_interval_says_where_the_paper_lies(compare):
     for rows in (compare.sweep_rows(folder) for folder in compare.PANELS.values()):
         assert compare.sensitivity_line("x", rows, 1.0).endswith("| paper above |")
         assert compare.sensitivity_line("x", rows, 1.5).endswith("| paper inside |")
-        assert compare.bracket(rows, "paged", 1.5 * compare.BOUND)[1] == math.inf
+        assert compare.bracket_at(rows, "paged", 1.5 * compare.BOUND)[1] == math.inf

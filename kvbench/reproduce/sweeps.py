@@ -417,6 +417,21 @@ def fig12_verdict(rows: Sequence[Row], options: Options) -> str:
     return figure_verdict(verdicts)
 
 
+def bracket_at(cells: Sequence[dict], engine: str, bound: float) -> tuple[float, float] | None:
+    """`engine`'s sustained rate under `bound` read from sweep rows already run (`rate`,
+    `status`, `normalized_latency_s`; the baselines left out by the caller): (last pass, first
+    fail; inf where every rate passed), None where none passed. Repeats at a rate are averaged;
+    a failed cell, or one without a latency, is over any bound."""
+    by_rate: dict[float, list] = {}
+    for r in cells:
+        if r["engine"] == engine:
+            ok = r["status"] == "ok" and r["normalized_latency_s"] is not None
+            by_rate.setdefault(r["rate"], []).append(r["normalized_latency_s"] if ok else None)
+    points = [(rate, None if None in v else sum(v) / len(v)) for rate, v in by_rate.items()]
+    read = sustained_rate(points, bound)
+    return None if read.last_pass is None else (read.last_pass, read.first_fail or math.inf)
+
+
 def sensitivity_rows(figure: str, label: str, result: SweepResult, bound: float | None,
                      ratios: dict[str, float]) -> list[Row]:  # fmt: skip
     """paged's sustained-rate ratios read again at `SENSITIVITY` multiples of the bound, from
@@ -426,18 +441,7 @@ def sensitivity_rows(figure: str, label: str, result: SweepResult, bound: float 
     cells = [r for r in result.rows if r["role"] != "baseline"]
     rows = []
     for multiple in SENSITIVITY:
-        brackets = {}
-        for engine in {"paged", *ratios}:
-            by_rate: dict[float, list] = {}
-            for r in cells:
-                if r["engine"] == engine:
-                    ok = r["status"] == "ok" and r["normalized_latency_s"] is not None
-                    by_rate.setdefault(r["rate"], []).append(r["normalized_latency_s"] if ok else None)
-            points = [(rate, None if None in v else sum(v) / len(v)) for rate, v in by_rate.items()]
-            read = sustained_rate(points, multiple * bound)
-            brackets[engine] = (
-                None if read.last_pass is None else (read.last_pass, read.first_fail or math.inf)
-            )
+        brackets = {engine: bracket_at(cells, engine, multiple * bound) for engine in {"paged", *ratios}}
         for other, paper in ratios.items():
             metric = f"sustained_ratio@bound x {multiple:g} ({multiple * bound:.3g} s/token)"
             rows.append(ratio_row(figure, f"paged/{other}", label, metric, brackets["paged"],

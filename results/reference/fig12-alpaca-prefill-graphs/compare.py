@@ -10,8 +10,8 @@ with `--prefill-graphs` (a short prefill replays a CUDA graph). Three tables:
 - every loaded cell: its decode and prefill steps (count x mean ms, the median prefill), the
   requests a prefill step takes, normalized latency, mean batch, preemptions, completed rate;
 - each engine's sustained rate (last pass, first fail) and paged / orca-oracle's ratio interval
-  at multiples of the panel's bound, read from the cells already run (`kvbench.sweep.stats`:
-  the reading `kvbench sweep` makes at one bound), beside the paper's ratio;
+  at multiples of the panel's bound, read from the cells already run as Figure 12's
+  sensitivity rows read them (`kvbench.reproduce.sweeps.bracket_at`), beside the paper's ratio;
 - each engine's capacity, the most requests a second any of its cells completed (labelled
   apart: a rate at which latency may be far past the bound);
 - the replayed cells simulated on the cost model fitted on them (`cost.json`, `kvbench calibrate
@@ -36,10 +36,11 @@ from pathlib import Path
 
 from kvbench.calibrate.check import read_config
 from kvbench.paper import FIG12_SUSTAINED
+from kvbench.reproduce.sweeps import bracket_at
 from kvbench.results.files import write_text
 from kvbench.results.load import load_run
 from kvbench.simulate import simulate
-from kvbench.sweep.stats import ratio_interval, sustained_rate
+from kvbench.sweep.stats import ratio_interval
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -54,37 +55,30 @@ PAPER = FIG12_SUSTAINED["alpaca-paper"]["paged"] / FIG12_SUSTAINED["alpaca-paper
 
 def sweep_rows(folder: Path) -> list[dict]:
     """The loaded seed-0 cells of a panel's sweep.csv (the unloaded baselines left out; another
-    seed's cells, once run, would read as more rates of one curve)."""
+    seed's cells, once run, would read as more rates of one curve), rate and normalized latency
+    as numbers (None where a cell has none), as a sweep holds them."""
     with open(folder / "sweep.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["role"] != "baseline" and r["engine"] in ENGINES]
-    rows = [r for r in rows if int(r["seed"]) == SEED]
-    return sorted(rows, key=lambda r: (ENGINES.index(r["engine"]), float(r["rate"])))
-
-
-def latency(row: dict) -> float | None:
-    """A cell's normalized latency, None for a failed cell (the sweep reads it as over the bound)."""
-    ok = row["status"] == "ok" and row["normalized_latency_s"]
-    return float(row["normalized_latency_s"]) if ok else None
+    rows = [
+        {**r, "rate": float(r["rate"]),
+         "normalized_latency_s": float(r["normalized_latency_s"]) if r["normalized_latency_s"] else None}
+        for r in rows if int(r["seed"]) == SEED
+    ]  # fmt: skip
+    return sorted(rows, key=lambda r: (ENGINES.index(r["engine"]), r["rate"]))
 
 
 def cell_line(mode: str, row: dict, folder: Path) -> str:
     steps = load_run(folder / "cells" / row["cell_id"]).steps
     decode, prefill = steps[steps.kind == "decode"], steps[steps.kind == "prefill"]
     values = [
-        mode, row["engine"], f"{float(row['rate']):.4g}",
+        mode, row["engine"], f"{row['rate']:.4g}",
         f"{decode.num_steps.sum()} x {1e3 * decode.duration_s.sum() / decode.num_steps.sum():.2f}",
         f"{prefill.num_steps.sum()} x {1e3 * prefill.duration_s.sum() / prefill.num_steps.sum():.2f}",
         f"{1e3 * prefill.duration_s.median():.2f}", f"{prefill.batch_size.mean():.2f}",
-        f"{float(row['normalized_latency_s']):.4f}", f"{float(row['mean_batched_requests']):.1f}",
+        f"{row['normalized_latency_s']:.4f}", f"{float(row['mean_batched_requests']):.1f}",
         row["num_preemptions"], f"{float(row['request_throughput']):.2f}",
     ]  # fmt: skip
     return "| " + " | ".join(values) + " |"
-
-
-def bracket(rows: list[dict], engine: str, bound: float) -> tuple[float, float] | None:
-    """(last pass, first fail; inf where every rate passed), None where none passed."""
-    read = sustained_rate([(float(r["rate"]), latency(r)) for r in rows if r["engine"] == engine], bound)
-    return None if read.last_pass is None else (read.last_pass, read.first_fail or math.inf)
 
 
 def text(value: float) -> str:
@@ -93,7 +87,7 @@ def text(value: float) -> str:
 
 def sensitivity_line(mode: str, rows: list[dict], multiple: float) -> str:
     bound = multiple * BOUND
-    found = {engine: bracket(rows, engine, bound) for engine in ENGINES}
+    found = {engine: bracket_at(rows, engine, bound) for engine in ENGINES}
     shown = [f"[{text(b[0])}, {text(b[1])})" if b else "none passed" for b in found.values()]
     if found["paged"] and found["orca-oracle"]:
         low, high = ratio_interval(found["paged"], found["orca-oracle"])
@@ -112,7 +106,7 @@ def fit_line(row: dict) -> str:
     sim = simulate(replace(read_config(folder), device="cpu", cost_model=str(HERE / "cost.json"))).summary
     metrics = ("output_token_throughput", "normalized_latency_s", "mean_ttft_s")
     errors = [f"{100 * (sim[m] / real[m] - 1):+.1f}" for m in metrics]
-    values = [row["engine"], f"{float(row['rate']):.4g}", f"{real['normalized_latency_s']:.4f}",
+    values = [row["engine"], f"{row['rate']:.4g}", f"{real['normalized_latency_s']:.4f}",
               f"{sim['normalized_latency_s']:.4f}", *errors,
               f"{real['mean_batched_requests']:.0f} / {sim['mean_batched_requests']:.0f}",
               f"{real['num_preemptions']} / {sim['num_preemptions']}"]  # fmt: skip
