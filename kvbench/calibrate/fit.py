@@ -363,22 +363,18 @@ def calibrate(
     if len(models) > 1:
         names = ", ".join(sorted(models))
         raise KvbenchError(f"kvbench calibrate: the runs are of different models ({names})")
-    replayed = {replays_prefills(rows.config) for rows in read}
-    if len(replayed) > 1:
-        graphed = next(run for run, rows in zip(runs, read, strict=True) if replays_prefills(rows.config))
-        eager = next(run for run, rows in zip(runs, read, strict=True) if not replays_prefills(rows.config))
-        raise KvbenchError(
-            f"kvbench calibrate: {graphed} replayed its short prefills as CUDA graphs (--prefill-graphs) "
-            f"and {eager} ran them eagerly; their prefill steps cost differently, fit them apart"
-        )
-    padded = {rows.padded for rows in read}
-    if len(padded) > 1:
-        graphed = next(run for run, rows in zip(runs, read, strict=True) if rows.padded)
-        eager = next(run for run, rows in zip(runs, read, strict=True) if not rows.padded)
-        raise KvbenchError(
-            f"kvbench calibrate: {graphed} replayed CUDA graphs and {eager} did not; their decode steps "
-            "cost differently, fit them apart"
-        )
+    # runs of two kinds whose steps cost differently: one fit over both would be a price of neither
+    for kind, said in (
+        (lambda rows: replays_prefills(rows.config),
+         "replayed its short prefills as CUDA graphs (--prefill-graphs) and {} ran them eagerly; their "
+         "prefill steps"),
+        (lambda rows: rows.padded, "replayed CUDA graphs and {} did not; their decode steps"),
+    ):  # fmt: skip
+        kinds = [kind(rows) for rows in read]
+        if len(set(kinds)) > 1:
+            graphed, eager = runs[kinds.index(True)], runs[kinds.index(False)]
+            said = said.format(eager)
+            raise KvbenchError(f"kvbench calibrate: {graphed} {said} cost differently, fit them apart")
     c = np.concatenate([rows.counts for rows in read])
     d = np.concatenate([rows.durations for rows in read])
     batch = np.concatenate([rows.batch for rows in read])
@@ -393,7 +389,7 @@ def calibrate(
     if fitted["per_prefill_token_s"] == 0 and not c[:, 5].any():
         fitted["per_prefill_token_s"] = None  # no prefill row: prompt tokens cost a decode row's
     knee_cost = float(constants[-1])
-    cost = CostModel(**fitted, per_row_above_knee_s=knee_cost, knee_batch=knee, pads_decode=padded.pop())
+    cost = CostModel(**fitted, per_row_above_knee_s=knee_cost, knee_batch=knee, pads_decode=read[0].padded)
     cost, sources = _assume(cost, c, model, read[0].config)
     return Calibration(
         cost, model, tuple(str(r) for r in runs), len(d),
