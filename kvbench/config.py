@@ -170,7 +170,7 @@ def prepare(
     if config.cost_model is not None:  # fitted to real runs by `kvbench calibrate`
         from kvbench.calibrate.fit import load_cost_model
 
-        base = load_cost_model(config.cost_model, model.name)
+        base = load_cost_model(config.cost_model, model.name, config.engine)  # its own fit, if any
     cost = replace(  # a fitted file's other terms (knee, page maps, what it assumed) as it gives them
         base,
         fixed_s=_or(config.cost_fixed_s, base.fixed_s, "--cost-fixed-s"),

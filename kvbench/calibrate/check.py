@@ -251,6 +251,12 @@ def headline(checks: list[Check]) -> str:
     return "; ".join(parts)
 
 
+def named(result, name):
+    """A calibration (and its fits by engine) with its runs named by `name`."""
+    engines = {engine: named(fit, name) for engine, fit in result.engines.items()}
+    return replace(result, runs=tuple(name(run) for run in result.runs), engines=engines)
+
+
 @dataclass(frozen=True)
 class FitCheck:
     calibration: Calibration
@@ -261,8 +267,9 @@ class FitCheck:
 
 
 def fit_and_check(
-    fit: list[Path], held_out: list[Path], out: Path, base: Path | None = None, objective: str | None = None
-) -> FitCheck:
+    fit: list[Path], held_out: list[Path], out: Path, base: Path | None = None, objective: str | None = None,
+    by_engine: bool = False,
+) -> FitCheck:  # fmt: skip
     """Fit the cost model to `fit`, write it to `out`, replay `held_out` with it, and write the
     file again with their errors (`held_out`, `held_out_summary`): what `kvbench calibrate`
     and a real `kvbench reproduce` write. A held-out run that shares a fitted run's trace draw
@@ -270,7 +277,8 @@ def fit_and_check(
     other rates) is dropped and listed (`held_out_dropped`): its error would be the fit's own.
     Runs are named relative to `base` when given (a reproduction's folder, so that its files
     name its own runs wherever it is moved). `objective`: the fit's (`OBJECTIVES`; None: the
-    default)."""
+    default); `by_engine`: also fit each engine's runs alone (`calibrate`), which then price that
+    engine's held-out runs."""
     from kvbench.calibrate.fit import DEFAULT_OBJECTIVE, calibrate
     from kvbench.results.files import write_json
 
@@ -287,8 +295,7 @@ def fit_and_check(
     def name(run: Path | str) -> str:
         return str(Path(run).relative_to(base)) if base is not None else str(run)
 
-    fitted_runs = tuple(name(run) for run in fit)
-    result = replace(calibrate(fit, objective=objective or DEFAULT_OBJECTIVE), runs=fitted_runs)
+    result = named(calibrate(fit, objective=objective or DEFAULT_OBJECTIVE, by_engine=by_engine), name)
     notes = {"held_out_dropped": [
         {"run": name(run), "shares_draw_with": name(twin), **workload_identity(read_config(run))}
         for run, twin in dropped

@@ -144,12 +144,18 @@ class Calibration:
     median_relative_error: float  # of the fitted row durations, on the fitting rows
     p90_relative_error: float
     assumed_from: dict = field(default_factory=dict)  # per assumed term: where its value comes from
+    # `by_engine`: each engine's own fit, on its runs alone (its simulations price with it); the
+    # constants above, fitted on every run, price any other engine
+    engines: dict[str, Calibration] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {**asdict(self.cost), "assumed": list(self.cost.assumed), "assumed_from": self.assumed_from,
-                "model": self.model, "runs": list(self.runs), "rows": self.rows,
-                "median_relative_error": self.median_relative_error,
-                "p90_relative_error": self.p90_relative_error}  # fmt: skip
+        own = {**asdict(self.cost), "assumed": list(self.cost.assumed), "assumed_from": self.assumed_from,
+               "model": self.model, "runs": list(self.runs), "rows": self.rows,
+               "median_relative_error": self.median_relative_error,
+               "p90_relative_error": self.p90_relative_error}  # fmt: skip
+        if self.engines:
+            own["engines"] = {name: fit.to_dict() for name, fit in sorted(self.engines.items())}
+        return own
 
 
 def shape_lines(calibration: Calibration) -> list[str]:
@@ -186,6 +192,7 @@ class Rows:
     # decode steps replayed CUDA graphs (the summary's `cuda_graphs`): `counts`' decode tokens and
     # `batch` are the rows the graphs ran (`graph_rows`), not the batch
     padded: bool = False
+    engine: str = "?"  # the engine that ran it (summary.json), for a fit by engine
 
 
 def replays_prefills(config: dict) -> bool:
@@ -254,7 +261,7 @@ def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
     ])  # fmt: skip
     batch = (rows if padded else column.get("batch_size", zeros)) * (1 - prefill)
     config = read_json(run / "config.json") if (run / "config.json").is_file() else {}
-    return Rows(model, counts, data[:, -1], batch, config, padded)
+    return Rows(model, counts, data[:, -1], batch, config, padded, str(facts.get("engine", "?")))
 
 
 def _has_windows(model: str) -> bool:
@@ -352,10 +359,12 @@ def _fit_scaled(
 
 
 def calibrate(
-    runs: list[Path], *, simulated_ok: bool = False, objective: str = DEFAULT_OBJECTIVE
-) -> Calibration:
+    runs: list[Path], *, simulated_ok: bool = False, objective: str = DEFAULT_OBJECTIVE,
+    by_engine: bool = False,
+) -> Calibration:  # fmt: skip
     """Fit the cost model to real runs' step rows under `objective` (`OBJECTIVES`;
-    `simulated_ok`: see `read_rows`)."""
+    `simulated_ok`: see `read_rows`); with `by_engine`, also each engine's runs alone
+    (`Calibration.engines`, `fit_rows`)."""
     if not runs:
         raise KvbenchError("kvbench calibrate: give at least one run folder")
     read = [read_rows(Path(run), simulated_ok=simulated_ok) for run in runs]
@@ -375,6 +384,26 @@ def calibrate(
             graphed, eager = runs[kinds.index(True)], runs[kinds.index(False)]
             said = said.format(eager)
             raise KvbenchError(f"kvbench calibrate: {graphed} {said} cost differently, fit them apart")
+    pooled = fit_rows(read, [str(r) for r in runs], objective)
+    if not by_engine:
+        return pooled
+    own = {}
+    for engine in sorted({rows.engine for rows in read}):
+        mine = [i for i, rows in enumerate(read) if rows.engine == engine]
+        own[engine] = fit_rows([read[i] for i in mine], [str(runs[i]) for i in mine], objective)
+    return replace(pooled, engines=own)
+
+
+def fit_rows(read: list[Rows], runs: list[str], objective: str = DEFAULT_OBJECTIVE) -> Calibration:
+    """One fit of the rows of `read` (runs of one model and one kind, named `runs`).
+
+    Fitted by engine (`calibrate(by_engine=True)`) because engines that decode the same batch
+    do not cost the same on a GPU: paged attention reads K/V through a block table and the
+    runner uploads the tables, a contiguous engine does neither. OPT-13B on the H200 with
+    replayed prefills (results/reference/calibration-by-engine): paged's decode steps take 2-4 %
+    longer than orca-oracle's at every batch size, so one fit of both priced orca-oracle's steps
+    4 % high and paged's 4 % low, which moved orca-oracle's simulated capacity by 3 % and its
+    normalized latency at capacity by half."""
     c = np.concatenate([rows.counts for rows in read])
     d = np.concatenate([rows.durations for rows in read])
     batch = np.concatenate([rows.batch for rows in read])
@@ -384,7 +413,7 @@ def calibrate(
     constants, knee = fit_shape(c, d, batch, objective)
     predicted = predict(c, batch, constants, knee)
     error = np.abs(predicted - d) / np.maximum(d, 1e-12)
-    model = models.pop()
+    model = read[0].model
     fitted = dict(zip(FITTED, map(float, constants), strict=False))
     if fitted["per_prefill_token_s"] == 0 and not c[:, 5].any():
         fitted["per_prefill_token_s"] = None  # no prefill row: prompt tokens cost a decode row's
@@ -392,8 +421,7 @@ def calibrate(
     cost = CostModel(**fitted, per_row_above_knee_s=knee_cost, knee_batch=knee, pads_decode=read[0].padded)
     cost, sources = _assume(cost, c, model, read[0].config)
     return Calibration(
-        cost, model, tuple(str(r) for r in runs), len(d),
-        float(np.median(error)), float(np.quantile(error, 0.9)), sources,
+        cost, model, tuple(runs), len(d), float(np.median(error)), float(np.quantile(error, 0.9)), sources
     )  # fmt: skip
 
 
@@ -435,11 +463,22 @@ def cost_file_digest(path: str) -> str | None:
         return None
     if not isinstance(data, dict):
         return None
-    priced = {key: data.get(key) for key in ("model", *(f.name for f in fields(CostModel)))}
-    for key in UNPRICED_WHEN_ZERO:  # a term added later: absent or 0, a file prices as it did
+    priced = _priced(data) | {"model": data.get("model")}
+    engines = data.get("engines")
+    if isinstance(engines, dict):  # fits by engine price their engines' runs: a refit is a change
+        priced["engines"] = {name: _priced(fit) if isinstance(fit, dict) else fit
+                             for name, fit in engines.items()}  # fmt: skip
+    return hashlib.sha256(json.dumps(priced, sort_keys=True).encode()).hexdigest()
+
+
+def _priced(data: dict) -> dict:
+    """What a fit's constants price with (its CostModel fields), a term added after files were
+    written left out while absent or 0, so a file prices as it did."""
+    priced = {key: data.get(key) for key in (f.name for f in fields(CostModel))}
+    for key in UNPRICED_WHEN_ZERO:
         if not priced[key]:
             del priced[key]
-    return hashlib.sha256(json.dumps(priced, sort_keys=True).encode()).hexdigest()
+    return priced
 
 
 def read_cost_file(path: str, flag: str) -> dict:
@@ -468,15 +507,31 @@ def model_of(data: dict, where: str) -> str:
     return model
 
 
-def load_cost_model(path: str, model: str) -> CostModel:
+def engine_section(data: dict, engine: str | None, where: str) -> dict:
+    """The constants of a cost file that price `engine`: its own fit (`engines`, written by
+    `kvbench calibrate --by-engine`) where the file has one, else the file's fit of every run."""
+    engines = data.get("engines")
+    if engines is None or engine is None:
+        return data
+    if not isinstance(engines, dict) or not all(isinstance(fit, dict) for fit in engines.values()):
+        shown = json.dumps(engines)[:80]
+        raise KvbenchError(f"{where}: 'engines' must map engine names to fits, got {shown}")
+    return engines.get(engine, data)
+
+
+def load_cost_model(path: str, model: str, engine: str | None = None) -> CostModel:
     """The cost model of a `kvbench calibrate` file, checked against the run's model: every
     constant a finite number >= 0 (NaN, inf or a negative cost would give NaN or negative
     latencies that look like results), the knee a whole batch >= 1 or null, `assumed` a list of
     cost terms. A file written before `assumed` existed assumed what it lacks or left at 0: the
-    swap, copy and page-map costs."""
+    swap, copy and page-map costs. A file fitted by engine (`engines`) prices `engine` with its
+    own fit where it has one, any other engine with the fit of every run."""
     where = f"--cost-model {path}"
-    data = read_cost_file(path, "--cost-model")
-    fitted = data.get("model")
+    top = read_cost_file(path, "--cost-model")
+    data = engine_section(top, engine, where)
+    if data is not top:
+        where = f"{where} (its fit of {engine})"
+    fitted = top.get("model")
     if isinstance(fitted, str) and fitted and fitted != model:  # no name at all: `model_of` below
         raise KvbenchError(f"{where}: fitted on {fitted}, not on --model {model}")
     required = ("fixed_s", "per_token_s", "per_kv_token_s")
@@ -486,7 +541,7 @@ def load_cost_model(path: str, model: str) -> CostModel:
     missing = [key for key in required if key not in data]
     if missing:
         raise KvbenchError(f"{where}: not a kvbench calibrate file (no {missing[0]!r})")
-    model_of(data, where)  # a file naming no model is refused, not applied to this one
+    model_of(top, where)  # a file naming no model is refused, not applied to this one
     values: dict = {}
     for key in (*required, *optional):
         value = data.get(key)

@@ -62,6 +62,15 @@ def calibrate(
             "(squared seconds per step). docs/CALIBRATION.md."
         ),
     ] = "mean",
+    by_engine: Annotated[
+        bool,
+        typer.Option(
+            "--by-engine/--no-by-engine",
+            help="Also fit each engine's runs alone; a simulation of that engine prices with its own "
+            "fit (paged attention reads K/V through block tables, a contiguous engine does not), any "
+            "other engine with the fit of every run. docs/CALIBRATION.md.",
+        ),
+    ] = False,
 ) -> None:
     """Least-squares fit of the cost model's constants to the runs' measured step rows."""
     from kvbench.calibrate.check import dropped_note, find_runs, fit_and_check, format_checks, headline
@@ -80,26 +89,31 @@ def calibrate(
     prepare_out(out, "calibration")  # a user's file there is refused before fitting (kvbench.results.outputs)
     fit = find_runs(runs, steps=True, flag="kvbench calibrate")
     held = find_runs(held_out, steps=False, flag="--held-out") if held_out else []
-    done = fit_and_check(fit, held, out, objective=objective)
+    done = fit_and_check(fit, held, out, objective=objective, by_engine=by_engine)
     if done.checks:
         typer.echo(format_checks(done.checks))
         typer.echo(f"held out: {headline(done.checks)}")
     if done.dropped:
         typer.echo(dropped_note(done.dropped))
-    result = done.calibration
-    c = result.cost
-    typer.echo(
-        f"{result.model}: fixed {1e3 * c.fixed_s:.3f} ms/step, {1e6 * c.per_token_s:.3f} us/decode row, "
-        f"{1e6 * c.per_token(prefill=True):.3f} us/prefill token, "
-        f"{1e9 * c.per_kv_token_s:.3f} ns/context token, {1e6 * c.per_swap_block_s:.1f} us/swapped block, "
-        f"{1e3 * c.per_prefill_s:.3f} ms more per prefill "
-        f"({result.rows} rows; relative error median {100 * result.median_relative_error:.1f} %, "
-        f"p90 {100 * result.p90_relative_error:.1f} %)\n  written: {out}"
-    )
     from kvbench.calibrate.fit import shape_lines
 
-    for line in shape_lines(result):
-        typer.echo(f"  {line}")
+    result = done.calibration
+    for label, fit in ((result.model, result), *((f"  {e}", f) for e, f in result.engines.items())):
+        c = fit.cost
+        typer.echo(
+            f"{label}: fixed {1e3 * c.fixed_s:.3f} ms/step, {1e6 * c.per_token_s:.3f} us/decode row, "
+            f"{1e6 * c.per_token(prefill=True):.3f} us/prefill token, "
+            f"{1e9 * c.per_kv_token_s:.3f} ns/context token, "
+            f"{1e6 * c.per_swap_block_s:.1f} us/swapped block, "
+            f"{1e3 * c.per_prefill_s:.3f} ms more per prefill "
+            f"({fit.rows} rows; relative error median {100 * fit.median_relative_error:.1f} %, "
+            f"p90 {100 * fit.p90_relative_error:.1f} %)"
+        )
+        said = shape_lines(result)  # an engine's fit says what the fit of every run did not
+        for line in shape_lines(fit):
+            if fit is result or line not in said:
+                typer.echo(f"  {'  ' * (fit is not result)}{line}")
+    typer.echo(f"  written: {out}")
 
 
 def register(app: typer.Typer) -> None:
