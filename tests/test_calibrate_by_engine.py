@@ -127,3 +127,19 @@ def test_calibrate_by_engine_replays_each_engines_held_out_runs_with_its_own_fit
     assert own["engines"]["paged"]["runs"] == [str(fit / "paged-12-1"), str(fit / "paged-5-0")]
     assert own["held_out_summary"]["normalized_latency_s"]["max_abs_error"] < 1e-6
     assert pooled["held_out_summary"]["normalized_latency_s"]["max_abs_error"] > 0.01
+
+
+def test_a_fit_by_engine_names_its_runs_as_the_fit_of_every_run_does(tmp_path):
+    """A reproduction names runs relative to its folder (`base`) so that its files name its own
+    runs wherever it moves: each engine's fit too."""
+    from kvbench.calibrate.check import fit_and_check
+
+    runs = [run(tmp_path / "fit", engine, 6.0, 0, real=True) for engine in TRUE]
+    written = fit_and_check(runs, [], tmp_path / "cost.json", base=tmp_path, by_engine=True).calibration
+    assert written.runs == ("fit/paged-6-0", "fit/orca-oracle-6-0")
+    assert {engine: fit.runs for engine, fit in written.engines.items()} == {
+        "paged": ("fit/paged-6-0",),
+        "orca-oracle": ("fit/orca-oracle-6-0",),
+    }
+    saved = json.loads((tmp_path / "cost.json").read_text())
+    assert saved["engines"]["orca-oracle"]["runs"] == ["fit/orca-oracle-6-0"]
