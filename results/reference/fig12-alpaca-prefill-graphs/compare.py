@@ -37,10 +37,11 @@ from pathlib import Path
 from kvbench.calibrate.check import read_config
 from kvbench.paper import FIG12_SUSTAINED
 from kvbench.reproduce.sweeps import bracket_at
+from kvbench.reproduce.verdicts import Interval, value_verdict
 from kvbench.results.files import write_text
 from kvbench.results.load import load_run
 from kvbench.simulate import simulate
-from kvbench.sweep.stats import ratio_interval
+from kvbench.sweep.stats import bracket_width, ratio_interval
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -48,21 +49,23 @@ EAGER = ROOT / "results" / "reproduce" / "opt-13b-h200" / "fig12" / "seed-0" / "
 PANELS = {"eager (the reproduction's seed 0)": EAGER, "CUDA graphs (this folder)": HERE}
 ENGINES = ("paged", "orca-oracle")
 SEED = 0  # the seed both panels ran
+SEEDS = (0, 1, 2)  # the seeds this folder's panel runs (tools/device_call.sh: SEEDS=0,1,2)
+BRACKET = 0.1  # the sweep's --bracket: a seed's bracket is done once at most this wide
 BOUND = 0.0328  # s/token: the reproduction's bound on this panel, 4 x orca-oracle's unloaded latency, rounded
 MULTIPLES = (0.75, 1.0, 1.1, 1.25, 1.5)  # the plateau of paged's replayed cells sits near 1.07 x
 PAPER = FIG12_SUSTAINED["alpaca-paper"]["paged"] / FIG12_SUSTAINED["alpaca-paper"]["orca-oracle"]
 
 
-def sweep_rows(folder: Path) -> list[dict]:
-    """The loaded seed-0 cells of a panel's sweep.csv (the unloaded baselines left out; another
-    seed's cells, once run, would read as more rates of one curve), rate and normalized latency
+def sweep_rows(folder: Path, seed: int = SEED) -> list[dict]:
+    """The loaded cells of one seed of a panel's sweep.csv (the unloaded baselines left out;
+    another seed's cells would read as more rates of one curve), rate and normalized latency
     as numbers (None where a cell has none), as a sweep holds them."""
     with open(folder / "sweep.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["role"] != "baseline" and r["engine"] in ENGINES]
     rows = [
         {**r, "rate": float(r["rate"]),
          "normalized_latency_s": float(r["normalized_latency_s"]) if r["normalized_latency_s"] else None}
-        for r in rows if int(r["seed"]) == SEED
+        for r in rows if int(r["seed"]) == seed
     ]  # fmt: skip
     return sorted(rows, key=lambda r: (ENGINES.index(r["engine"]), r["rate"]))
 
@@ -96,6 +99,50 @@ def sensitivity_line(mode: str, rows: list[dict], multiple: float) -> str:
     else:
         ratio, side = "none", "-"
     return f"| {mode} | {multiple:g} x ({bound:.4f}) | {' | '.join(shown)} | {ratio} | {side} |"
+
+
+def seed_brackets(rows: list[dict]) -> tuple[dict, int]:
+    """Each engine's bracket at the bound from one seed's rows (`sweep_rows`), None where it is
+    not done (a cell still pending, or wider than the sweep's `BRACKET`), and the cells pending.
+    A pending cell is left out of the reading: `bracket_at` would count it a fail."""
+    pending = [r for r in rows if r["status"] == "pending"]
+    done = [r for r in rows if r["status"] != "pending"]
+    brackets = {}
+    for engine in ENGINES:
+        found = bracket_at(done, engine, BOUND)
+        late = any(r["engine"] == engine for r in pending)
+        brackets[engine] = None if late or found is None or bracket_width(found) > BRACKET else found
+    return brackets, len(pending)
+
+
+def seed_lines(by_seed: dict[int, list[dict]]) -> list[str]:
+    """Each seed's brackets and ratio interval at the bound, then the ratio over the seeds done
+    (the mean and 95 % t interval of the per-seed ratios of last passes, as the reproduction's
+    Figure 12 reads its seeds) and its verdict against the paper's."""
+    lines = [
+        "| seed | paged | orca-oracle | paged / orca-oracle | cells pending |",
+        "|---:|---|---|---|---:|",
+    ]
+    ratios = []
+    for seed, rows in by_seed.items():
+        brackets, pending = seed_brackets(rows)
+        shown = [f"[{b[0]:.4g}, {b[1]:.4g})" if b else "not done" for b in brackets.values()]
+        ratio = "-"
+        if all(brackets.values()):
+            low, high = ratio_interval(brackets["paged"], brackets["orca-oracle"])
+            ratio = f"[{low:.3f}, {high:.3f}]"
+            ratios.append(brackets["paged"][0] / brackets["orca-oracle"][0])
+        lines.append(f"| {seed} | {' | '.join(shown)} | {ratio} | {pending} |")
+    if len(ratios) < 2:
+        return [
+            *lines,
+            "",
+            f"Over the seeds: {len(ratios)} of {len(by_seed)} done, no interval over seeds yet.",
+        ]
+    metric = (
+        f"paged / orca-oracle sustained rate at {BOUND} s/token, per-seed last passes, {len(ratios)} seeds"
+    )
+    return [*lines, "", f"Over the seeds: {value_verdict(metric, Interval.of_samples(ratios), PAPER)}."]
 
 
 def fit_line(row: dict) -> str:
@@ -137,6 +184,13 @@ def render() -> str:
     ]
     for multiple in MULTIPLES:
         lines += [sensitivity_line(mode, rows, multiple) for mode, rows in panels.items()]
+    lines += [
+        "",
+        f"This folder's seeds at the panel's bound (a seed is done once no cell is pending and both "
+        f"brackets are at most {100 * BRACKET:g} % wide):",
+        "",
+        *seed_lines({seed: sweep_rows(HERE, seed) for seed in SEEDS}),
+    ]
     lines += [
         "",
         "Capacity (the most requests a second any cell completed, whatever its latency):",
