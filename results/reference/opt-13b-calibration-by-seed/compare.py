@@ -1,16 +1,17 @@
-"""Two fits of the OPT-13B cost model, held out on the same real runs, side by side.
+"""Fits of the OPT-13B cost model, held out on the same real runs, side by side.
 
     PYTHONPATH=. python results/reference/opt-13b-calibration-by-seed/compare.py
 
-Writes comparison.md beside this script from two `kvbench calibrate` files: the reproduction's own
-(results/reproduce/opt-13b-h200/calibration/cost.json, fitted on Figure 2's seed-0 runs, ShareGPT
-alone) and this folder's (cost.json, fitted on seed 0 of Figures 2, 12 and 13, both traces). Each
-file holds its held-out checks; only the runs both hold out are compared (seeds 1 and 2 of
-Figures 12 and 13), so the two columns judge the same runs. Per trace and load (a run where a
-queue formed, apart from one that never queued), per metric: how many runs each fit puts within
-10 % of the real run, and the median and largest error. Then the loaded runs' normalized-latency
-errors engine by engine, signed (simulated over real, less 1), which says whether one constant
-could close them.
+Writes comparison.md beside this script from three `kvbench calibrate` files: the reproduction's
+own (results/reproduce/opt-13b-h200/calibration/cost.json, fitted on Figure 2's seed-0 runs,
+ShareGPT alone), this folder's (cost.json, fitted on seed 0 of Figures 2, 12 and 13, both
+traces) and the same runs fitted by engine (cost-by-engine.json, `--by-engine`: each engine's
+runs alone, its held-out runs priced with its own fit). Each file holds its held-out checks; only
+the runs all hold out are compared (seeds 1 and 2 of Figures 12 and 13), so the columns judge
+the same runs. Per trace and load (a run where a queue formed, apart from one that never
+queued), per metric: how many runs each fit puts within 10 % of the real run, and the median and
+largest error. Then the loaded runs' normalized-latency errors engine by engine, signed
+(simulated over real, less 1), which says whether one constant could close them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ REPRODUCTION = "results/reproduce/opt-13b-h200"
 FITS = {
     "Figure 2, seed 0 (ShareGPT)": ROOT / REPRODUCTION / "calibration" / "cost.json",
     "Figures 2, 12, 13, seed 0 (both traces)": HERE / "cost.json",
+    "the same runs, fitted by engine (--by-engine)": HERE / "cost-by-engine.json",
 }
 TRACES = ("sharegpt-paper", "alpaca-paper")
 METRICS = ("output_token_throughput", "normalized_latency_s", "mean_ttft_s")
@@ -57,10 +59,10 @@ def render(fits: dict[str, Path] = FITS) -> str:
     common = sorted(set.intersection(*(set(c) for c in by_fit.values())))
     labels = list(by_fit)
     lines = [
-        "# Two fits of the OPT-13B cost model on the same held-out runs",
+        "# Fits of the OPT-13B cost model on the same held-out runs",
         "",
         f"Written by `PYTHONPATH=. python results/reference/opt-13b-calibration-by-seed/compare.py` from "
-        f"the two cost files; do not edit by hand. {len(common) // len(METRICS)} runs held out by both "
+        f"the cost files; do not edit by hand. {len(common) // len(METRICS)} runs held out by all "
         f"(seeds 1 and 2 of Figures 12 and 13). Within: the runs whose simulation is within "
         f"{_percent(TARGET)} of the real run; median and largest: the absolute error. Fits: "
         + "; ".join(f"({i}) {f}" for i, f in enumerate(labels, 1))
