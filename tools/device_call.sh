@@ -92,6 +92,13 @@
 #                    flags, paged passes 100.5 and orca-oracle 107 req/s in both), the real panel's bound 0.0328
 #                    s/token, bisected to a 10 % bracket, with the host collector
 #                    (results/reference/fig12-alpaca-prefill-graphs)
+#   fig12-alpaca-prefill-graphs-baselines  the same replayed panel's other three engines, static,
+#                    orca-max and orca-pow2, each at four rates around the bracket the replayed
+#                    cells' fit simulates for it (results/reference/calibration-by-engine/cost.json;
+#                    static [6.25, 6.875), orca-max [12.5, 13.75), orca-pow2 past 80 req/s), seeds
+#                    $SEEDS (default 0), the panel's bound, bisected to a 10 % bracket, with the host
+#                    collector: about 18 GPU-minutes a seed if the placement holds
+#                    (results/reference/fig12-alpaca-prefill-graphs-baselines/<engine>)
 #   kernels-mla      decode attention of full, windowed and MLA layers at batches 1-64
 #                    (results/reference/kernels-window-mla/h200-splits)
 #   gpu-tests        the GPU-marked tests (their report: $OUT/gpu-tests.log); GPU_TESTS_K=EXPR runs
@@ -262,6 +269,16 @@ for job in "$@"; do
         --engines paged,orca-oracle --model opt-13b --emulate-gpu a100-40gb --kv-cache-gib 12 \
         --trace alpaca-paper --rates 53.57,70,94.02,120 --duration 60 --seeds "${SEEDS:-0}" --latency-threshold 0.0328 \
         --bisect 3 --bracket 0.1 --resume --continue-on-error --collectors torch,host --out $folder ;;
+    fig12-alpaca-prefill-graphs-baselines)
+      folder=results/reference/fig12-alpaca-prefill-graphs-baselines
+      for setting in "static 5.5,6.25,6.875,7.5" "orca-max 11,12.5,13.75,15" "orca-pow2 72,80,88,96"; do
+        set -- $setting
+        left=$((end - SECONDS)); [ $left -gt 30 ] || break
+        timeout $left python -m kvbench sweep --deadline-s $((left - 15)) --real --prefill-graphs --engines $1 \
+          --model opt-13b --emulate-gpu a100-40gb --kv-cache-gib 12 --trace alpaca-paper --rates $2 --duration 60 \
+          --seeds "${SEEDS:-0}" --latency-threshold 0.0328 --bisect 3 --bracket 0.1 --resume --continue-on-error \
+          --collectors torch,host --out $folder/$1
+      done ;;
     fig12-alpaca-chunked)
       folder=results/reference/fig12-alpaca-chunked
       for setting in "paged 149,164,171.5,179,197" "orca-oracle 103,108,113.5,118.75,130"; do
