@@ -86,10 +86,9 @@
 #                    seed 0, the real panel's bound 0.0327 s/token (results/reference/fig12-alpaca-chunked)
 #   fig12-alpaca-prefill-graphs  the same panel's paged and orca-oracle with --prefill-graphs (short
 #                    prefills replayed as CUDA graphs: their time no longer follows the host's speed),
-#                    seeds $SEEDS (default 0; seed 0 is done: SEEDS=0,1,2 resumes it and runs seeds 1
-#                    and 2, bisected each: 12 cells a seed, about 15 GPU-minutes; simulated on the
-#                    folder's own fit, `kvbench sweep --cost-model <folder>/cost.json` with the same
-#                    flags, paged passes 100.5 and orca-oracle 107 req/s in both), the real panel's bound 0.0328
+#                    seeds $SEEDS (default 0; seed 0 is done and 21 cells of seeds 1 and 2: SEEDS=0,1,2
+#                    resumes them, 3 cells left if results/reference/calibration-by-engine's
+#                    prediction holds, about 5 GPU-minutes), the real panel's bound 0.0328
 #                    s/token, bisected to a 10 % bracket, with the host collector
 #                    (results/reference/fig12-alpaca-prefill-graphs)
 #   fig12-alpaca-prefill-graphs-baselines  the same replayed panel's other three engines, static,
