@@ -143,3 +143,14 @@ def test_a_fit_by_engine_names_its_runs_as_the_fit_of_every_run_does(tmp_path):
     }
     saved = json.loads((tmp_path / "cost.json").read_text())
     assert saved["engines"]["orca-oracle"]["runs"] == ["fit/orca-oracle-6-0"]
+
+
+def test_an_engine_with_too_few_rows_of_its_own_is_named(tmp_path):
+    """The fit of every run has rows enough; one engine's alone may not, and the error says which."""
+    runs = [run(tmp_path, engine, 6.0, 0) for engine in TRUE]
+    steps = runs[1] / "steps.csv"  # orca-oracle's: three rows left
+    steps.write_text("\n".join(steps.read_text().splitlines()[:4]) + "\n")
+    assert calibrate(runs, simulated_ok=True).rows > 100
+    said = rf"too few to fit \d constants \(--by-engine: the runs of orca-oracle, {runs[1]} first\)$"
+    with pytest.raises(KvbenchError, match=said):
+        calibrate(runs, simulated_ok=True, by_engine=True)

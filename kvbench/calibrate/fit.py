@@ -390,7 +390,12 @@ def calibrate(
     own = {}
     for engine in sorted({rows.engine for rows in read}):
         mine = [i for i, rows in enumerate(read) if rows.engine == engine]
-        own[engine] = fit_rows([read[i] for i in mine], [str(runs[i]) for i in mine], objective)
+        try:
+            own[engine] = fit_rows([read[i] for i in mine], [str(runs[i]) for i in mine], objective)
+        except KvbenchError as error:  # which engine's runs are too few: the pooled fit had enough
+            raise KvbenchError(
+                f"{error} (--by-engine: the runs of {engine}, {runs[mine[0]]} first)"
+            ) from None
     return replace(pooled, engines=own)
 
 
