@@ -40,3 +40,15 @@ def test_both_fits_fit_seed_0_and_hold_out_the_same_other_seeds():
     assert sorted(run for fit in by_engine["engines"].values() for run in fit["runs"]) == sorted(
         by_engine["runs"]
     )
+
+
+def test_the_fit_held_out_in_load_fits_only_lower_rates_than_it_checks():
+    by_rate = json.loads((FOLDER / "by-rate.json").read_text())
+
+    def rate(run: str) -> float:
+        return float(re.search(r"__rate-([0-9.]+)__", run).group(1))
+
+    assert {_seed(run) for run in by_rate["runs"]} == {0} and max(map(rate, by_rate["runs"])) < 100
+    held = {check["run"] for check in by_rate["held_out"]}
+    assert {_seed(run) for run in held} == {1, 2} and min(map(rate, held)) > 100
+    assert sorted(by_rate["engines"]) == ["orca-oracle", "paged"]
