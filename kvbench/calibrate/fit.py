@@ -403,12 +403,12 @@ def fit_rows(read: list[Rows], runs: list[str], objective: str = DEFAULT_OBJECTI
     """One fit of the rows of `read` (runs of one model and one kind, named `runs`).
 
     Fitted by engine (`calibrate(by_engine=True)`) because engines that decode the same batch
-    do not cost the same on a GPU: paged attention reads K/V through a block table and the
-    runner uploads the tables, a contiguous engine does neither. OPT-13B on the H200 with
-    replayed prefills (results/reference/calibration-by-engine): paged's decode steps take 2-4 %
-    longer than orca-oracle's at every batch size, so one fit of both priced orca-oracle's steps
-    4 % high and paged's 4 % low, which moved orca-oracle's simulated capacity by 3 % and its
-    normalized latency at capacity by half."""
+    do not cost the same on a GPU: paged attention reads K/V through a block table kept on the
+    device, a contiguous engine does not. OPT-13B on the H200 with replayed prefills
+    (results/reference/calibration-by-engine): paged's median decode step is 1-4 % longer than
+    orca-oracle's at each batch from 1 to 127 rows, so one fit of both priced orca-oracle's
+    decode rows 2.5 % high (3.6 % past 64 rows) and paged's 3-4 % low, which moved orca-oracle's
+    simulated capacity by 3 % and its normalized latency past capacity by half."""
     c = np.concatenate([rows.counts for rows in read])
     d = np.concatenate([rows.durations for rows in read])
     batch = np.concatenate([rows.batch for rows in read])
