@@ -83,6 +83,8 @@ def test_a_refit_of_one_engine_is_a_changed_cost_file_and_bad_sections_are_one_l
     base = {"model": "opt-13b", "fixed_s": 0.01, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}
     model.write_text(json.dumps(base))
     plain = cost_file_digest(str(model))
+    model.write_text(json.dumps(base | {"engines": {}}))  # no engine's fit: it prices as before
+    assert cost_file_digest(str(model)) == plain
     own = {"paged": base | {"per_token_s": 2e-5}}
     model.write_text(json.dumps(base | {"engines": own}))
     by_engine = cost_file_digest(str(model))

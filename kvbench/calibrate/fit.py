@@ -470,7 +470,7 @@ def cost_file_digest(path: str) -> str | None:
         return None
     priced = _priced(data) | {"model": data.get("model")}
     engines = data.get("engines")
-    if isinstance(engines, dict):  # fits by engine price their engines' runs: a refit is a change
+    if isinstance(engines, dict) and engines:  # fits by engine price their runs: a refit is a change
         priced["engines"] = {name: _priced(fit) if isinstance(fit, dict) else fit
                              for name, fit in engines.items()}  # fmt: skip
     return hashlib.sha256(json.dumps(priced, sort_keys=True).encode()).hexdigest()
