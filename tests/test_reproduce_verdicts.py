@@ -419,7 +419,8 @@ def test_rejudge_refuses_run_options_and_names_the_folders_own_seed(tmp_path):
     write_figure(
         FigureResult("fig13", "Mean batched requests", rows, "matches: as judged before"), out / "fig13"
     )
-    for flags in (["--seed", "5"], ["--repeats", "2"], ["--num-requests", "3"], ["--deadline-s", "60"]):
+    for flags in (["--seed", "5"], ["--repeats", "2"], ["--num-requests", "3"], ["--deadline-s", "60"],
+                  ["--prefill-graphs"]):  # fmt: skip
         done = _kvbench("reproduce", "fig13", "--rejudge", "--mode", "simulate", *flags, "--out", str(out))
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1, done.stderr

@@ -74,6 +74,16 @@ def reproduce(
             "13 needs about 6). Figure 12's rates placed by --place-with are found, not scaled."
         ),
     ] = None,
+    prefill_graphs: Annotated[
+        bool,
+        typer.Option(
+            "--prefill-graphs/--no-prefill-graphs",
+            help="Real runs: replay short prefills as CUDA graphs, as decode steps are, so that a "
+            "prefill step costs its device work rather than the host's launches (an eager short "
+            "prefill on OPT-13B is host-bound: docs/REPRODUCTION.md). Give the figures an --out of "
+            "their own: runs of the other prefill mode are not reused.",
+        ),
+    ] = False,
     num_requests: Annotated[int | None, typer.Option(hidden=True, help="Requests per run (tests).")] = None,
     deadline_s: opt.DeadlineOption = None,
     seed: Annotated[int, typer.Option(help="Seed of the traces (the first, with --repeats).")] = 0,
@@ -107,6 +117,11 @@ def reproduce(
     if place_only and setting.placement is None:
         raise KvbenchError("--place-only: give the cost file to place with (--place-with)")
     setting = replace(setting, place_only=place_only)
+    if prefill_graphs and not setting.real:
+        raise KvbenchError(
+            "--prefill-graphs replays real runs' prefills: use it with --mode real (or auto on a GPU)"
+        )
+    setting = replace(setting, prefill_graphs=prefill_graphs)
     options = Options(quick, setting, num_requests, seed, repeats, opt.deadline(deadline_s))
     if rejudge:
         judge_again(names, options, out, functools.partial(print, flush=True), named=bool(figures))
@@ -120,7 +135,7 @@ def reproduce(
     typer.echo(f"done in {time.perf_counter() - start:.0f} s: {wrote}")
 
 
-RUN_ONLY = ("seed", "repeats", "num_requests", "deadline_s", "place_only")
+RUN_ONLY = ("seed", "repeats", "num_requests", "deadline_s", "place_only", "prefill_graphs")
 """Options that shape runs, which `--rejudge` does not make: it judges the rows already in --out."""
 
 

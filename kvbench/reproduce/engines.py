@@ -44,8 +44,7 @@ def run_engines(options: Options, trace: str, folder: Path, shared: Path | None 
     rows = []
     for engine in DEMO_ENGINES:
         config = RunConfig(
-            engine=engine, model=s.model, workload=workload, kv_cache_gib=s.kv_cache_gib,
-            cost_model=None if s.real else s.cost_model, device=s.device if s.real else "cpu",
+            engine=engine, model=s.model, workload=workload, kv_cache_gib=s.kv_cache_gib, **s.run_fields()
         )  # fmt: skip
         reuse = [folder / engine] + ([shared / engine] if shared else [])
         rows.append(run_engine(config, folder / engine, s.real, reuse))

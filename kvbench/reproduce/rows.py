@@ -47,6 +47,16 @@ class Setting:
     placement: str | None = None
     # with `placement`: compute the placements only (a CPU ahead of the GPU), run no real cell
     place_only: bool = False
+    # real runs: short prefills replayed as CUDA graphs (`--prefill-graphs`), so that a prefill
+    # step costs its device work, not the host's launches (results/reference/alpaca-prefill-profile)
+    prefill_graphs: bool = False
+
+    def run_fields(self) -> dict:
+        """The RunConfig fields every run of this setting shares beyond model and budget: a real
+        run's device and prefill mode, a simulated one's cost model."""
+        if self.real:
+            return {"device": self.device, "prefill_graphs": self.prefill_graphs}
+        return {"device": "cpu", "cost_model": self.cost_model}
 
 
 @dataclass(frozen=True)

@@ -336,6 +336,8 @@ def write_reports(out: Path, options: Options) -> None:
 def _setup(options: Options) -> str:
     s = options.setting
     mode = "real decoding on a CUDA GPU" if s.real else "simulated (roofline of an A100-40GB)"
+    if s.real and s.prefill_graphs:
+        mode += ", short prefills replayed as CUDA graphs (--prefill-graphs)"
     if s.cost_model and not s.real:
         mode = f"simulated with the calibrated cost model {s.cost_model}"
     size = "quick" if options.quick else "full"

@@ -93,8 +93,7 @@ def fig15(options: Options, folder: Path) -> FigureResult:
                     rate=sequence_rate * s.rate_scale / width, **_width_spec(letter, width),
                 )  # fmt: skip
                 config = RunConfig(
-                    "paged", model=s.model, workload=workload, kv_cache_gib=s.kv_cache_gib,
-                    cost_model=None if s.real else s.cost_model, device=s.device if s.real else "cpu",
+                    "paged", model=s.model, workload=workload, kv_cache_gib=s.kv_cache_gib, **s.run_fields()
                 )  # fmt: skip
                 out = folder / trace / f"{letter}{width}"
                 summary = run_summary(config, out, s.real, reuse=[out])

@@ -112,7 +112,7 @@ def sweep(options: Options, folder: Path, *, engines, trace, rates, block_sizes,
     spec = WorkloadSpec(trace, num_requests=count, seed=options.seed, **(workload or {}))
     base = RunConfig(
         engines[0], model=model or s.model, workload=spec, kv_cache_gib=kv, preemption=preemption,
-        cost_model=None if s.real else s.cost_model, device=s.device if s.real else "cpu",
+        **s.run_fields(),
     )  # fmt: skip
     axes = Axes(tuple(engines), (trace,), tuple(r * s.rate_scale for r in rates), tuple(block_sizes), (kv,),
                 (options.seed,))  # fmt: skip
