@@ -24,6 +24,7 @@ now kept apart:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -251,7 +252,7 @@ def headline(checks: list[Check]) -> str:
     return "; ".join(parts)
 
 
-def named(result, name):
+def named(result: Calibration, name: Callable[[str], str]) -> Calibration:
     """A calibration (and its fits by engine) with its runs named by `name`."""
     engines = {engine: named(fit, name) for engine, fit in result.engines.items()}
     return replace(result, runs=tuple(name(run) for run in result.runs), engines=engines)
@@ -314,15 +315,20 @@ def _same_prefills(fit: list[Path], held_out: list[Path]) -> None:
     """Refuse a held-out run whose short prefills ran another way than the fitted runs' (CUDA
     graphs or eager, `replays_prefills`): the fit prices one kind, so the other's error would be
     the prefill mode's, not the model's."""
-    fitted = {replays_prefills(read_json(run / "config.json")) for run in fit}
+    fitted = {replays_prefills(_config(run)) for run in fit}
     for run in held_out:
-        replayed = replays_prefills(read_json(run / "config.json"))
+        replayed = replays_prefills(_config(run))
         if fitted == {not replayed}:
             ran, fit_ran = ("as CUDA graphs", "eagerly") if replayed else ("eagerly", "as CUDA graphs")
             raise KvbenchError(
                 f"--held-out {run}: its short prefills ran {ran} and the fitted runs' {fit_ran} "
                 "(--prefill-graphs); hold out runs of the fit's kind"
             )
+
+
+def _config(run: Path) -> dict:
+    """A run's config.json, empty where it has none (as the fit reads it: `read_rows`)."""
+    return read_json(run / "config.json") if (run / "config.json").is_file() else {}
 
 
 def dropped_note(dropped: list[tuple[Path, Path]], name=str) -> str:

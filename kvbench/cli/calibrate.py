@@ -98,6 +98,7 @@ def calibrate(
     from kvbench.calibrate.fit import shape_lines
 
     result = done.calibration
+    said = shape_lines(result)  # an engine's fit says only what the fit of every run did not
     for label, fit in ((result.model, result), *((f"  {e}", f) for e, f in result.engines.items())):
         c = fit.cost
         typer.echo(
@@ -109,7 +110,6 @@ def calibrate(
             f"({fit.rows} rows; relative error median {100 * fit.median_relative_error:.1f} %, "
             f"p90 {100 * fit.p90_relative_error:.1f} %)"
         )
-        said = shape_lines(result)  # an engine's fit says what the fit of every run did not
         for line in shape_lines(fit):
             if fit is result or line not in said:
                 typer.echo(f"  {'  ' * (fit is not result)}{line}")
