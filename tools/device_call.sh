@@ -86,17 +86,16 @@
 #                    seed 0, the real panel's bound 0.0327 s/token (results/reference/fig12-alpaca-chunked)
 #   fig12-alpaca-prefill-graphs  the same panel's paged and orca-oracle with --prefill-graphs (short
 #                    prefills replayed as CUDA graphs: their time no longer follows the host's speed),
-#                    seeds $SEEDS (default 0; seed 0 is done and 21 cells of seeds 1 and 2: SEEDS=0,1,2
-#                    resumes them, 3 cells left if results/reference/calibration-by-engine's
-#                    prediction holds, about 5 GPU-minutes), the real panel's bound 0.0328
-#                    s/token, bisected to a 10 % bracket, with the host collector
+#                    seeds $SEEDS (default 0; seeds 0, 1 and 2 are done), the real panel's bound
+#                    0.0328 s/token, bisected to a 10 % bracket, with the host collector
 #                    (results/reference/fig12-alpaca-prefill-graphs)
 #   fig12-alpaca-prefill-graphs-baselines  the same replayed panel's other three engines, static,
 #                    orca-max and orca-pow2, each at four rates around the bracket the replayed
 #                    cells' fit simulates for it (results/reference/calibration-by-engine/cost.json;
 #                    static [6.25, 6.875), orca-max [12.5, 13.75), orca-pow2 past 80 req/s), seeds
-#                    $SEEDS (default 0), the panel's bound, bisected to a 10 % bracket, with the host
-#                    collector: about 18 GPU-minutes a seed if the placement holds
+#                    $SEEDS (default 0; seed 0 is done: SEEDS=0,1,2 goes on), the panel's bound,
+#                    bisected to a 10 % bracket, with the host collector: seed 0 took 15 cells and
+#                    1,048 s of cells (17.5 GPU-minutes, a model load each)
 #                    (results/reference/fig12-alpaca-prefill-graphs-baselines/<engine>)
 #   kernels-mla      decode attention of full, windowed and MLA layers at batches 1-64
 #                    (results/reference/kernels-window-mla/h200-splits)

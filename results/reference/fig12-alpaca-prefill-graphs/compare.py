@@ -28,7 +28,6 @@ left between the engines is theirs.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from dataclasses import replace
@@ -36,12 +35,13 @@ from pathlib import Path
 
 from kvbench.calibrate.check import read_config
 from kvbench.paper import FIG12_SUSTAINED
+from kvbench.reproduce.panel import done_brackets, seed_cells
 from kvbench.reproduce.sweeps import bracket_at
 from kvbench.reproduce.verdicts import Interval, value_verdict
 from kvbench.results.files import write_text
 from kvbench.results.load import load_run
 from kvbench.simulate import simulate
-from kvbench.sweep.stats import bracket_width, ratio_interval
+from kvbench.sweep.stats import ratio_interval
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -57,17 +57,8 @@ PAPER = FIG12_SUSTAINED["alpaca-paper"]["paged"] / FIG12_SUSTAINED["alpaca-paper
 
 
 def sweep_rows(folder: Path, seed: int = SEED) -> list[dict]:
-    """The loaded cells of one seed of a panel's sweep.csv (the unloaded baselines left out;
-    another seed's cells would read as more rates of one curve), rate and normalized latency
-    as numbers (None where a cell has none), as a sweep holds them."""
-    with open(folder / "sweep.csv", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["role"] != "baseline" and r["engine"] in ENGINES]
-    rows = [
-        {**r, "rate": float(r["rate"]),
-         "normalized_latency_s": float(r["normalized_latency_s"]) if r["normalized_latency_s"] else None}
-        for r in rows if int(r["seed"]) == seed
-    ]  # fmt: skip
-    return sorted(rows, key=lambda r: (ENGINES.index(r["engine"]), r["rate"]))
+    """The loaded cells of one seed of a panel's sweep.csv (`kvbench.reproduce.panel.seed_cells`)."""
+    return seed_cells(folder / "sweep.csv", ENGINES, seed)
 
 
 def cell_line(mode: str, row: dict, folder: Path) -> str:
@@ -102,17 +93,9 @@ def sensitivity_line(mode: str, rows: list[dict], multiple: float) -> str:
 
 
 def seed_brackets(rows: list[dict]) -> tuple[dict, int]:
-    """Each engine's bracket at the bound from one seed's rows (`sweep_rows`), None where it is
-    not done (a cell still pending, or wider than the sweep's `BRACKET`), and the cells pending.
-    A pending cell is left out of the reading: `bracket_at` would count it a fail."""
-    pending = [r for r in rows if r["status"] == "pending"]
-    done = [r for r in rows if r["status"] != "pending"]
-    brackets = {}
-    for engine in ENGINES:
-        found = bracket_at(done, engine, BOUND)
-        late = any(r["engine"] == engine for r in pending)
-        brackets[engine] = None if late or found is None or bracket_width(found) > BRACKET else found
-    return brackets, len(pending)
+    """Each engine's bracket at the bound from one seed's rows, None where it is not done, and
+    the cells pending (`kvbench.reproduce.panel.done_brackets`)."""
+    return done_brackets(rows, ENGINES, BOUND, BRACKET)
 
 
 def seed_lines(by_seed: dict[int, list[dict]]) -> list[str]:

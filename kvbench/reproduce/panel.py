@@ -1,0 +1,51 @@
+"""A figure panel's committed sweep read back seed by seed, for pages that judge cells run across
+several device calls (the `compare.py` of results/reference folders).
+
+A real panel's cells arrive a few at a time: a device call stops before a cell it cannot finish,
+and a resumed sweep writes that cell `pending` in sweep.csv until it runs. A page that read the
+cells as a finished sweep would count a pending cell a fail (it has no latency) and report a
+bracket the bisection has not reached, so a seed's bracket is read only once the seed is done:
+no cell of its engine pending, and the bracket no wider than the sweep's `--bracket`.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvbench.reproduce.sweeps import bracket_at
+from kvbench.sweep.stats import bracket_width
+
+PENDING = "pending"  # sweep.csv `status` of a cell a resumed sweep has yet to run
+
+
+def seed_cells(sweep_csv: Path, engines: Sequence[str], seed: int) -> list[dict]:
+    """The loaded cells of `engines` on one seed of a sweep.csv (the unloaded baselines left
+    out; another seed's cells would read as more rates of one curve), `rate` and
+    `normalized_latency_s` as numbers (None where a cell has none), in engine then rate order."""
+    with open(sweep_csv, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["role"] != "baseline" and r["engine"] in engines]
+    rows = [
+        {**r, "rate": float(r["rate"]),
+         "normalized_latency_s": float(r["normalized_latency_s"]) if r["normalized_latency_s"] else None}
+        for r in rows if int(r["seed"]) == seed
+    ]  # fmt: skip
+    return sorted(rows, key=lambda r: (list(engines).index(r["engine"]), r["rate"]))
+
+
+def done_brackets(
+    rows: Sequence[dict], engines: Sequence[str], bound: float, width: float
+) -> tuple[dict[str, tuple[float, float] | None], int]:
+    """Each engine's sustained-rate bracket under `bound` from one seed's cells (`seed_cells`),
+    None where it is not done (a cell of the engine still pending, no rate passed, or the bracket
+    wider than `width`, the sweep's `--bracket`: bisection goes on), and the cells pending. A
+    pending cell is left out of the reading: `bracket_at` would count it a fail."""
+    pending = [r for r in rows if r["status"] == PENDING]
+    done = [r for r in rows if r["status"] != PENDING]
+    brackets = {}
+    for engine in engines:
+        found = bracket_at(done, engine, bound)
+        late = any(r["engine"] == engine for r in pending)
+        brackets[engine] = None if late or found is None or bracket_width(found) > width else found
+    return brackets, len(pending)
