@@ -69,14 +69,16 @@ def test_seeds_done_in_both_are_judged_together(compare):
     assert f"kvbench {(94 / 12.5 + 100 / 12.5) / 2:.3g} [" in line
 
 
-def test_the_prediction_can_be_refuted(compare, monkeypatch):
-    monkeypatch.setattr(compare, "predicted", lambda engine, seed: (80.0, 88.0))
+def test_a_prediction_can_be_refuted_and_an_in_sample_one_is_marked(compare, monkeypatch):
+    monkeypatch.setattr(compare, "predicted", lambda engine, seed, name: (80.0, 88.0))
     by_seed = {
         seed: ({**dict.fromkeys(compare.ENGINES), "orca-pow2": found}, 0)
-        for seed, found in ((0, (76.0, 80.0)), (1, (80.0, 88.0)), (2, (88.0, 96.0)))
+        for seed, found in ((0, (76.0, 80.0)), (1, (80.0, 88.0)), (2, (88.0, 96.0)), (3, None))
     }
     lines = [x for x in compare.bracket_lines(by_seed) if x.startswith("| orca-pow2 |")]
-    assert [x.rsplit("|", 2)[-2].strip() for x in lines] == ["below", "inside", "above"]
+    outcomes = [[cell.strip() for cell in x.split("|")[5:-1:2]] for x in lines]
+    assert outcomes == [["below", "below (in sample)"], ["inside", "inside"], ["above", "above"], ["-", "-"]]
+    assert compare.against((80.0, 84.0), (82.0, 88.0)) == "overlaps"
 
 
 def test_a_seed_is_read_from_its_own_cells_and_a_pending_cell_is_no_fail(tmp_path):

@@ -8,8 +8,10 @@ one bound for every engine): static, Orca-Max and Orca-Pow2 from this folder's `
 sweeps, paged and orca-oracle from results/reference/fig12-alpaca-prefill-graphs. Five tables:
 
 - each engine's sustained-rate bracket at the bound on each seed (read once the seed is done:
-  `kvbench.reproduce.panel`), beside the bracket the committed prediction simulated for it
-  (`prediction/<engine>/sustained.csv`, written before the runs) and whether the run fell in it;
+  `kvbench.reproduce.panel`), beside the brackets two committed predictions simulated for it and
+  whether the run fell in each: `prediction/` (the fit of paged's and orca-oracle's cells, before
+  any run of these engines) and `placement/` (each engine's own fit of the five engines' seed-0
+  cells, before seeds 1 and 2: on seed 0 it is in sample, marked so);
 - paged over each other engine: the ratio interval of each seed's brackets, and a verdict against
   the paper's ratio, over the seeds done in both (the mean and 95 % t interval of the per-seed
   ratios of last passes, as the reproduction's Figure 12 reads seeds) or, with one seed done,
@@ -68,9 +70,13 @@ def cells(seed: int) -> list[dict]:
     return rows
 
 
-def predicted(engine: str, seed: int) -> tuple[float, float] | None:
-    """The committed prediction's bracket of an engine of this folder on a seed."""
-    path = HERE / "prediction" / engine / "sustained.csv"
+PREDICTIONS = ("prediction", "placement")  # committed simulated sweeps, in the order they were made
+FITTED_SEEDS = {"prediction": (), "placement": (0,)}  # seeds whose cells each prediction's fit saw
+
+
+def predicted(engine: str, seed: int, prediction: str = "prediction") -> tuple[float, float] | None:
+    """A committed prediction's bracket of an engine of this folder on a seed."""
+    path = HERE / prediction / engine / "sustained.csv"
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
             if int(row["seed"]) == seed and row["last_pass_rate"]:
@@ -89,22 +95,27 @@ def interval_text(low: float, high: float) -> str:
     return f"[{low:.3f}, {'inf' if math.isinf(high) else f'{high:.3f}'}]"
 
 
+def against(found: tuple[float, float] | None, guess: tuple[float, float] | None) -> str:
+    """Where a run's bracket fell against a predicted one."""
+    if found is None or guess is None:
+        return "-"
+    if found == guess:
+        return "inside"
+    return "below" if found[1] <= guess[0] else "above" if found[0] >= guess[1] else "overlaps"
+
+
 def bracket_lines(by_seed: dict[int, tuple[dict, int]]) -> list[str]:
-    lines = [
-        "| engine | seed | sustained req/s | predicted before the run | the run against it |",
-        "|---|---:|---|---|---|",
-    ]
+    head = " | ".join(f"{name}/ | the run against it" for name in PREDICTIONS)
+    rule = "|---|---:|---|" + "---|---|" * len(PREDICTIONS)
+    lines = [f"| engine | seed | sustained req/s | {head} |", rule]
     for engine in ENGINES:
         for seed, (brackets, _) in by_seed.items():
-            found = brackets[engine]
-            guess = predicted(engine, seed) if engine in OWN else None
-            if found is None or guess is None:
-                outcome = "-"
-            elif found == guess:
-                outcome = "inside"
-            else:
-                outcome = "below" if found[1] <= guess[0] else "above" if found[0] >= guess[1] else "overlaps"
-            lines.append(f"| {engine} | {seed} | {shown(found)} | {shown(guess, '-')} | {outcome} |")
+            found, cells = brackets[engine], []
+            for name in PREDICTIONS:
+                guess = predicted(engine, seed, name) if engine in OWN else None
+                fitted = " (in sample)" if guess and seed in FITTED_SEEDS[name] else ""
+                cells += [shown(guess, "-"), against(found, guess) + (fitted if found else "")]
+            lines.append(f"| {engine} | {seed} | {shown(found)} | {' | '.join(cells)} |")
     return lines
 
 
