@@ -82,28 +82,33 @@ def test_a_prediction_can_be_refuted_and_an_in_sample_one_is_marked(compare, mon
 
 
 def test_a_seed_is_read_from_its_own_cells_and_a_pending_cell_is_no_fail(tmp_path):
-    """`seed_cells` keeps one seed's loaded cells; `done_brackets` leaves an engine with a pending
-    cell not done, and one whose every rate passed (no fail to bracket) not done either."""
+    """`seed_cells` keeps one seed's loaded cells in engine then rate order; `done_brackets` leaves
+    an engine with a pending cell not done even where its other cells bracket narrowly, and one
+    whose every rate passed (no fail to bracket) not done either."""
     columns = ("cell_id", "role", "status", "engine", "rate", "seed", "normalized_latency_s")
     rows = [
         ("b", "baseline", "ok", "static", "1", "0", "0.01"),
-        ("1", "sweep", "ok", "static", "5.5", "0", "0.02"),
-        ("2", "sweep", "ok", "static", "6", "0", "0.04"),
-        ("3", "sweep", "ok", "static", "5.5", "1", "0.05"),
+        ("1", "sweep", "ok", "static", "12.5", "0", "0.02"),
+        ("2", "sweep", "ok", "static", "13.75", "0", "0.04"),
+        ("3", "sweep", "ok", "static", "12.5", "1", "0.05"),
         ("4", "sweep", "ok", "orca-max", "11", "0", "0.02"),
-        ("5", "sweep", "pending", "orca-max", "12", "0", ""),
-        ("6", "sweep", "ok", "orca-pow2", "80", "0", "0.02"),
+        ("5", "sweep", "ok", "orca-max", "11.5", "0", "0.04"),
+        ("6", "sweep", "pending", "orca-max", "12", "0", ""),
+        ("7", "sweep", "ok", "orca-pow2", "80", "0", "0.02"),
     ]
     path = tmp_path / "sweep.csv"
     with open(path, "w", newline="") as f:
         csv.writer(f).writerows([columns, *rows])
     engines = ("static", "orca-max", "orca-pow2")
     cells = seed_cells(path, engines, 0)
-    assert [r["cell_id"] for r in cells] == ["1", "2", "4", "5", "6"]
-    assert cells[3]["normalized_latency_s"] is None
+    assert [r["cell_id"] for r in cells] == ["1", "2", "4", "5", "6", "7"]
+    assert cells[4]["normalized_latency_s"] is None
     brackets, pending = done_brackets(cells, engines, 0.03, 0.1)
     assert pending == 1
-    assert brackets == {"static": (5.5, 6.0), "orca-max": None, "orca-pow2": None}
-    assert done_brackets(cells, engines, 0.03, 0.05)[0]["static"] is None  # 9 % wide: not done at 5 %
+    # static's bracket is 10 % wide, as wide as the sweep bisects to: done; orca-max's is 4.5 %
+    # wide, but a grid cell above it is still to run
+    assert brackets == {"static": (12.5, 13.75), "orca-max": None, "orca-pow2": None}
+    assert bracket_at(cells, "orca-max", 0.03) == (11.0, 11.5)
+    assert done_brackets(cells, engines, 0.03, 0.09)[0]["static"] is None  # wider than 9 %: not done
     assert done_brackets(seed_cells(path, engines, 1), engines, 0.06, 0.1)[0]["static"] is None
     assert math.isinf(bracket_at(cells, "orca-pow2", 0.03)[1])  # passed at every rate: no first fail

@@ -39,13 +39,14 @@ def done_brackets(
 ) -> tuple[dict[str, tuple[float, float] | None], int]:
     """Each engine's sustained-rate bracket under `bound` from one seed's cells (`seed_cells`),
     None where it is not done (a cell of the engine still pending, no rate passed, or the bracket
-    wider than `width`, the sweep's `--bracket`: bisection goes on), and the cells pending. A
-    pending cell is left out of the reading: `bracket_at` would count it a fail."""
+    wider than `width`, the sweep's `--bracket`: bisection goes on), and the cells pending. An
+    engine with a pending cell is not read at all: `bracket_at` would count the cell a fail, and
+    where it lies (a grid rate above a bracket already narrow, or the bisection's next) the
+    reading may still change."""
     pending = [r for r in rows if r["status"] == PENDING]
-    done = [r for r in rows if r["status"] != PENDING]
     brackets = {}
     for engine in engines:
-        found = bracket_at(done, engine, bound)
         late = any(r["engine"] == engine for r in pending)
+        found = bracket_at(rows, engine, bound)
         brackets[engine] = None if late or found is None or bracket_width(found) > width else found
     return brackets, len(pending)
