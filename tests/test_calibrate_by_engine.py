@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.calibrate.fit import calibrate, cost_file_digest, load_cost_model
+from kvbench.calibrate.fit import calibrate, cost_file_digest, load_cost_model, priced, read_rows
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
 from kvbench.simulate import simulate, write_result
@@ -156,3 +156,18 @@ def test_an_engine_with_too_few_rows_of_its_own_is_named(tmp_path):
     said = rf"too few to fit \d constants \(--by-engine: the runs of orca-oracle, {runs[1]} first\)$"
     with pytest.raises(KvbenchError, match=said):
         calibrate(runs, simulated_ok=True, by_engine=True)
+
+
+def test_a_run_is_priced_by_its_engines_section_as_its_steps_ran(tmp_path):
+    """`priced` adds a run's rows up as a cost file's section prices them: each engine's own fit
+    gives its run's measured time, the fit of both engines' runs misses each (one dearer, one
+    cheaper), which is what a page reads as a run's service rate against its fit."""
+    runs = [run(tmp_path, engine, rate, 0) for engine in TRUE for rate in (4.0, 12.0)]
+    written = calibrate(runs, simulated_ok=True, by_engine=True).to_dict()
+    off = []
+    for path in runs:
+        rows = read_rows(path, simulated_ok=True)
+        own = priced(rows, written["engines"][rows.engine])  # [R]
+        assert own == pytest.approx(rows.durations, rel=1e-6)
+        off.append(priced(rows, written).sum() / rows.durations.sum() - 1)
+    assert max(off) > 0.01 and min(off) < -0.01

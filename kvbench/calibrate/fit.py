@@ -335,6 +335,16 @@ def predict(counts: np.ndarray, batch: np.ndarray, constants: np.ndarray, knee: 
     return counts @ constants[:-1] + hinge
 
 
+def priced(rows: Rows, section: dict) -> np.ndarray:
+    """Each of a run's rows `[R]` as a cost file's section prices it: its top level (the fit of
+    every run) or one engine's fit under `engines`. Summed, what a simulation of the same steps
+    spends, so a page can say how much of a held-out run's error is its steps' price: a run
+    whose steps cost 2 % more than its engine's fitting runs' (seeds of one panel differ by that
+    much on the H200) is 2 % short of service, and near capacity its queue multiplies that."""
+    constants = np.array([section[name] or 0.0 for name in FITTED] + [section["per_row_above_knee_s"] or 0.0])
+    return predict(rows.counts, rows.batch, constants, section["knee_batch"])
+
+
 def _fit_scaled(
     counts: np.ndarray, durations: np.ndarray, batch: np.ndarray, scale: np.ndarray
 ) -> tuple[np.ndarray, int | None]:

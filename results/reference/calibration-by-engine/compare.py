@@ -6,13 +6,15 @@ Writes comparison.md beside this script from two `kvbench calibrate` files fitte
 runs (seed 0 of results/reference/fig12-alpaca-prefill-graphs: paged and orca-oracle, Alpaca,
 OPT-13B, 15,728 slots, short prefills replayed as CUDA graphs) and holding out the same runs
 (that folder's seeds 1 and 2): `pooled.json` (one set of constants for both engines) and
-`cost.json` (`--by-engine`: each engine's own constants). Four tables:
+`cost.json` (`--by-engine`: each engine's own constants). Five tables:
 
 - held-out runs within 10 % of the real run, loaded and unloaded apart, per metric, both fits;
 - each loaded held-out run's normalized-latency error, signed (simulated over real, less 1);
 - the constants of the three fits;
 - why: the fitting runs' decode steps by batch (16-row bins), paged's median step against
-  orca-oracle's at the same batch, from their steps.csv.
+  orca-oracle's at the same batch, from their steps.csv;
+- each run's steps priced by its engine's fit over their measured time, fitted and held-out
+  seeds side by side (`kvbench.calibrate.fit.priced`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import statistics
 from pathlib import Path
 
 from kvbench.calibrate.check import LOADS, TARGET
+from kvbench.calibrate.fit import priced, read_rows
 from kvbench.results.files import read_json, write_text
 from kvbench.results.load import load_run
 
@@ -72,6 +75,28 @@ def _step_table(runs: list[str]) -> list[str]:
         shown = [f"{int(got[e].steps)} | {got[e].ms:.2f}" if e in got else "- | -" for e in ENGINES]
         ratio = f"{got['paged'].ms / got['orca-oracle'].ms:.3f}" if len(got) == 2 else "-"
         lines.append(f"| {int(low)}-{int(low) + BIN - 1} | {' | '.join(shown)} | {ratio} |")
+    return lines
+
+
+def _priced_table(by_engine: dict) -> list[str]:
+    """Each run's steps priced by its engine's fit over their measured time (`priced`), the
+    fitting seed and the held-out ones side by side: how far one run's steps stray from the
+    price of its engine's fitting runs, which a simulation of it inherits as a service rate."""
+    held = {check["run"] for check in by_engine["held_out"]}
+    ratio: dict[tuple[str, float], dict[int, float]] = {}
+    for run in [*by_engine["runs"], *sorted(held)]:
+        engine, seed, rate = _where(run)
+        rows = read_rows(ROOT / run)
+        cost = priced(rows, by_engine["engines"][engine])  # [R]
+        ratio.setdefault((engine, rate), {})[seed] = cost.sum() / rows.durations.sum()
+    seeds = sorted({seed for by_seed in ratio.values() for seed in by_seed})
+    lines = [
+        "| engine | rate req/s | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+        "|---|---:|" + "---:|" * len(seeds),
+    ]
+    for (engine, rate), by_seed in sorted(ratio.items()):
+        shown = [f"{by_seed[s]:.3f}" if s in by_seed else "-" for s in seeds]
+        lines.append(f"| {engine} | {rate:.4g} | {' | '.join(shown)} |")
     return lines
 
 
@@ -127,6 +152,13 @@ def render() -> str:
         "## Why: the fitting runs' decode steps at the same batch",
         "",
         *_step_table(by_engine["runs"]),
+        "",
+        "## Each run's steps priced by its engine's fit, over their measured time",
+        "",
+        "Summed over every step row of the run (seed 0 fitted, seeds 1 and 2 held out): below 1, the "
+        "fit prices the run's steps faster than they ran, and its simulation serves faster.",
+        "",
+        *_priced_table(by_engine),
         "",
     ]
     return "\n".join(lines)

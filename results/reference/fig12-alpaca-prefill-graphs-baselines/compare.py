@@ -33,9 +33,7 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
-
-from kvbench.calibrate.fit import FITTED, predict, read_rows
+from kvbench.calibrate.fit import priced, read_rows
 from kvbench.paper import FIG12_SUSTAINED
 from kvbench.reproduce.panel import done_brackets, seed_cells
 from kvbench.reproduce.sweeps import bracket_at
@@ -179,7 +177,6 @@ def step_lines(rows: list[dict]) -> list[str]:
     """Each cell's decode and prefill rows priced by the placement's fit (its constants for
     engines without runs of their own: the fit of both engines' runs), over the measured time."""
     fit = json.loads(FIT.read_text())
-    constants = np.array([fit[name] or 0.0 for name in FITTED] + [fit["per_row_above_knee_s"] or 0.0])
     lines = [
         "| engine | rate req/s | mean decode batch | decode ms a step | decode priced / measured "
         "| prefill steps | prefill priced / measured |",
@@ -188,15 +185,15 @@ def step_lines(rows: list[dict]) -> list[str]:
     for row in rows:
         folder = (PANEL if row["engine"] in ("paged", "orca-oracle") else HERE / row["engine"]) / "cells"
         read = read_rows(folder / row["cell_id"])
-        priced = predict(read.counts, read.batch, constants, fit["knee_batch"])  # [R]
+        cost = priced(read, fit)  # [R]
         prefill = read.counts[:, 4] > 0  # [R] the fit's prefill-row column
         decode, steps = ~prefill, read.counts[:, 0]
         batch = float(row["mean_batched_requests"])
         values = [
             row["engine"], f"{row['rate']:.4g}", f"{batch:.1f}",
             f"{1e3 * read.durations[decode].sum() / steps[decode].sum():.2f}",
-            f"{priced[decode].sum() / read.durations[decode].sum():.3f}", f"{int(prefill.sum())}",
-            f"{priced[prefill].sum() / read.durations[prefill].sum():.3f}",
+            f"{cost[decode].sum() / read.durations[decode].sum():.3f}", f"{int(prefill.sum())}",
+            f"{cost[prefill].sum() / read.durations[prefill].sum():.3f}",
         ]  # fmt: skip
         lines.append("| " + " | ".join(values) + " |")
     return lines
