@@ -95,9 +95,8 @@
 #                    static [6.25, 6.875), orca-max [12.5, 13.75), orca-pow2 past 80 req/s), seeds
 #                    $SEEDS (default 0; seed 0 is done: SEEDS=0,1,2 goes on), the panel's bound,
 #                    bisected to a 10 % bracket, with the host collector: seed 0 took 15 cells and
-#                    1,048 s of cells (17.5 GPU-minutes, a model load each); results/reference/
-#                    fig12-alpaca-prefill-graphs-baselines/placement predicts 4-5 cells an engine
-#                    for each of seeds 1 and 2 (about 16 GPU-minutes a seed)
+#                    1,048 s of cells (17.5 GPU-minutes, a model load each); its placement/ predicts
+#                    13 cells for each of seeds 1 and 2 (about 15 GPU-minutes a seed)
 #                    (results/reference/fig12-alpaca-prefill-graphs-baselines/<engine>)
 #   kernels-mla      decode attention of full, windowed and MLA layers at batches 1-64
 #                    (results/reference/kernels-window-mla/h200-splits)
