@@ -178,6 +178,9 @@ def test_bisection_stops_once_the_bracket_is_as_narrow_as_asked(tmp_path):
     assert rounds == [r["role"] for r in result.rows].count("bisect") and rounds >= 5  # 0.5..16: 32x apart
     latency = {float(r["rate"]): float(r["normalized_latency_s"]) for r in result.rows}
     assert latency[low] < 0.1 <= latency[high]
+    # each end's own latency beside it, read from the cells the bracket rests on
+    assert float(row["last_pass_latency_s"]) == pytest.approx(latency[low], rel=1e-9)
+    assert float(row["first_fail_latency_s"]) == pytest.approx(latency[high], rel=1e-9)
 
 
 def test_a_step_outside_the_grid_is_just_under_a_bracket_wide():
@@ -520,3 +523,16 @@ def test_a_setting_added_after_a_cell_ran_counts_as_its_default_when_resuming(tm
     chunked = replace(config, chunked_prefill=True, workload=replace(config.workload, time_scale=2.0))
     assert config_differences(chunked, tmp_path / "c") == ["chunked_prefill", "workload"]
     assert config_differences(replace(config, block_size=32), tmp_path / "c") == ["block_size"]
+
+
+def test_the_summary_line_says_how_close_each_end_fell_to_the_bound():
+    """A pass 0.2 % under the bound reads as one, next to a fail 50 % over: the line a user reads
+    shows which verdicts another seed may reverse; an end without a latency is left out."""
+    from kvbench.cli.sweep import _end_margins
+
+    row = {"latency_threshold_s": 0.1, "last_pass_rate": 1.0, "last_pass_latency_s": 0.0998,
+           "first_fail_rate": 1.1, "first_fail_latency_s": 0.15}  # fmt: skip
+    assert _end_margins(row) == "; 0.09980 at 1 (-0.2 %), 0.1500 at 1.1 (+50 %)"
+    every_rate_passed = {**row, "first_fail_rate": None, "first_fail_latency_s": None}
+    assert _end_margins(every_rate_passed) == "; 0.09980 at 1 (-0.2 %)"
+    assert _end_margins({**row, "latency_threshold_s": None}) == ""

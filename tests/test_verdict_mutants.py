@@ -346,7 +346,8 @@ def _row(**values) -> dict:
         "engine": "paged", "model": "opt-13b", "trace": "sharegpt-paper", "block_size": 16,
         "kv_cache_gib": 4.0, "emulate_gpu": "a100-40gb", "seed": 0, "sustained_rate": None,
         "latency_threshold_s": 0.1, "unloaded_latency_s": None, "threshold_source": "--latency-threshold",
-        "last_pass_rate": None, "first_fail_rate": None, "rates_tried": 1, "bisect_cells": 0, "how": "",
+        "last_pass_rate": None, "first_fail_rate": None, "last_pass_latency_s": None,
+        "first_fail_latency_s": None, "rates_tried": 1, "bisect_cells": 0, "how": "",
     }  # fmt: skip
     assert set(values) <= set(row)
     return {**row, **values}
@@ -360,7 +361,7 @@ def test_a_group_of_one_cell_gives_a_whole_row_of_sustained_csv():
     grid = _grid(plan)
     state.fill(grid)
     assert sustained_table(plan, state, grid) == [
-        _row(seed=3, sustained_rate=2.0, last_pass_rate=2.0,
+        _row(seed=3, sustained_rate=2.0, last_pass_rate=2.0, last_pass_latency_s=0.05,
              how="under 0.1 s/token at every swept rate: the sustained rate may be higher")
     ]  # fmt: skip
     assert state.ran == []
@@ -420,6 +421,7 @@ def test_bisection_runs_every_repeat_of_the_groups_seed_and_averages_the_repeats
     (row,) = sustained_table(plan, state, grid)
     assert row == _row(
         seed=3, sustained_rate=1.5, last_pass_rate=1.5, first_fail_rate=1.75, rates_tried=4, bisect_cells=4,
+        last_pass_latency_s=pytest.approx(0.06), first_fail_latency_s=pytest.approx(0.25),
         how="under 0.1 s/token up to 1.5, over at 1.75 (bisected 2x)",
     )  # fmt: skip
     bisected = [
@@ -436,7 +438,7 @@ def test_a_bracket_exactly_as_narrow_as_asked_is_not_bisected():
     state.fill(grid)
     assert sustained_table(plan, state, grid) == [
         _row(sustained_rate=1.0, last_pass_rate=1.0, first_fail_rate=1.5, rates_tried=2,
-             how="under 0.1 s/token up to 1, over at 1.5")
+             last_pass_latency_s=0.05, first_fail_latency_s=0.5, how="under 0.1 s/token up to 1, over at 1.5")
     ]  # fmt: skip
     assert state.ran == []
 
@@ -451,6 +453,7 @@ def test_steps_below_the_grid_stop_at_extend_then_bisection_takes_over():
     state.fill(grid)
     assert sustained_table(plan, state, grid) == [
         _row(sustained_rate=0.417, last_pass_rate=0.417, first_fail_rate=0.834, rates_tried=5, bisect_cells=3,
+             last_pass_latency_s=0.05, first_fail_latency_s=0.5,
              how="under 0.1 s/token up to 0.417, over at 0.834 (stepped outside the grid 2x, bisected 1x)")
     ]  # fmt: skip
     assert [cell.rate for cell in state.ran] == [0.9132, 0.834, 0.417]

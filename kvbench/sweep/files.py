@@ -34,7 +34,7 @@ CI_METRICS = (
 SUSTAINED_COLUMNS = (
     "engine", "model", "trace", "block_size", "kv_cache_gib", "emulate_gpu", "seed", "sustained_rate",
     "latency_threshold_s", "unloaded_latency_s", "threshold_source", "last_pass_rate", "first_fail_rate",
-    "rates_tried", "bisect_cells", "how",
+    "last_pass_latency_s", "first_fail_latency_s", "rates_tried", "bisect_cells", "how",
 )  # fmt: skip
 
 

@@ -45,7 +45,8 @@ def sustained_table(plan: SweepPlan, state: Cells, grid: list[Cell]) -> list[dic
         rates: dict[float, list[dict]] = defaultdict(list)
         for cell in cells:
             rates[cell.rate].append(state.rows[cell.id])
-        verdict, bisected = _bisect(plan, state, cells[0], rates, threshold)
+        verdict, bisected = _bisect(plan, state, cells[0], rates, threshold)  # `rates` gains its cells
+        ends = _end_latencies(verdict, rates)
         engine, trace, bs, kv, seed = group
         base = plan.config(cells[0])
         out.append(
@@ -56,11 +57,22 @@ def sustained_table(plan: SweepPlan, state: Cells, grid: list[Cell]) -> list[dic
                 "latency_threshold_s": threshold, "unloaded_latency_s": unloaded, "threshold_source": source,
                 "last_pass_rate": verdict.last_pass if verdict else None,
                 "first_fail_rate": verdict.first_fail if verdict else None,
+                "last_pass_latency_s": ends[0], "first_fail_latency_s": ends[1],
                 "rates_tried": len(rates), "bisect_cells": bisected,
                 "how": verdict.how if verdict else "no threshold: the unloaded cell failed",
             }
         )  # fmt: skip
     return out
+
+
+def _end_latencies(verdict: Verdict | None, rates: Mapping[float, list[dict]]) -> tuple:
+    """Normalized latency at the bracket's last pass and first fail (None: no such rate, or its
+    cells failed), so a reader sees how close to the bound each end fell: a pass 0.2 % under it
+    is a verdict the next seed may reverse, one 20 % under is not (docs/SWEEPS.md)."""
+    if verdict is None:
+        return None, None
+    ends = (verdict.last_pass, verdict.first_fail)
+    return tuple(None if rate is None else _latency(rates[rate]) for rate in ends)
 
 
 def _threshold(plan: SweepPlan, state: Cells, cell: Cell) -> tuple[float | None, float | None, str]:
