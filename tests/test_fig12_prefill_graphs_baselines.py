@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from kvbench.reproduce.panel import done_brackets, seed_cells
+from kvbench.reproduce.panel import done_brackets, end_margins, seed_cells
 from kvbench.reproduce.sweeps import bracket_at
 from tests.support import load_script
 
@@ -112,3 +112,6 @@ def test_a_seed_is_read_from_its_own_cells_and_a_pending_cell_is_no_fail(tmp_pat
     assert done_brackets(cells, engines, 0.03, 0.09)[0]["static"] is None  # wider than 9 %: not done
     assert done_brackets(seed_cells(path, engines, 1), engines, 0.06, 0.1)[0]["static"] is None
     assert math.isinf(bracket_at(cells, "orca-pow2", 0.03)[1])  # passed at every rate: no first fail
+    # each end against the bound: 0.02 and 0.04 under 0.03; a pending cell's end has no latency
+    assert end_margins(cells, "static", (12.5, 13.75), 0.03) == pytest.approx((-1 / 3, 1 / 3))
+    assert end_margins(cells, "orca-max", (11.5, 12.0), 0.03) == (pytest.approx(1 / 3), None)

@@ -50,3 +50,17 @@ def done_brackets(
         found = bracket_at(rows, engine, bound)
         brackets[engine] = None if late or found is None or bracket_width(found) > width else found
     return brackets, len(pending)
+
+
+def end_margins(rows: Sequence[dict], engine: str, bracket: tuple[float, float], bound: float) -> tuple:
+    """How far each end of `engine`'s bracket fell from `bound`: normalized latency over the
+    bound, less 1, at the last pass and the first fail (the mean of a rate's cells; None where a
+    rate has no latency or is open, inf). A pass 0.2 % under the bound is a verdict another seed
+    may reverse; one 20 % under is not."""
+
+    def margin(rate: float) -> float | None:
+        values = [r["normalized_latency_s"] for r in rows if r["engine"] == engine and r["rate"] == rate]
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) / bound - 1 if known and len(known) == len(values) else None
+
+    return tuple(margin(rate) for rate in bracket)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from kvbench.calibrate.fit import priced, read_rows
 from kvbench.paper import FIG12_SUSTAINED
-from kvbench.reproduce.panel import done_brackets, seed_cells
+from kvbench.reproduce.panel import done_brackets, end_margins, seed_cells
 from kvbench.reproduce.sweeps import bracket_at
 from kvbench.reproduce.verdicts import Interval, value_verdict
 from kvbench.results.files import write_text
@@ -82,7 +82,7 @@ def predicted(engine: str, seed: int, prediction: str = "prediction") -> tuple[f
     return None
 
 
-def shown(bracket: tuple[float, float] | None, missing: str = "not done") -> str:
+def bracket_text(bracket: tuple[float, float] | None, missing: str = "not done") -> str:
     if bracket is None:
         return missing
     high = "inf" if math.isinf(bracket[1]) else f"{bracket[1]:.4g}"
@@ -102,18 +102,27 @@ def against(found: tuple[float, float] | None, guess: tuple[float, float] | None
     return "below" if found[1] <= guess[0] else "above" if found[0] >= guess[1] else "overlaps"
 
 
+def margins_text(rows: list[dict], engine: str, found: tuple[float, float] | None) -> str:
+    """Each end's normalized latency against the bound, signed (`end_margins`)."""
+    if found is None:
+        return "-"
+    ends = end_margins(rows, engine, found, BOUND)
+    return " / ".join("-" if m is None else f"{100 * m:+.1f} %" for m in ends)
+
+
 def bracket_lines(by_seed: dict[int, tuple[dict, int]]) -> list[str]:
     head = " | ".join(f"{name}/ | the run against it" for name in PREDICTIONS)
-    rule = "|---|---:|---|" + "---|---|" * len(PREDICTIONS)
-    lines = [f"| engine | seed | sustained req/s | {head} |", rule]
+    rule = "|---|---:|---|---|" + "---|---|" * len(PREDICTIONS)
+    lines = [f"| engine | seed | sustained req/s | ends against the bound | {head} |", rule]
+    rows = {seed: cells(seed) for seed in by_seed}
     for engine in ENGINES:
         for seed, (brackets, _) in by_seed.items():
-            found, cells = brackets[engine], []
+            found, shown = brackets[engine], [margins_text(rows[seed], engine, brackets[engine])]
             for name in PREDICTIONS:
                 guess = predicted(engine, seed, name) if engine in OWN else None
                 fitted = " (in sample)" if guess and seed in FITTED_SEEDS[name] else ""
-                cells += [shown(guess, "-"), against(found, guess) + (fitted if found else "")]
-            lines.append(f"| {engine} | {seed} | {shown(found)} | {' | '.join(cells)} |")
+                shown += [bracket_text(guess, "-"), against(found, guess) + (fitted if found else "")]
+            lines.append(f"| {engine} | {seed} | {bracket_text(found)} | {' | '.join(shown)} |")
     return lines
 
 
@@ -161,7 +170,7 @@ def sensitivity_lines(rows: list[dict]) -> list[str]:
                 ratios.append(f"{interval_text(low, high)} paper {side}")
             else:
                 ratios.append("none")
-        brackets = [shown(found[e], "none passed") for e in ENGINES]
+        brackets = [bracket_text(found[e], "none passed") for e in ENGINES]
         lines.append(f"| {multiple:g} x ({bound:.4f}) | {' | '.join(brackets)} | {' | '.join(ratios)} |")
     return lines
 
@@ -208,7 +217,8 @@ def render() -> str:
         "",
         "Written by compare.py from the cells' sweep.csv and steps (see its docstring).",
         "",
-        f"Sustained rate brackets [last pass, first fail) req/s at the panel's bound {BOUND} s/token "
+        f"Sustained rate brackets [last pass, first fail) req/s at the panel's bound {BOUND} s/token, "
+        "each end's normalized latency against the bound "
         f"(a seed is done once no cell of the engine is pending and its bracket is at most "
         f"{100 * BRACKET:g} % wide; cells pending: {pending}):",
         "",
