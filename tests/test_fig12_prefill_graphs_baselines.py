@@ -76,7 +76,7 @@ def test_a_prediction_can_be_refuted_and_an_in_sample_one_is_marked(compare, mon
         for seed, found in ((0, (76.0, 80.0)), (1, (80.0, 88.0)), (2, (88.0, 96.0)), (3, None))
     }
     lines = [x for x in compare.bracket_lines(by_seed) if x.startswith("| orca-pow2 |")]
-    outcomes = [[cell.strip() for cell in x.split("|")[5:-1:2]] for x in lines]
+    outcomes = [[cell.strip() for cell in x.split("|")[6:-1:2]] for x in lines]
     assert outcomes == [["below", "below (in sample)"], ["inside", "inside"], ["above", "above"], ["-", "-"]]
     assert compare.against((80.0, 84.0), (82.0, 88.0)) == "overlaps"
 
