@@ -272,7 +272,9 @@ for job in "$@"; do
       folder=results/reference/fig12-alpaca-prefill-graphs-baselines
       for setting in "static 5.5,6.25,6.875,7.5" "orca-max 11,12.5,13.75,15" "orca-pow2 72,80,88,96"; do
         set -- $setting
-        left=$((end - SECONDS)); [ $left -gt 30 ] || break
+        # a cell is 60 s of arrivals and its drain after a model load (70 s on the H200): a sweep
+        # started with less than 90 s left runs none and is cut short by `timeout` while starting
+        left=$((end - SECONDS)); [ $left -gt 90 ] || break
         timeout $left python -m kvbench sweep --deadline-s $((left - 15)) --real --prefill-graphs --engines $1 \
           --model opt-13b --emulate-gpu a100-40gb --kv-cache-gib 12 --trace alpaca-paper --rates $2 --duration 60 \
           --seeds "${SEEDS:-0}" --latency-threshold 0.0328 --bisect 3 --bracket 0.1 --resume --continue-on-error \
