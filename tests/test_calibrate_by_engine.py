@@ -171,3 +171,18 @@ def test_a_run_is_priced_by_its_engines_section_as_its_steps_ran(tmp_path):
         assert own == pytest.approx(rows.durations, rel=1e-6)
         off.append(priced(rows, written).sum() / rows.durations.sum() - 1)
     assert max(off) > 0.01 and min(off) < -0.01
+
+
+def test_a_section_without_a_prefill_token_price_charges_a_decode_rows_and_padding_must_agree(tmp_path):
+    """As the simulator does (`CostModel.per_token`): a fit of runs without prefill rows writes no
+    prompt-token price, and a prompt token then costs a decode row's; a term a section lacks
+    costs nothing. A run whose decode rows count graph buckets is not priced by a fit of runs
+    whose rows did not, nor the other way round: their decode tokens count different rows."""
+    rows = read_rows(run(tmp_path, "paged", 6.0, 0), simulated_ok=True)
+    prefill = rows.counts[:, 4] > 0  # [R]
+    section = {"per_token_s": 1e-4, "per_prefill_token_s": None, "knee_batch": None}
+    cost = priced(rows, section)  # [R]
+    assert prefill.any() and cost[prefill] == pytest.approx(1e-4 * rows.counts[prefill, 5])
+    assert cost[~prefill] == pytest.approx(1e-4 * rows.counts[~prefill, 1])
+    with pytest.raises(KvbenchError, match="did not replay CUDA graphs priced by a fit of runs that did"):
+        priced(rows, {**section, "pads_decode": True})

@@ -79,6 +79,7 @@ def test_a_prediction_can_be_refuted_and_an_in_sample_one_is_marked(compare, mon
     outcomes = [[cell.strip() for cell in x.split("|")[6:-1:2]] for x in lines]
     assert outcomes == [["below", "below (in sample)"], ["inside", "inside"], ["above", "above"], ["-", "-"]]
     assert compare.against((80.0, 84.0), (82.0, 88.0)) == "overlaps"
+    assert compare.against((80.0, 84.0), (80.0, 88.0)) == "inside"  # bisected within the prediction
 
 
 def test_a_seed_is_read_from_its_own_cells_and_a_pending_cell_is_no_fail(tmp_path):

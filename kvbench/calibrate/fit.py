@@ -341,8 +341,14 @@ def priced(rows: Rows, section: dict) -> np.ndarray:
     spends, so a page can say how much of a held-out run's error is its steps' price: a run
     whose steps cost 2 % more than its engine's fitting runs' (seeds of one panel differ by that
     much on the H200) is 2 % short of service, and near capacity its queue multiplies that."""
-    constants = np.array([section[name] or 0.0 for name in FITTED] + [section["per_row_above_knee_s"] or 0.0])
-    return predict(rows.counts, rows.batch, constants, section["knee_batch"])
+    if bool(section.get("pads_decode")) != rows.padded:  # its decode tokens count other rows
+        run, fit = ("replayed", "did not") if rows.padded else ("did not replay", "did")
+        raise KvbenchError(f"a run that {run} CUDA graphs priced by a fit of runs that {fit}: fit them apart")
+    values = {name: section.get(name) or 0.0 for name in (*FITTED, "per_row_above_knee_s")}
+    if section.get("per_prefill_token_s") is None:  # no prefill row fitted: a decode row's price
+        values["per_prefill_token_s"] = values["per_token_s"]
+    constants = np.array([values[name] for name in (*FITTED, "per_row_above_knee_s")])  # [T + 1]
+    return predict(rows.counts, rows.batch, constants, section.get("knee_batch"))
 
 
 def _fit_scaled(
@@ -478,12 +484,12 @@ def cost_file_digest(path: str) -> str | None:
         return None
     if not isinstance(data, dict):
         return None
-    priced = _priced(data) | {"model": data.get("model")}
+    terms = _priced(data) | {"model": data.get("model")}
     engines = data.get("engines")
     if isinstance(engines, dict) and engines:  # fits by engine price their runs: a refit is a change
-        priced["engines"] = {name: _priced(fit) if isinstance(fit, dict) else fit
+        terms["engines"] = {name: _priced(fit) if isinstance(fit, dict) else fit
                              for name, fit in engines.items()}  # fmt: skip
-    return hashlib.sha256(json.dumps(priced, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(terms, sort_keys=True).encode()).hexdigest()
 
 
 def _priced(data: dict) -> dict:

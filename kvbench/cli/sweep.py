@@ -173,15 +173,21 @@ def _sweep(
 
 def _end_margins(row: dict) -> str:
     """How far each end of a sustained-rate bracket fell from the bound, for the summary line
-    (`; 0.02980 at 5.875 (-9.2 %), 0.04532 at 6.25 (+38 %)`): an end within a few per cent of
+    (`; 0.02980 at 5.875 (-9.2 %), 0.04532 at 6.25 (+38.2 %)`; `failed at R` where every cell of
+    the first fail R failed): an end within a few per cent of
     the bound is a verdict another seed may reverse."""
     threshold = row["latency_threshold_s"]
-    ends = [
-        f"{significant(latency)} at {rate:g} ({100 * (latency / threshold - 1):+.2g} %)"
-        for rate, latency in ((row["last_pass_rate"], row["last_pass_latency_s"]),
-                              (row["first_fail_rate"], row["first_fail_latency_s"]))
-        if rate is not None and latency is not None and threshold
-    ]  # fmt: skip
+    if not threshold:
+        return ""
+    ends = []
+    for rate, latency in ((row["last_pass_rate"], row["last_pass_latency_s"]),
+                          (row["first_fail_rate"], row["first_fail_latency_s"])):  # fmt: skip
+        if rate is None:
+            continue
+        if latency is None:  # every cell of the rate failed: over any bound
+            ends.append(f"failed at {rate:g}")
+        else:
+            ends.append(f"{significant(latency)} at {rate:g} ({100 * (latency / threshold - 1):+.1f} %)")
     return "; " + ", ".join(ends) if ends else ""
 
 

@@ -14,7 +14,7 @@ import csv
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvbench.reproduce.sweeps import bracket_at
+from kvbench.reproduce.sweeps import bracket_at, rate_latencies
 from kvbench.sweep.stats import bracket_width
 
 PENDING = "pending"  # sweep.csv `status` of a cell a resumed sweep has yet to run
@@ -54,13 +54,9 @@ def done_brackets(
 
 def end_margins(rows: Sequence[dict], engine: str, bracket: tuple[float, float], bound: float) -> tuple:
     """How far each end of `engine`'s bracket fell from `bound`: normalized latency over the
-    bound, less 1, at the last pass and the first fail (the mean of a rate's cells; None where a
-    rate has no latency or is open, inf). A pass 0.2 % under the bound is a verdict another seed
-    may reverse; one 20 % under is not."""
-
-    def margin(rate: float) -> float | None:
-        values = [r["normalized_latency_s"] for r in rows if r["engine"] == engine and r["rate"] == rate]
-        known = [v for v in values if v is not None]
-        return sum(known) / len(known) / bound - 1 if known and len(known) == len(values) else None
-
-    return tuple(margin(rate) for rate in bracket)
+    bound, less 1, at the last pass and the first fail, each rate read as `bracket_at` reads it
+    (`rate_latencies`: None where a cell of the rate failed or has no latency, and for an open
+    end, inf). A pass 0.2 % under the bound is a verdict another seed may reverse; one 20 %
+    under is not."""
+    latencies = rate_latencies(rows, engine)
+    return tuple(None if latencies.get(rate) is None else latencies[rate] / bound - 1 for rate in bracket)

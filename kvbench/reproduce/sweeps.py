@@ -417,18 +417,23 @@ def fig12_verdict(rows: Sequence[Row], options: Options) -> str:
     return figure_verdict(verdicts)
 
 
-def bracket_at(cells: Sequence[dict], engine: str, bound: float) -> tuple[float, float] | None:
-    """`engine`'s sustained rate under `bound` read from sweep rows already run (`rate`,
-    `status`, `normalized_latency_s`; the baselines left out by the caller): (last pass, first
-    fail; inf where every rate passed), None where none passed. Repeats at a rate are averaged;
-    a failed cell, or one without a latency, is over any bound."""
+def rate_latencies(cells: Sequence[dict], engine: str) -> dict[float, float | None]:
+    """`engine`'s normalized latency at each rate of sweep rows already run (`rate`, `status`,
+    `normalized_latency_s`): the mean of the rate's repeats, None where any of them failed or
+    has no latency (a rate a cell of which never finished is read as over any bound)."""
     by_rate: dict[float, list] = {}
     for r in cells:
         if r["engine"] == engine:
             ok = r["status"] == "ok" and r["normalized_latency_s"] is not None
             by_rate.setdefault(r["rate"], []).append(r["normalized_latency_s"] if ok else None)
-    points = [(rate, None if None in v else sum(v) / len(v)) for rate, v in by_rate.items()]
-    read = sustained_rate(points, bound)
+    return {rate: None if None in v else sum(v) / len(v) for rate, v in by_rate.items()}
+
+
+def bracket_at(cells: Sequence[dict], engine: str, bound: float) -> tuple[float, float] | None:
+    """`engine`'s sustained rate under `bound` read from sweep rows already run (the baselines
+    left out by the caller): (last pass, first fail; inf where every rate passed), None where
+    none passed, each rate's latency as `rate_latencies` reads it."""
+    read = sustained_rate(list(rate_latencies(cells, engine).items()), bound)
     return None if read.last_pass is None else (read.last_pass, read.first_fail or math.inf)
 
 

@@ -25,14 +25,12 @@ import json
 import re
 import statistics
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
-from kvbench.calibrate.check import LOADS, TARGET, read_config
+from kvbench.calibrate.check import LOADS, TARGET, check
 from kvbench.calibrate.fit import FITTED, priced, read_rows
 from kvbench.results.files import read_json, write_text
 from kvbench.results.load import load_run
-from kvbench.simulate import simulate
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -106,7 +104,7 @@ def _priced_table(by_engine: dict) -> list[str]:
     return lines
 
 
-def at_own_price(by_engine: dict, run: str, ratio: float, folder: Path) -> dict:
+def at_own_price(by_engine: dict, run: str, ratio: float, folder: Path) -> dict[str, float]:
     """A held-out run simulated by its engine's fit scaled to the run's own step price: every
     fitted constant of the engine's section divided by `ratio` (the fit's price of the run's
     rows over their measured time), so the scaled fit prices the run's steps at exactly their
@@ -119,8 +117,7 @@ def at_own_price(by_engine: dict, run: str, ratio: float, folder: Path) -> dict:
             own[name] = own[name] / ratio
     path = folder / f"{engine}.json"
     path.write_text(json.dumps({**by_engine, "engines": {**by_engine["engines"], engine: own}}))
-    config = replace(read_config(ROOT / run), cost_model=str(path), device="cpu")
-    return simulate(config).summary
+    return {c.metric: c.simulated for c in check(path, [ROOT / run])}  # as the held-out checks ran
 
 
 def _own_price_table(by_engine: dict) -> list[str]:

@@ -94,10 +94,10 @@ def interval_text(low: float, high: float) -> str:
 
 
 def against(found: tuple[float, float] | None, guess: tuple[float, float] | None) -> str:
-    """Where a run's bracket fell against a predicted one."""
+    """Where a run's bracket fell against a predicted one (inside: within it, ends included)."""
     if found is None or guess is None:
         return "-"
-    if found == guess:
+    if guess[0] <= found[0] and found[1] <= guess[1]:
         return "inside"
     return "below" if found[1] <= guess[0] else "above" if found[0] >= guess[1] else "overlaps"
 
@@ -183,8 +183,10 @@ def capacity_lines(rows: list[dict]) -> list[str]:
 
 
 def step_lines(rows: list[dict]) -> list[str]:
-    """Each cell's decode and prefill rows priced by the placement's fit (its constants for
-    engines without runs of their own: the fit of both engines' runs), over the measured time."""
+    """Each seed-0 cell's decode and prefill rows, of every engine, priced by the constants that
+    priced this folder's three engines in `prediction/` (`FIT`'s top level: the fit of paged's
+    and orca-oracle's runs together), over the measured time. Paged's and orca-oracle's cells
+    are that fit's own (in sample), beside the three engines it had no runs of."""
     fit = json.loads(FIT.read_text())
     lines = [
         "| engine | rate req/s | mean decode batch | decode ms a step | decode priced / measured "
@@ -238,8 +240,9 @@ def render() -> str:
         "",
         *capacity_lines(seed0),
         "",
-        "Seed 0's cells priced by the fit that placed the rates (results/reference/calibration-by-engine/"
-        "cost.json, its fit of both engines' runs), priced over measured time, summed over the run:",
+        "Seed 0's cells priced by the constants that priced the three engines in prediction/ "
+        "(results/reference/calibration-by-engine/cost.json's fit of paged's and orca-oracle's runs "
+        "together; in sample for those two), priced over measured time, summed over the run:",
         "",
         *step_lines(seed0),
     ]) + "\n"  # fmt: skip
