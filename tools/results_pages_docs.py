@@ -255,6 +255,30 @@ def sharing_figures_table() -> str:
     return table(["figure", "paper", "H200"], rows)
 
 
+REPLAYED = Path("results/reference/fig12-alpaca-prefill-graphs-baselines")
+
+
+def replayed_panel_table() -> str:
+    """Figure 12's Alpaca panel with replayed prefills, paged over each engine seed by seed and
+    its verdict, read from the rows the folder's compare.py wrote (its comparison.md)."""
+    ratios = markdown_tables(REPLAYED / "comparison.md")[1]
+    seeds = [c for c in ratios.columns if c.startswith("seed ")]
+    rows = []
+    for _, row in ratios.iterrows():
+        verdict, measured = row["verdict"], "-"
+        if "kvbench " in verdict:  # "<outcome>: <metric>, <basis>: kvbench <interval> (+-15%: ..."
+            measured = verdict.split("kvbench ")[1].split(" (+-")[0]
+            basis = "one run" if "one run" in verdict else verdict.split("last passes, ")[1].split(":")[0]
+            verdict = f"{verdict.split(':')[0]} ({basis})"
+        rows.append([row["paged over"], row["paper"], *(row[s] for s in seeds), measured, verdict])
+    folder = REPLAYED.as_posix()
+    return (
+        table(["paged over", "paper", *seeds, "kvbench", "verdict (the paper's ratio in it +-15 %)"], rows)
+        + f"\n\nFrom [{folder}](../{folder}/comparison.md), written by its `compare.py` from the H200 "
+        "cells; a seed not yet run reads `-`."
+    )
+
+
 TEST_REPEATS = Path("results/reference/test-repeats")
 
 
@@ -280,6 +304,7 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
         "real-settings": settings_table,
         "static-brackets": static_brackets,
         "near-best-block-sizes": near_best_block_sizes,
+        "replayed-alpaca-panel": replayed_panel_table,
     },
     "docs/CALIBRATION.md": {"objective-table": objective_table},
     "docs/SHARING.md": {"h200-figures": sharing_figures_table},
