@@ -174,8 +174,8 @@ def _sweep(
 def _end_margins(row: dict) -> str:
     """How far each end of a sustained-rate bracket fell from the bound, for the summary line
     (`; 0.02980 at 5.875 (-9.2 %), 0.04532 at 6.25 (+38.2 %)`; `failed at R` where every cell of
-    the first fail R failed): an end within a few per cent of
-    the bound is a verdict another seed may reverse."""
+    the first fail R failed): an end within a few per cent of the bound is a verdict another
+    seed may reverse."""
     threshold = row["latency_threshold_s"]
     if not threshold:
         return ""
