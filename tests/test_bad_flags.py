@@ -525,3 +525,12 @@ def test_kernels_refuses_grid_flags_beside_cells(tmp_path, capsys, monkeypatch):
     )
     assert "--cells" not in assert_one_error(*done, "--backends: unknown backend 'bogus'")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("gain", ["0", "1.5", "-0.2"])
+def test_calibrate_refuses_a_knee_gain_outside_0_to_1(tmp_path, capsys, monkeypatch, run_dir, gain):
+    """A share of the linear fit's error: 0 would keep no knee, above 1 one that fits worse."""
+    cost = tmp_path / "cost.json"
+    done = kvbench(capsys, monkeypatch, "calibrate", str(run_dir), "--knee-gain", gain, "--out", str(cost))
+    assert assert_one_error(*done, "--knee-gain", "above 0 and at most 1")
+    assert not cost.exists()

@@ -269,7 +269,7 @@ class FitCheck:
 
 def fit_and_check(
     fit: list[Path], held_out: list[Path], out: Path, base: Path | None = None, objective: str | None = None,
-    by_engine: bool = False,
+    by_engine: bool = False, knee_gain: float | None = None,
 ) -> FitCheck:  # fmt: skip
     """Fit the cost model to `fit`, write it to `out`, replay `held_out` with it, and write the
     file again with their errors (`held_out`, `held_out_summary`): what `kvbench calibrate`
@@ -279,8 +279,8 @@ def fit_and_check(
     Runs are named relative to `base` when given (a reproduction's folder, so that its files
     name its own runs wherever it is moved). `objective`: the fit's (`OBJECTIVES`; None: the
     default); `by_engine`: also fit each engine's runs alone (`calibrate`), which then price that
-    engine's held-out runs."""
-    from kvbench.calibrate.fit import DEFAULT_OBJECTIVE, calibrate
+    engine's held-out runs; `knee_gain`: the knee's rule (`KNEE_GAIN`; None: the default)."""
+    from kvbench.calibrate.fit import DEFAULT_OBJECTIVE, KNEE_GAIN, calibrate
     from kvbench.results.files import write_json
 
     fitted = {run.resolve() for run in fit}
@@ -296,7 +296,9 @@ def fit_and_check(
     def name(run: Path | str) -> str:
         return str(Path(run).relative_to(base)) if base is not None else str(run)
 
-    result = named(calibrate(fit, objective=objective or DEFAULT_OBJECTIVE, by_engine=by_engine), name)
+    gain = KNEE_GAIN if knee_gain is None else knee_gain
+    fitted = calibrate(fit, objective=objective or DEFAULT_OBJECTIVE, by_engine=by_engine, knee_gain=gain)
+    result = named(fitted, name)
     notes = {"held_out_dropped": [
         {"run": name(run), "shares_draw_with": name(twin), **workload_identity(read_config(run))}
         for run, twin in dropped

@@ -59,7 +59,9 @@ weights, above it by compute (OPT-13B on the H200: 0.08 ms per row up to 32 rows
 When the decode rows span enough batch sizes (two or more on each side of a candidate), the
 fit also tries a knee: `per_row_above_knee_s` more per row beyond `knee_batch` rows, at each
 observed batch size, and keeps the best only if it at least halves the linear fit's squared
-relative error; otherwise the linear model stands.
+relative error (`knee_gain`, `--knee-gain`: 0.9 keeps the knee at 104 rows that the replayed
+OPT-13B Alpaca runs of two engines need, results/reference/calibration-knee-gain); otherwise
+the linear model stands.
 
 A decode row is one call of the runner, and a real runner pays host work once per call (the
 batch's inputs, block tables, the launch, the sync at the segment's end): `per_segment_s`.
@@ -124,7 +126,9 @@ FITTED = ("fixed_s", "per_token_s", "per_kv_token_s", "per_swap_block_s", "per_p
 # terms added after files were written: left out of a file's digest while absent or 0, so a file
 # that does not use one keeps the digest it had (and the runs priced with it stay current)
 UNPRICED_WHEN_ZERO = ("per_segment_s", "pads_decode", "per_attention_pair_s")
-KNEE_GAIN = 0.5  # a knee is kept when it at least halves the linear fit's squared (scaled) error
+# a knee is kept when its squared (scaled) error is at most this share of the linear fit's: the
+# default halves it; `kvbench calibrate --knee-gain` sets another (results/reference/calibration-knee-gain)
+KNEE_GAIN = 0.5
 KNEE_SIDES = 2  # batch sizes a knee needs on each side
 KNEE_CANDIDATES = 32  # knees tried at most (evenly spaced among the sizes seen): each is a full fit
 # what the fit minimises (module docstring): "mean" (the default) prices a row's mean duration,
@@ -147,12 +151,15 @@ class Calibration:
     # `by_engine`: each engine's own fit, on its runs alone (its simulations price with it); the
     # constants above, fitted on every run, price any other engine
     engines: dict[str, Calibration] = field(default_factory=dict)
+    knee_gain: float = KNEE_GAIN  # the rule that kept or dropped a knee (written where not the default)
 
     def to_dict(self) -> dict:
         own = {**asdict(self.cost), "assumed": list(self.cost.assumed), "assumed_from": self.assumed_from,
                "model": self.model, "runs": list(self.runs), "rows": self.rows,
                "median_relative_error": self.median_relative_error,
                "p90_relative_error": self.p90_relative_error}  # fmt: skip
+        if self.knee_gain != KNEE_GAIN:  # files fitted under the default keep the keys they had
+            own["knee_gain"] = self.knee_gain
         if self.engines:
             own["engines"] = {name: fit.to_dict() for name, fit in sorted(self.engines.items())}
         return own
@@ -311,8 +318,9 @@ def knee_column(steps: np.ndarray, batch: np.ndarray, knee: int) -> np.ndarray:
 
 
 def fit_shape(
-    counts: np.ndarray, durations: np.ndarray, batch: np.ndarray, objective: str = DEFAULT_OBJECTIVE
-) -> tuple[np.ndarray, int | None]:
+    counts: np.ndarray, durations: np.ndarray, batch: np.ndarray, objective: str = DEFAULT_OBJECTIVE,
+    knee_gain: float = KNEE_GAIN,
+) -> tuple[np.ndarray, int | None]:  # fmt: skip
     """The fit's constants `[T]` and their knee term appended (`[T + 1]`), with the knee batch
     (None: linear), under `objective` (`OBJECTIVES`, module docstring). "mean" refits with each
     row scaled by the previous round's prediction over the square root of its steps instead of
@@ -323,9 +331,10 @@ def fit_shape(
     keep = durations > 0
     c, d, b = counts[keep], durations[keep], batch[keep]
     scale = np.sqrt(c[:, 0]) if objective == "absolute" else d
-    constants, knee = _fit_scaled(c, d, b, scale)
+    constants, knee = _fit_scaled(c, d, b, scale, knee_gain)
     for _ in range(MEAN_ROUNDS if objective == "mean" else 0):  # a step's error relative to its mean
-        constants, knee = _fit_scaled(c, d, b, _floor(predict(c, b, constants, knee), d) / np.sqrt(c[:, 0]))
+        scale = _floor(predict(c, b, constants, knee), d) / np.sqrt(c[:, 0])
+        constants, knee = _fit_scaled(c, d, b, scale, knee_gain)
     return constants, knee
 
 
@@ -352,11 +361,12 @@ def priced(rows: Rows, section: dict) -> np.ndarray:
 
 
 def _fit_scaled(
-    counts: np.ndarray, durations: np.ndarray, batch: np.ndarray, scale: np.ndarray
-) -> tuple[np.ndarray, int | None]:
+    counts: np.ndarray, durations: np.ndarray, batch: np.ndarray, scale: np.ndarray,
+    knee_gain: float = KNEE_GAIN,
+) -> tuple[np.ndarray, int | None]:  # fmt: skip
     """One non-negative fit of every row divided by its `scale` `[R]` (> 0), linear and with
     a knee at every decode batch size with `KNEE_SIDES` sizes on each side; the knee is kept
-    if the best one's scaled squared error is at most `KNEE_GAIN` x the linear fit's."""
+    if the best one's scaled squared error is at most `knee_gain` x the linear fit's."""
     a, target, steps = counts / scale[:, None], durations / scale, counts[:, 0]
     linear, linear_loss = _nnls(a, target)
     sizes = np.unique(batch[batch > 0])  # decode batch sizes seen
@@ -369,18 +379,18 @@ def _fit_scaled(
         solution, loss = _nnls(np.column_stack([a, hinge]), target)
         if solution[-1] > 0 and (best is None or loss < best[0]):
             best = (loss, solution, int(knee))
-    if best is not None and best[0] <= KNEE_GAIN * linear_loss:
+    if best is not None and best[0] <= knee_gain * linear_loss:
         return best[1], best[2]
     return np.append(linear, 0.0), None
 
 
 def calibrate(
     runs: list[Path], *, simulated_ok: bool = False, objective: str = DEFAULT_OBJECTIVE,
-    by_engine: bool = False,
+    by_engine: bool = False, knee_gain: float = KNEE_GAIN,
 ) -> Calibration:  # fmt: skip
     """Fit the cost model to real runs' step rows under `objective` (`OBJECTIVES`;
     `simulated_ok`: see `read_rows`); with `by_engine`, also each engine's runs alone
-    (`Calibration.engines`, `fit_rows`)."""
+    (`Calibration.engines`, `fit_rows`); `knee_gain`: see `KNEE_GAIN`."""
     if not runs:
         raise KvbenchError("kvbench calibrate: give at least one run folder")
     read = [read_rows(Path(run), simulated_ok=simulated_ok) for run in runs]
@@ -400,14 +410,15 @@ def calibrate(
             graphed, eager = runs[kinds.index(True)], runs[kinds.index(False)]
             said = said.format(eager)
             raise KvbenchError(f"kvbench calibrate: {graphed} {said} cost differently, fit them apart")
-    pooled = fit_rows(read, [str(r) for r in runs], objective)
+    pooled = fit_rows(read, [str(r) for r in runs], objective, knee_gain)
     if not by_engine:
         return pooled
     own = {}
     for engine in sorted({rows.engine for rows in read}):
         mine = [i for i, rows in enumerate(read) if rows.engine == engine]
         try:
-            own[engine] = fit_rows([read[i] for i in mine], [str(runs[i]) for i in mine], objective)
+            names = [str(runs[i]) for i in mine]
+            own[engine] = fit_rows([read[i] for i in mine], names, objective, knee_gain)
         except KvbenchError as error:  # which engine's runs are too few: the pooled fit had enough
             raise KvbenchError(
                 f"{error} (--by-engine: the runs of {engine}, {runs[mine[0]]} first)"
@@ -415,7 +426,9 @@ def calibrate(
     return replace(pooled, engines=own)
 
 
-def fit_rows(read: list[Rows], runs: list[str], objective: str = DEFAULT_OBJECTIVE) -> Calibration:
+def fit_rows(
+    read: list[Rows], runs: list[str], objective: str = DEFAULT_OBJECTIVE, knee_gain: float = KNEE_GAIN
+) -> Calibration:
     """One fit of the rows of `read` (runs of one model and one kind, named `runs`).
 
     Fitted by engine (`calibrate(by_engine=True)`) because engines that decode the same batch
@@ -431,7 +444,7 @@ def fit_rows(read: list[Rows], runs: list[str], objective: str = DEFAULT_OBJECTI
     measured = int(c.any(axis=0).sum())  # constants some row measures; the others are assumed
     if len(d) < measured:
         raise KvbenchError(f"kvbench calibrate: {len(d)} step rows are too few to fit {measured} constants")
-    constants, knee = fit_shape(c, d, batch, objective)
+    constants, knee = fit_shape(c, d, batch, objective, knee_gain)
     predicted = predict(c, batch, constants, knee)
     error = np.abs(predicted - d) / np.maximum(d, 1e-12)
     model = read[0].model
@@ -442,7 +455,8 @@ def fit_rows(read: list[Rows], runs: list[str], objective: str = DEFAULT_OBJECTI
     cost = CostModel(**fitted, per_row_above_knee_s=knee_cost, knee_batch=knee, pads_decode=read[0].padded)
     cost, sources = _assume(cost, c, model, read[0].config)
     return Calibration(
-        cost, model, tuple(runs), len(d), float(np.median(error)), float(np.quantile(error, 0.9)), sources
+        cost, model, tuple(runs), len(d), float(np.median(error)), float(np.quantile(error, 0.9)), sources,
+        knee_gain=knee_gain,
     )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ def stray_after_held_out(args: list[str]) -> str | None:
     seen, index = False, 0
     while index < len(args):
         arg = args[index]
-        if arg in ("--held-out", "--out", "--objective"):
+        if arg in ("--held-out", "--out", "--objective", "--knee-gain"):
             seen |= arg == "--held-out"
             index += 2  # the option and its value
             continue
@@ -71,6 +71,15 @@ def calibrate(
             "other engine with the fit of every run. docs/CALIBRATION.md.",
         ),
     ] = False,
+    knee_gain: Annotated[
+        float,
+        typer.Option(
+            help="Keep a decode knee (more per row past a batch size) when its squared error is at most "
+            "this share of the linear fit's, 0 to 1: 0.5 (the default) asks it to halve the error; "
+            "0.9 keeps the knee a fit of engines with small and large batches needs "
+            "(results/reference/calibration-knee-gain). docs/CALIBRATION.md.",
+        ),
+    ] = 0.5,
 ) -> None:
     """Least-squares fit of the cost model's constants to the runs' measured step rows."""
     from kvbench.calibrate.check import dropped_note, find_runs, fit_and_check, format_checks, headline
@@ -79,6 +88,9 @@ def calibrate(
 
     if objective not in OBJECTIVES:
         raise KvbenchError(f"--objective {objective}: not one of {', '.join(OBJECTIVES)}")
+    if not 0 < knee_gain <= 1:  # 0 would keep no knee, above 1 a knee that fits worse than a line
+        said = "give a share of the linear fit's error, above 0 and at most 1"
+        raise KvbenchError(f"--knee-gain {knee_gain:g}: {said}")
 
     stray = stray_after_held_out(ctx.meta.get("raw_args", []))
     if stray is not None:
@@ -89,7 +101,7 @@ def calibrate(
     prepare_out(out, "calibration")  # a user's file there is refused before fitting (kvbench.results.outputs)
     fit = find_runs(runs, steps=True, flag="kvbench calibrate")
     held = find_runs(held_out, steps=False, flag="--held-out") if held_out else []
-    done = fit_and_check(fit, held, out, objective=objective, by_engine=by_engine)
+    done = fit_and_check(fit, held, out, objective=objective, by_engine=by_engine, knee_gain=knee_gain)
     if done.checks:
         typer.echo(format_checks(done.checks))
         typer.echo(f"held out: {headline(done.checks)}")
