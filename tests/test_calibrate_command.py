@@ -250,3 +250,23 @@ def test_the_command_prints_the_knee_and_writes_it_to_the_cost_file(tmp_path):
     assert "  decode knee: 40.000 us more per row past 64 rows" in lines
     loaded = load_cost_model(str(out), "opt-13b")
     assert loaded.knee_batch == KNEE and loaded.per_row_above_knee_s == pytest.approx(ABOVE, rel=1e-9)
+
+
+def test_a_looser_knee_gain_keeps_the_knee_noisy_rows_hide_and_the_file_records_it(tmp_path):
+    """The knee's rows with 5 us a row past 64 and 1 % of wobble on every row: the default rule
+    (a knee must halve the line's error) drops the knee, `--knee-gain 0.9` keeps it at 64, and
+    only that file says the rule it was fitted under."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli.app import app
+
+    rows = [(*row[:-1], row[-1] * (1 + 0.01 * np.sin(k))) for k, row in enumerate(_knee_rows(above=5e-6))]
+    run = _run(tmp_path / "knee", rows, summary={"mode": "real"})
+    files = {}
+    for name, flags in (("default", []), ("loose", ["--knee-gain", "0.9"])):
+        files[name] = tmp_path / f"{name}.json"
+        done = CliRunner().invoke(app, ["calibrate", str(run), *flags, "--out", str(files[name])])
+        assert done.exit_code == 0, done.output
+    default, loose = (json.loads(path.read_text()) for path in files.values())
+    assert default["knee_batch"] is None and "knee_gain" not in default
+    assert loose["knee_batch"] == KNEE and loose["knee_gain"] == 0.9
