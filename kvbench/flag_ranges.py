@@ -99,6 +99,7 @@ RANGES: dict[str, Range] = {
     "swap_space_gib": NON_NEGATIVE,
     "vmm_page_kib": Range(4, MAX_INT),  # and a multiple of 4 (kvbench.vmm.pages)
     "cost_fixed_s": NON_NEGATIVE,
+    "knee_gain": FRACTION,  # a share of the linear fit's error: 0 would keep no knee
     "cost_per_token_s": NON_NEGATIVE,
     "cost_per_kv_token_s": NON_NEGATIVE,
     # run: real decoding (below 1e-4 a temperature divides float32 logits into inf and NaN)

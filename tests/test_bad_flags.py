@@ -532,5 +532,5 @@ def test_calibrate_refuses_a_knee_gain_outside_0_to_1(tmp_path, capsys, monkeypa
     """A share of the linear fit's error: 0 would keep no knee, above 1 one that fits worse."""
     cost = tmp_path / "cost.json"
     done = kvbench(capsys, monkeypatch, "calibrate", str(run_dir), "--knee-gain", gain, "--out", str(cost))
-    assert assert_one_error(*done, "--knee-gain", "above 0 and at most 1")
+    assert assert_one_error(*done, "--knee-gain must be a finite number in (0, 1]")
     assert not cost.exists()

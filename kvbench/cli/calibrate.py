@@ -88,9 +88,6 @@ def calibrate(
 
     if objective not in OBJECTIVES:
         raise KvbenchError(f"--objective {objective}: not one of {', '.join(OBJECTIVES)}")
-    if not 0 < knee_gain <= 1:  # 0 would keep no knee, above 1 a knee that fits worse than a line
-        said = "give a share of the linear fit's error, above 0 and at most 1"
-        raise KvbenchError(f"--knee-gain {knee_gain:g}: {said}")
 
     stray = stray_after_held_out(ctx.meta.get("raw_args", []))
     if stray is not None:
