@@ -8,13 +8,22 @@ and a held-out run of each is replayed exactly only with its engine's own fit.""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from kvbench.calibrate.fit import calibrate, cost_file_digest, load_cost_model, priced, read_rows
+from kvbench.calibrate.fit import (
+    calibrate,
+    cost_file_digest,
+    load_cost_model,
+    priced,
+    priced_over_measured,
+    read_rows,
+)
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
 from kvbench.simulate import simulate, write_result
@@ -169,6 +178,9 @@ def test_a_run_is_priced_by_its_engines_section_as_its_steps_ran(tmp_path):
         rows = read_rows(path, simulated_ok=True)
         own = priced(rows, written["engines"][rows.engine])  # [R]
         assert own == pytest.approx(rows.durations, rel=1e-6)
+        assert priced_over_measured(rows, written["engines"][rows.engine]) == pytest.approx(
+            {"all": 1.0, "decode": 1.0, "prefill": 1.0}, rel=1e-6
+        )
         off.append(priced(rows, written).sum() / rows.durations.sum() - 1)
     assert max(off) > 0.01 and min(off) < -0.01
 
@@ -186,3 +198,10 @@ def test_a_section_without_a_prefill_token_price_charges_a_decode_rows_and_paddi
     assert cost[~prefill] == pytest.approx(1e-4 * rows.counts[~prefill, 1])
     with pytest.raises(KvbenchError, match="did not replay CUDA graphs priced by a fit of runs that did"):
         priced(rows, {**section, "pads_decode": True})
+    # the sums by kind: prompt tokens priced as decode rows, so decode rows at their own share
+    ratios = priced_over_measured(rows, section)
+    assert ratios["prefill"] == pytest.approx(cost[prefill].sum() / rows.durations[prefill].sum())
+    assert ratios["decode"] == pytest.approx(cost[~prefill].sum() / rows.durations[~prefill].sum())
+    decode_only = replace(rows, counts=rows.counts[~prefill], durations=rows.durations[~prefill],
+                          batch=rows.batch[~prefill])  # fmt: skip
+    assert math.isnan(priced_over_measured(decode_only, section)["prefill"])

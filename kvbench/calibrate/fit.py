@@ -360,6 +360,19 @@ def priced(rows: Rows, section: dict) -> np.ndarray:
     return predict(rows.counts, rows.batch, constants, section.get("knee_batch"))
 
 
+def priced_over_measured(rows: Rows, section: dict) -> dict[str, float]:
+    """A run's rows as `section` prices them over their measured time, summed: every row
+    ("all"), its decode rows and its prefill rows (NaN where it has none). Below 1 the section
+    prices the run faster than it ran, and a simulation of it serves faster."""
+    cost = priced(rows, section)  # [R]
+    prefill = rows.counts[:, 4] > 0  # [R] the prefill-row column
+    ratios = {}
+    for kind, chosen in (("all", np.ones_like(prefill)), ("decode", ~prefill), ("prefill", prefill)):
+        measured = rows.durations[chosen].sum()
+        ratios[kind] = float(cost[chosen].sum() / measured) if chosen.any() else math.nan
+    return ratios
+
+
 def _fit_scaled(
     counts: np.ndarray, durations: np.ndarray, batch: np.ndarray, scale: np.ndarray,
     knee_gain: float = KNEE_GAIN,

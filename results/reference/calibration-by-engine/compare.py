@@ -14,7 +14,7 @@ OPT-13B, 15,728 slots, short prefills replayed as CUDA graphs) and holding out t
 - why: the fitting runs' decode steps by batch (16-row bins), paged's median step against
   orca-oracle's at the same batch, from their steps.csv;
 - each run's steps priced by its engine's fit over their measured time, fitted and held-out
-  seeds side by side (`kvbench.calibrate.fit.priced`);
+  seeds side by side (`kvbench.calibrate.fit.priced_over_measured`);
 - each loaded held-out run simulated again at its own step price (`at_own_price`): the error
   left once the steps cost what they cost in that run.
 """
@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from kvbench.calibrate.check import LOADS, TARGET, check
-from kvbench.calibrate.fit import FITTED, priced, read_rows
+from kvbench.calibrate.fit import FITTED, priced_over_measured, read_rows
 from kvbench.results.files import read_json, write_text
 from kvbench.results.load import load_run
 
@@ -83,16 +83,18 @@ def _step_table(runs: list[str]) -> list[str]:
 
 
 def _priced_table(by_engine: dict) -> list[str]:
-    """Each run's steps priced by its engine's fit over their measured time (`priced`), the
-    fitting seed and the held-out ones side by side: how far one run's steps stray from the
-    price of its engine's fitting runs, which a simulation of it inherits as a service rate."""
+    """Each run's steps priced by its engine's fit over their measured time
+    (`priced_over_measured`), the fitting seed and the held-out ones side by side: how far one
+    run's steps stray from the price of its engine's fitting runs, which a simulation of it
+    inherits as a service rate."""
     held = {check["run"] for check in by_engine["held_out"]}
     ratio: dict[tuple[str, float], dict[int, float]] = {}
     for run in [*by_engine["runs"], *sorted(held)]:
         engine, seed, rate = _where(run)
         rows = read_rows(ROOT / run)
-        cost = priced(rows, by_engine["engines"][engine])  # [R]
-        ratio.setdefault((engine, rate), {})[seed] = cost.sum() / rows.durations.sum()
+        ratio.setdefault((engine, rate), {})[seed] = priced_over_measured(rows, by_engine["engines"][engine])[
+            "all"
+        ]
     seeds = sorted({seed for by_seed in ratio.values() for seed in by_seed})
     lines = [
         "| engine | rate req/s | " + " | ".join(f"seed {s}" for s in seeds) + " |",
@@ -136,7 +138,7 @@ def _own_price_table(by_engine: dict) -> list[str]:
         for run in runs:
             engine, seed, rate = _where(run)
             rows = read_rows(ROOT / run)
-            ratio = priced(rows, by_engine["engines"][engine]).sum() / rows.durations.sum()
+            ratio = priced_over_measured(rows, by_engine["engines"][engine])["all"]
             simulated = at_own_price(by_engine, run, ratio, Path(scratch))
             shown = []
             for m in metrics:

@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 
 from kvbench.calibrate.check import LOADS, TARGET
-from kvbench.calibrate.fit import priced, read_rows
+from kvbench.calibrate.fit import priced_over_measured, read_rows
 from kvbench.results.files import read_json, write_text
 
 HERE = Path(__file__).resolve().parent
@@ -67,11 +67,9 @@ def held_out_lines(files: dict[str, dict]) -> list[str]:
     for load in LOADS:
         for metric in METRICS:
             cells = []
-            for data in files.values():
-                errors = [abs(c["error"]) for c in data["held_out"]
-                          if c["metric"] == metric and c["loaded"] == (load == "loaded")]  # fmt: skip
-                within = sum(e <= TARGET for e in errors)
-                cells.append(f"{within} of {len(errors)} | {_percent(max(errors))}")
+            for data in files.values():  # the file's own summary of its held-out checks
+                got = data["held_out_summary"][metric][load]
+                cells.append(f"{got['within_target']} of {got['runs']} | {_percent(got['max_abs_error'])}")
             lines.append(f"| {load} | {metric} | {' | '.join(cells)} |")
     return lines
 
@@ -85,9 +83,8 @@ def unseen_lines(files: dict[str, dict]) -> list[str]:
         ratios = {label: [] for label in labels}
         for cell in cells:
             rows = read_rows(cell)
-            decode = rows.counts[:, 4] == 0  # [R] the fit's prefill-row column is 0
             for label, data in files.items():
-                ratios[label].append(priced(rows, data)[decode].sum() / rows.durations[decode].sum())
+                ratios[label].append(priced_over_measured(rows, data)["decode"])
         shown = [f"{min(v):.3f}-{max(v):.3f} (median {statistics.median(v):.3f})" for v in ratios.values()]
         lines.append(f"| {engine} | {len(cells)} | {' | '.join(shown)} |")
     return lines

@@ -33,7 +33,7 @@ import json
 import math
 from pathlib import Path
 
-from kvbench.calibrate.fit import priced, read_rows
+from kvbench.calibrate.fit import priced_over_measured, read_rows
 from kvbench.paper import FIG12_SUSTAINED
 from kvbench.reproduce.panel import done_brackets, end_margins, seed_cells
 from kvbench.reproduce.sweeps import bracket_at
@@ -196,15 +196,14 @@ def step_lines(rows: list[dict]) -> list[str]:
     for row in rows:
         folder = (PANEL if row["engine"] in ("paged", "orca-oracle") else HERE / row["engine"]) / "cells"
         read = read_rows(folder / row["cell_id"])
-        cost = priced(read, fit)  # [R]
+        ratio = priced_over_measured(read, fit)
         prefill = read.counts[:, 4] > 0  # [R] the fit's prefill-row column
         decode, steps = ~prefill, read.counts[:, 0]
         batch = float(row["mean_batched_requests"])
         values = [
             row["engine"], f"{row['rate']:.4g}", f"{batch:.1f}",
             f"{1e3 * read.durations[decode].sum() / steps[decode].sum():.2f}",
-            f"{cost[decode].sum() / read.durations[decode].sum():.3f}", f"{int(prefill.sum())}",
-            f"{cost[prefill].sum() / read.durations[prefill].sum():.3f}",
+            f"{ratio['decode']:.3f}", f"{int(prefill.sum())}", f"{ratio['prefill']:.3f}",
         ]  # fmt: skip
         lines.append("| " + " | ".join(values) + " |")
     return lines
