@@ -457,3 +457,49 @@ def test_steps_below_the_grid_stop_at_extend_then_bisection_takes_over():
              how="under 0.1 s/token up to 0.417, over at 0.834 (stepped outside the grid 2x, bisected 1x)")
     ]  # fmt: skip
     assert [cell.rate for cell in state.ran] == [0.9132, 0.834, 0.417]
+
+
+def test_a_rate_where_one_repeat_failed_is_over_the_bound_for_the_search_and_for_the_pages():
+    """Three repeats a rate under --latency-threshold 0.1: 0.05 s/token at 1 and 2 req/s but for
+    repeat 1 at 2, which failed, and 0.5 at 3. A mean over the finished repeats would pass 2 on
+    the two that finished; the one reading (`rate_latency`) counts it over, says so in `how`,
+    and the pages' reader of the same rows (`bracket_at`) brackets it where the search did."""
+    from kvbench.reproduce.sweeps import bracket_at, rate_latencies
+
+    plan = _plan(rates=(1.0, 2.0, 3.0), repeats=3, threshold_s=0.1)
+    state = Curve(plan, lambda rate, r: None if (rate, r) == (2.0, 1) else 0.5 if rate > 2 else 0.05)
+    grid = _grid(plan)
+    state.fill(grid)
+    assert sustained_table(plan, state, grid) == [
+        _row(sustained_rate=1.0, last_pass_rate=1.0, first_fail_rate=2.0, rates_tried=3,
+             last_pass_latency_s=pytest.approx(0.05), first_fail_latency_s=None,
+             how="under 0.1 s/token up to 1, over at 2; 1 of 3 repeats failed at 2 (read as over)")
+    ]  # fmt: skip
+    rows = list(state.rows.values())
+    assert rate_latencies(rows, "paged") == {1.0: pytest.approx(0.05), 2.0: None, 3.0: pytest.approx(0.5)}
+    assert bracket_at(rows, "paged", 0.1) == (1.0, 2.0)
+
+
+def test_partly_failed_rates_are_each_named_in_how_and_wholly_failed_ones_are_not():
+    """Repeats failing at 1 (2 of 3, under a pass above it) and at 3 (3 of 3): the search stops
+    at 1, yet `how` names every rate swept where some but not all repeats failed, in rate order."""
+    failed = {(1.0, 0), (1.0, 2), (3.0, 0), (3.0, 1), (3.0, 2), (2.0, 2)}
+    plan = _plan(rates=(3.0, 1.0, 2.0), repeats=3, threshold_s=0.1)
+    state = Curve(plan, lambda rate, repeat: None if (rate, repeat) in failed else 0.05)
+    grid = _grid(plan)
+    state.fill(grid)
+    (row,) = sustained_table(plan, state, grid)
+    assert row["how"] == (
+        "over 0.1 s/token from the lowest rate, 1; 2 of 3 repeats failed at 1, 1 of 3 repeats failed at 2 "
+        "(read as over)"
+    )
+    assert row["sustained_rate"] is None and row["first_fail_rate"] == 1.0
+
+
+def test_rate_latency_is_the_mean_of_the_repeats_or_none_where_any_has_none():
+    assert stats.rate_latency([0.1, 0.3]) == pytest.approx(0.2)
+    assert stats.rate_latency([0.04]) == 0.04
+    assert stats.rate_latency([0.1, None, 0.3]) is None
+    assert stats.rate_latency([None]) is None
+    assert stats.rate_latency([]) is None  # no repeat ran: nothing passed
+    assert stats.sustained_rate([(1.0, stats.rate_latency([0.05, None]))], 0.1).first_fail == 1.0

@@ -51,7 +51,7 @@ from kvbench.sweep.cell import CellRun
 from kvbench.sweep.grid import PAPER_ENGINES, Axes, Baseline
 from kvbench.sweep.plan import SustainedOptions, SweepPlan
 from kvbench.sweep.run import OtherSettings, SweepResult, run_sweep
-from kvbench.sweep.stats import ratio_interval, sustained_rate
+from kvbench.sweep.stats import rate_latency, ratio_interval, sustained_rate
 from workloads.spec import WorkloadSpec, build_trace
 
 POWERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -419,14 +419,14 @@ def fig12_verdict(rows: Sequence[Row], options: Options) -> str:
 
 def rate_latencies(cells: Sequence[dict], engine: str) -> dict[float, float | None]:
     """`engine`'s normalized latency at each rate of sweep rows already run (`rate`, `status`,
-    `normalized_latency_s`): the mean of the rate's repeats, None where any of them failed or
-    has no latency (a rate a cell of which never finished is read as over any bound)."""
+    `normalized_latency_s`), as the sweep's own search reads it (`rate_latency`: the mean of
+    the rate's repeats, None, over any bound, where any of them failed or has no latency)."""
     by_rate: dict[float, list] = {}
     for r in cells:
         if r["engine"] == engine:
             ok = r["status"] == "ok" and r["normalized_latency_s"] is not None
             by_rate.setdefault(r["rate"], []).append(r["normalized_latency_s"] if ok else None)
-    return {rate: None if None in v else sum(v) / len(v) for rate, v in by_rate.items()}
+    return {rate: rate_latency(values) for rate, values in by_rate.items()}
 
 
 def bracket_at(cells: Sequence[dict], engine: str, bound: float) -> tuple[float, float] | None:

@@ -5,7 +5,7 @@ rate whose normalized latency stays under a threshold. Latency against rate is f
 engine keeps up and then climbs steeply once requests queue faster than they finish (beyond
 that knee it keeps growing with the length of the trace). Rates are read in increasing order
 and the first one over the threshold ends the search: a pass above a failure is noise in the
-knee, not a second stable region. A rate whose cells all failed counts as a failure there.
+knee, not a second stable region. A rate any of whose cells failed counts as a failure there.
 """
 
 from __future__ import annotations
@@ -66,6 +66,19 @@ class Verdict:
         if self.first_fail is None:
             return None
         return self.last_pass or 0.0, self.first_fail
+
+
+def rate_latency(repeats: Sequence[float | None]) -> float | None:
+    """A rate's normalized latency from its repeats' (None: a repeat that failed or has no
+    latency): their mean, or None, read as over any bound, where any repeat has none.
+
+    A failed run did not serve its requests under the bound; a mean over the repeats that
+    happened to finish would pass the rate on the evidence of the lucky ones. The one reading
+    of a rate that the sweep's own search and every page that reads a sweep back share.
+    """
+    if not repeats or any(value is None for value in repeats):
+        return None
+    return sum(repeats) / len(repeats)
 
 
 def sustained_rate(points: Sequence[tuple[float, float | None]], threshold: float) -> Verdict:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from kvbench.sweep.grid import BASELINE, BISECT, Cell
-from kvbench.sweep.stats import Verdict, bisect_rate, bracket_width, sustained_rate
+from kvbench.sweep.stats import Verdict, bisect_rate, bracket_width, rate_latency, sustained_rate
 
 if TYPE_CHECKING:
     from kvbench.sweep.plan import SweepPlan
@@ -29,9 +29,21 @@ class Cells(Protocol):
 
 
 def _latency(rows: list[dict]) -> float | None:
-    """Mean normalized latency over a point's finished repeats (None: all failed)."""
-    values = [row["normalized_latency_s"] for row in rows if row["status"] == "ok"]
-    return sum(values) / len(values) if values else None
+    """A rate's normalized latency from its cells' rows, as `rate_latency` reads repeats (None
+    where any of them failed)."""
+    return rate_latency([row["normalized_latency_s"] if row["status"] == "ok" else None for row in rows])
+
+
+def _failed_repeats(rates: Mapping[float, list[dict]]) -> str:
+    """Where some but not all of a rate's repeats failed, said in `how`: such a rate is read as
+    over the bound, and a reader of sustained.csv sees why (a rate whose repeats all failed is
+    the plain case and goes unsaid)."""
+    said = []
+    for rate, rows in sorted(rates.items()):
+        failed = sum(row["status"] != "ok" for row in rows)
+        if 0 < failed < len(rows):
+            said.append(f"{failed} of {len(rows)} repeats failed at {rate:g}")
+    return f"; {', '.join(said)} (read as over)" if said else ""
 
 
 def sustained_table(plan: SweepPlan, state: Cells, grid: list[Cell]) -> list[dict]:
@@ -47,6 +59,7 @@ def sustained_table(plan: SweepPlan, state: Cells, grid: list[Cell]) -> list[dic
             rates[cell.rate].append(state.rows[cell.id])
         verdict, bisected = _bisect(plan, state, cells[0], rates, threshold)  # `rates` gains its cells
         ends = _end_latencies(verdict, rates)
+        how = verdict.how + _failed_repeats(rates) if verdict else "no threshold: the unloaded cell failed"
         engine, trace, bs, kv, seed = group
         base = plan.config(cells[0])
         out.append(
@@ -59,7 +72,7 @@ def sustained_table(plan: SweepPlan, state: Cells, grid: list[Cell]) -> list[dic
                 "first_fail_rate": verdict.first_fail if verdict else None,
                 "last_pass_latency_s": ends[0], "first_fail_latency_s": ends[1],
                 "rates_tried": len(rates), "bisect_cells": bisected,
-                "how": verdict.how if verdict else "no threshold: the unloaded cell failed",
+                "how": how,
             }
         )  # fmt: skip
     return out
