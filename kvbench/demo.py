@@ -104,7 +104,9 @@ def run_summary(config: RunConfig, out: Path, real: bool, reuse: Sequence[Path] 
 
 
 def _copy_into(source: Path, folder: Path) -> None:
-    shutil.copytree(source, folder, dirs_exist_ok=True)
+    """The source run's bytes, at the time they are written here (`shutil.copy`, not `copy2`):
+    whatever picks a call's new files by time (tools/device_call.sh) must see a copy as new."""
+    shutil.copytree(source, folder, copy_function=shutil.copy, dirs_exist_ok=True)
 
 
 REAL = {"model": "opt-1.3b", "kv_cache_gib": 3.0, "rate": 64.0}  # see the module docstring

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -314,3 +315,27 @@ def test_trace_make_and_convert_replace_their_own_trace_files_only(tmp_path):
     before = snapshot(tmp_path)
     one_line_error(kvbench("trace", "convert", str(made), str(mine)), f"OUT {mine}", "did not write")
     assert snapshot(tmp_path) == before
+
+
+def test_a_reused_run_is_copied_with_todays_times_and_the_same_bytes(tmp_path):
+    """Figure 13's ShareGPT runs are Figure 2's, copied (`run_summary`'s `reuse`). A GPU call
+    brings back the files written after it started (tools/device_call.sh: newer than its
+    gpu.txt), so a copy that kept its source's times, from a run of an earlier call, never came
+    back: the copy takes the time it was written, and the source's bytes."""
+    from kvbench.config import RunConfig
+    from kvbench.demo import run_summary
+    from workloads.spec import WorkloadSpec
+
+    config = RunConfig("paged", workload=WorkloadSpec(num_requests=12, rate=5.0), kv_cache_gib=2.0)
+    source = tmp_path / "fig2" / "paged"
+    summary = run_summary(config, source, real=False)
+    long_ago = time.time() - 86_400
+    for path in source.iterdir():
+        os.utime(path, (long_ago, long_ago))
+    started = time.time() - 1  # a coarse file system's clock may round down
+    copy = tmp_path / "fig13" / "paged"
+    assert run_summary(config, copy, real=False, reuse=[copy, source]) == summary
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in source.iterdir())
+    for path in copy.iterdir():
+        assert path.read_bytes() == (source / path.name).read_bytes()
+        assert path.stat().st_mtime >= started, path.name
