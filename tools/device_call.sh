@@ -126,6 +126,10 @@ export PYTHONPATH=. KVBENCH_TRACE_DIR=${KVBENCH_TRACE_DIR:-$ROOT/.carry/shared/t
 LIMIT=${LIMIT:-280}
 end=$((SECONDS + LIMIT))
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+# the files the tree came with: what a job adds comes back even where its file times are older
+# than the call (a copy or an unpacked archive that kept its source's times)
+CARRIED=$(mktemp)
+find results -type f 2>/dev/null | sort > "$CARRIED"
 # The reproduction's kvbench: this tree's, or with PIN the worktree's, imported from there alone
 # (`-P`: not from the current directory) while the command runs here, so the paths it records
 # (the placement's cost file, --out) read as from a run in this tree and a resumed placement
@@ -312,11 +316,13 @@ for job in "$@"; do
   echo "== $job rc $? $(date -u +%T)" >> "$OUT/calls.log"
   # large step and request tables come back packed (tools/pack_results.py): the tree a call
   # carries stays within the device's size limit as runs accumulate; only the files this call
-  # wrote come back (newer than gpu.txt, written after the tree was copied), so a folder grown past
-  # the size of one returned file (16 MiB) still returns what is new in it
+  # wrote come back (newer than gpu.txt, written after the tree was copied, or not in the tree
+  # it came with), so a folder grown past the size of one returned file (16 MiB) still returns
+  # what is new in it
   [ -z "$folder" ] || {
     python tools/pack_results.py "$folder" >> "$OUT/calls.log"
-    find "$folder" -type f -newer "$OUT/gpu.txt" -print0 | tar -czf "$OUT/$job.tgz" --null -T -
+    { find "$folder" -type f -newer "$OUT/gpu.txt"; find "$folder" -type f | sort | comm -23 - "$CARRIED"; } |
+      sort -u | tr '\n' '\0' | tar -czf "$OUT/$job.tgz" --null -T -
   }
 done
 cat "$OUT/calls.log"
