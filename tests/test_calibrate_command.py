@@ -252,21 +252,23 @@ def test_the_command_prints_the_knee_and_writes_it_to_the_cost_file(tmp_path):
     assert loaded.knee_batch == KNEE and loaded.per_row_above_knee_s == pytest.approx(ABOVE, rel=1e-9)
 
 
-def test_a_looser_knee_gain_keeps_the_knee_noisy_rows_hide_and_the_file_records_it(tmp_path):
+def test_the_default_knee_gain_keeps_the_knee_noisy_rows_hide_and_every_file_records_its_rule(tmp_path):
     """The knee's rows with 5 us a row past 64 and 1 % of wobble on every row: the default rule
-    (a knee must halve the line's error) drops the knee, `--knee-gain 0.9` keeps it at 64, and
-    only that file says the rule it was fitted under."""
+    (a knee must cut the line's error by a tenth) keeps the knee at 64, the earlier rule
+    (`--knee-gain 0.5`: halve it) drops it, and each file says the rule it was fitted under."""
     from typer.testing import CliRunner
 
+    from kvbench.calibrate.fit import EARLIER_KNEE_GAIN, KNEE_GAIN
     from kvbench.cli.app import app
 
+    assert (KNEE_GAIN, EARLIER_KNEE_GAIN) == (0.9, 0.5)
     rows = [(*row[:-1], row[-1] * (1 + 0.01 * np.sin(k))) for k, row in enumerate(_knee_rows(above=5e-6))]
     run = _run(tmp_path / "knee", rows, summary={"mode": "real"})
     files = {}
-    for name, flags in (("default", []), ("loose", ["--knee-gain", "0.9"])):
+    for name, flags in (("default", []), ("halve", ["--knee-gain", "0.5"])):
         files[name] = tmp_path / f"{name}.json"
         done = CliRunner().invoke(app, ["calibrate", str(run), *flags, "--out", str(files[name])])
         assert done.exit_code == 0, done.output
-    default, loose = (json.loads(path.read_text()) for path in files.values())
-    assert default["knee_batch"] is None and "knee_gain" not in default
-    assert loose["knee_batch"] == KNEE and loose["knee_gain"] == 0.9
+    default, halve = (json.loads(path.read_text()) for path in files.values())
+    assert default["knee_batch"] == KNEE and default["knee_gain"] == 0.9
+    assert halve["knee_batch"] is None and halve["knee_gain"] == 0.5

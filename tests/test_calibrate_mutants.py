@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from kvbench.calibrate.fit import (
+    EARLIER_KNEE_GAIN,
     KNEE_CANDIDATES,
     MEAN_FLOOR,
     MEAN_ROUNDS,
@@ -311,17 +312,17 @@ def test_a_knee_on_a_flat_decode_cost_is_found_with_no_per_row_cost():
     assert knee == 16 and constants == pytest.approx([9e-3, 0.0, 6e-5], rel=1e-9, abs=1e-15)
 
 
-def test_a_looser_knee_gain_keeps_a_knee_the_default_drops_and_the_file_says_so(tmp_path):
+def test_the_default_keeps_a_knee_the_earlier_rule_drops_and_every_file_says_its_rule(tmp_path):
     """A bend past 16 rows that cuts the linear fit's error by a fifth (0.80 of it): the default
-    (`KNEE_GAIN`, half) drops it, 0.9 keeps it; a bend that cuts it by 7 % is dropped by both.
-    A fit under another rule writes it (`knee_gain`); one under the default writes no key."""
+    (`KNEE_GAIN`, a tenth) keeps it, the earlier rule (`EARLIER_KNEE_GAIN`, half) drops it; a
+    bend that cuts it by 7 % is dropped by both. Every fit writes its rule (`knee_gain`)."""
     sizes = np.arange(1.0, 41.0)
     counts = np.column_stack([np.ones(40), sizes])
     wobble = 1 + 0.01 * np.sin(np.arange(40.0))
     for bend, kept in ((1e-5, True), (1e-6, False)):
         durations = (counts @ np.array([9e-3, 2e-5]) + bend * np.maximum(sizes - 16, 0)) * wobble
-        assert _fit_scaled(counts, durations, sizes, durations)[1] is None
-        assert (_fit_scaled(counts, durations, sizes, durations, 0.9)[1] is not None) is kept
+        assert _fit_scaled(counts, durations, sizes, durations, EARLIER_KNEE_GAIN)[1] is None
+        assert (_fit_scaled(counts, durations, sizes, durations)[1] is not None) is kept
     run = simulated(tmp_path / "a")
-    assert "knee_gain" not in calibrate([run], simulated_ok=True).to_dict()
-    assert calibrate([run], simulated_ok=True, knee_gain=0.9).to_dict()["knee_gain"] == 0.9
+    assert calibrate([run], simulated_ok=True).to_dict()["knee_gain"] == 0.9
+    assert calibrate([run], simulated_ok=True, knee_gain=0.5).to_dict()["knee_gain"] == 0.5

@@ -75,11 +75,11 @@ def calibrate(
         float,
         typer.Option(
             help="Keep a decode knee (more per row past a batch size) when its squared error is at most "
-            "this share of the linear fit's, 0 to 1: 0.5 (the default) asks it to halve the error; "
-            "0.9 keeps the knee a fit of engines with small and large batches needs "
+            "this share of the linear fit's, 0 to 1: 0.9 (the default) asks it to cut the error by a "
+            "tenth, 0.5 (files that record no knee_gain) to halve it "
             "(results/reference/calibration-knee-gain). docs/CALIBRATION.md.",
         ),
-    ] = 0.5,
+    ] = 0.9,
 ) -> None:
     """Least-squares fit of the cost model's constants to the runs' measured step rows."""
     from kvbench.calibrate.check import dropped_note, find_runs, fit_and_check, format_checks, headline

@@ -5,9 +5,9 @@
 Writes comparison.md beside this script from three `kvbench calibrate` files fitted on the same
 runs (seed 0 of results/reference/fig12-alpaca-prefill-graphs: paged and orca-oracle, Alpaca,
 OPT-13B, 15,728 slots, short prefills replayed as CUDA graphs) and holding out the same runs
-(its seeds 1 and 2): one fit of both engines under the default knee rule (a knee kept only if it
+(its seeds 1 and 2): one fit of both engines under the earlier knee rule (a knee kept only if it
 halves the linear fit's error: no knee here), the same under `--knee-gain 0.9` (this folder's
-`cost.json`: a knee kept if it cuts the error by a tenth), and the fit by engine
+`cost.json`: a knee kept if it cuts the error by a tenth, the default since), and the fit by engine
 (results/reference/calibration-by-engine). Three tables:
 
 - the fits' shapes: fixed step cost, per decode row below and past the knee, the knee;
@@ -30,9 +30,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 BY_ENGINE = ROOT / "results" / "reference" / "calibration-by-engine"
 FITS = {
-    "one fit, default rule (no knee)": BY_ENGINE / "pooled.json",
-    "one fit, --knee-gain 0.9": HERE / "cost.json",
-    "by engine, default rule": BY_ENGINE / "cost.json",
+    "one fit, rule 0.5 (no knee)": BY_ENGINE / "pooled.json",
+    "one fit, rule 0.9 (the default since)": HERE / "cost.json",
+    "by engine, rule 0.5": BY_ENGINE / "cost.json",
 }
 METRICS = ("output_token_throughput", "normalized_latency_s", "mean_ttft_s")
 UNSEEN = ROOT / "results" / "reference" / "fig12-alpaca-prefill-graphs-baselines"
