@@ -98,3 +98,35 @@ def test_a_later_sweep_under_the_same_deadline_is_judged_by_the_cells_of_the_ear
     assert not (tmp_path / "second" / "cells").exists() or not any((tmp_path / "second" / "cells").iterdir())
     assert later.expected_s(False) == pytest.approx(MARGIN * deadline.timed[False])
     later.check("a baseline", later.expected_s(True))  # a kind never timed still starts its first cell
+
+
+def test_a_sweep_cut_before_its_bisection_keeps_the_rows_of_bisected_cells_for_the_next_resume(tmp_path):
+    """Seed 0 swept and bisected once (0.5 passes 0.03 s/token, 8 fails: 4.25 run); seed 1 added
+    and the sweep resumed past its deadline, so it stops in seed 1's grid, before any bisection:
+    its sweep.csv still lists seed 0's bisected cell, with the wall time it was run in. Resumed
+    again to the end, that cell's row keeps its wall time (the sweep reads it from the last
+    sweep.csv, the cell folder holds none) and the sweep ends as one run whole."""
+    from kvbench.config import RunConfig
+    from kvbench.sweep.grid import Axes
+    from kvbench.sweep.plan import SweepPlan
+    from workloads.spec import WorkloadSpec
+
+    def seeds(*values):
+        axes = Axes(("paged",), ("sharegpt-paper",), (0.5, 8.0), (16,), (4.0,), values, 1)
+        base = RunConfig("paged", workload=WorkloadSpec(num_requests=40, max_total_len=1000))
+        return SweepPlan(axes, base, sustained=SustainedOptions(threshold_s=0.03, bisect=1))
+
+    out = tmp_path / "s"
+    run_sweep(seeds(0), out, progress=quiet())
+    first = {row["cell_id"]: row for row in rows_of(out / "sweep.csv")}
+    (bisected,) = [cell for cell, row in first.items() if row["role"] == "bisect"]
+    assert "rate-4.25" in bisected and float(first[bisected]["wall_s"]) > 0
+    with pytest.raises(DeadlineReached, match=r"seed-1.* not started"):
+        run_sweep(seeds(0, 1), out, resume=True, progress=quiet(), deadline=Deadline.in_seconds(PAST))
+    cut = {row["cell_id"]: row for row in rows_of(out / "sweep.csv")}
+    assert cut[bisected]["wall_s"] == first[bisected]["wall_s"] and cut[bisected]["status"] == "ok"
+    done = run_sweep(seeds(0, 1), out, resume=True, progress=quiet())
+    end = {row["cell_id"]: row for row in rows_of(out / "sweep.csv")}
+    assert end[bisected]["wall_s"] == first[bisected]["wall_s"]
+    whole = run_sweep(seeds(0, 1), tmp_path / "whole", progress=quiet())
+    assert sorted(end) == sorted(row["cell_id"] for row in whole.rows) and done.failed == 0

@@ -61,7 +61,7 @@ fit also tries a knee: `per_row_above_knee_s` more per row beyond `knee_batch` r
 observed batch size, and keeps the best only if it cuts the linear fit's squared relative
 error by at least a tenth (`knee_gain` 0.9, `--knee-gain`); otherwise the linear model stands.
 Why a tenth, not half (the rule of files written before `knee_gain` was recorded): the
-replayed OPT-13B Alpaca runs of paged and orca-oracle (1 to 270 rows a step) need the knee at
+replayed OPT-13B Alpaca runs of paged and orca-oracle (1 to 256 rows a step) need the knee at
 104 rows, which cuts their error to 0.81 of the line's; kept, one fit of both engines puts 17
 of 18 loaded held-out runs within 10 % on normalized latency (the line: 14) and prices the
 decode steps of three engines it never saw within 2 % (the line: 6-7 % low at a few rows a

@@ -153,10 +153,17 @@ class _Sweep:
                 "goes on; --resume retries them)"
             )
 
-    def write(self) -> None:
+    def write(self, final: bool = False) -> None:
+        """sweep.csv as far as the sweep got. Until the `final` write, the rows of the previous
+        sweep.csv that this invocation has not planned yet (cells a bisection ran, planned
+        again only when the search reaches them) stay in it as they were: a sweep stopped before
+        its search would otherwise write them out, and the next resume would find their cells
+        without the wall time they ran in."""
         rows = list(self.rows.values())
         if self.plan.axes.repeats > 1:
             add_confidence_intervals(rows)
+        if not final:
+            rows += [row for cell_id, row in self.previous.items() if cell_id not in self.rows]
         write_table(self.out / "sweep.csv", rows, self.columns)
 
 
@@ -218,6 +225,7 @@ def run_sweep(
         state.write()
         state.run_batch(baselines + grid)
         sustained = sustained_in_rounds(plan, state, grid) if plan.axes.swept_rates else []
+        state.write(final=True)
     finally:
         progress.close()
     if sustained:
