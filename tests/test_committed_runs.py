@@ -56,3 +56,28 @@ def test_every_run_a_committed_cost_file_names_is_committed():
         named += len(runs)
         missing += [f"{cost.relative_to(ROOT)}: {run}" for run in sorted(runs) if not _run_found(run, cost)]
     assert named >= 500 and missing == []
+
+
+def test_each_held_out_check_is_of_the_run_now_at_its_path():
+    """A held-out check records the real run's metric beside the simulation's; the run now at
+    the path it names must still give that value. A run set aside and its path reused by a run
+    made again (a panel rerun at another commit) would otherwise be read as the one checked."""
+    checked, wrong = 0, []
+    for path in sorted(RESULTS.rglob("*.json")):
+        if "earlier" in path.parts or path.name in ("summary.json", "config.json", "env.json"):
+            continue
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or not isinstance(data.get("held_out"), list):
+            continue
+        for check in data["held_out"]:
+            if not isinstance(check, dict) or "real" not in check:
+                continue
+            bases = [ROOT, path.parent.parent, *sorted((RESULTS / "reproduce").iterdir())]
+            found = next((b / check["run"] / "summary.json" for b in bases
+                          if (b / check["run"] / "summary.json").is_file()), None)  # fmt: skip
+            assert found is not None, f"{path.relative_to(ROOT)}: {check['run']}"
+            value = json.loads(found.read_text(encoding="utf-8")).get(check["metric"])
+            checked += 1
+            if value is None or abs(value - check["real"]) > 1e-9 * max(1.0, abs(value)):
+                wrong.append(f"{path.relative_to(ROOT)}: {check['run']} {check['metric']}")
+    assert checked >= 1500 and wrong == []
