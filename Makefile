@@ -83,8 +83,8 @@ mutation: $(VENV)/.dev
 	nice $(PY) tools/mutation.py --scope verdicts --paths kvbench/reproduce/verdicts.py \
 		kvbench/sweep/stats.py kvbench/sweep/sustained.py kvbench/reproduce/panel.py --tests tests/test_verdicts.py \
 		tests/test_reproduce_verdicts.py tests/test_reproduce_seeds.py tests/test_sweep.py \
-		tests/test_verdict_mutants.py tests/test_claims.py tests/test_fig12_prefill_graphs_baselines.py \
-		--also-copy results/reference/fig12-alpaca-prefill-graphs results/reference/fig12-alpaca-prefill-graphs-baselines
+		tests/test_verdict_mutants.py tests/test_claims.py \
+		tests/test_fig12_prefill_graphs_baselines.py::test_a_seed_is_read_from_its_own_cells_and_a_pending_cell_is_no_fail
 	nice $(PY) tools/mutation.py --scope sweep --paths kvbench/sweep/deadline.py kvbench/sweep/rounds.py \
 		kvbench/sweep/grid.py kvbench/sweep/files.py --tests tests/test_sweep.py tests/test_sweep_deadline.py \
 		tests/test_sweep_executor.py tests/test_sweep_mutants.py

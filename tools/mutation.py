@@ -125,11 +125,6 @@ def main() -> None:
     )
     parser.add_argument("--scope", default="all", help="report folder name under results/mutation/")
     parser.add_argument("--tests", nargs="*", default=[], help="test files to run (default: setup.cfg's)")
-    parser.add_argument(
-        "--also-copy", nargs="*", default=[],
-        help="committed folders the tests read besides the code (results a test checks), added to "
-        "setup.cfg's also_copy",
-    )  # fmt: skip
     parser.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
     parser.add_argument("--max-children", type=int, default=1, help="mutants run at once (CPU cores)")
     parser.add_argument(
@@ -147,8 +142,6 @@ def main() -> None:
     commit = committed_tree(work)
     paths = narrow(work / "setup.cfg", "source_paths", args.paths)
     narrow(work / "setup.cfg", "pytest_add_cli_args_test_selection", args.tests)
-    if args.also_copy:
-        narrow(work / "setup.cfg", "also_copy", [*setting(work / "setup.cfg", "also_copy"), *args.also_copy])
     if args.timeout_multiplier:  # a mutant that loops stops sooner
         config = configparser.ConfigParser()
         config.read(work / "setup.cfg")
@@ -164,7 +157,6 @@ def main() -> None:
             *([f"--timeout-multiplier {args.timeout_multiplier:g}"] if args.timeout_multiplier else []),
             *(["--paths", *args.paths] if args.paths else []),
             *(["--tests", *args.tests] if args.tests else []),
-            *(["--also-copy", *args.also_copy] if args.also_copy else []),
         ]
     )
     started = time.monotonic()
