@@ -535,7 +535,7 @@ def test_the_summary_line_says_how_close_each_end_fell_to_the_bound():
     assert _end_margins(row) == "; 0.09980 at 1 (-0.2 %), 0.1500 at 1.1 (+50.0 %)"
     far = {**row, "first_fail_latency_s": 1.2}  # 12 x the bound: still in per cent
     assert _end_margins(far) == "; 0.09980 at 1 (-0.2 %), 1.200 at 1.1 (+1100.0 %)"
-    failed = {**row, "first_fail_latency_s": None}  # the first fail's cells all failed: said so
+    failed = {**row, "first_fail_latency_s": None}  # a cell of the first fail failed: said so
     assert _end_margins(failed) == "; 0.09980 at 1 (-0.2 %), failed at 1.1"
     every_rate_passed = {**row, "first_fail_rate": None, "first_fail_latency_s": None}
     assert _end_margins(every_rate_passed) == "; 0.09980 at 1 (-0.2 %)"

@@ -173,9 +173,9 @@ def _sweep(
 
 def _end_margins(row: dict) -> str:
     """How far each end of a sustained-rate bracket fell from the bound, for the summary line
-    (`; 0.02980 at 5.875 (-9.2 %), 0.04532 at 6.25 (+38.2 %)`; `failed at R` where every cell of
-    the first fail R failed): an end within a few per cent of the bound is a verdict another
-    seed may reverse."""
+    (`; 0.02980 at 5.875 (-9.2 %), 0.04532 at 6.25 (+38.2 %)`; `failed at R` where a cell of the
+    first fail R failed, which sustained.csv's `how` says of rates where only some did): an end
+    within a few per cent of the bound is a verdict another seed may reverse."""
     threshold = row["latency_threshold_s"]
     if not threshold:
         return ""
@@ -184,7 +184,7 @@ def _end_margins(row: dict) -> str:
                           (row["first_fail_rate"], row["first_fail_latency_s"])):  # fmt: skip
         if rate is None:
             continue
-        if latency is None:  # every cell of the rate failed: over any bound
+        if latency is None:  # a cell of the rate failed: over any bound (`stats.rate_latency`)
             ends.append(f"failed at {rate:g}")
         else:
             ends.append(f"{significant(latency)} at {rate:g} ({100 * (latency / threshold - 1):+.1f} %)")
