@@ -243,7 +243,10 @@ def test_shape_lines_say_the_padding_segment_attention_knee_and_each_assumed_ter
         "assumed, no run measured it: per_prefill_token_s = a decode row's (?)",
     ]
     plain = Calibration(CostModel(0.01, 2e-5, 3e-7), "opt-13b", ("a",), 10, 0.0, 0.0)
-    assert shape_lines(plain) == []
+    linear = "decode: linear in its rows (no knee cut the line's error by {}: --knee-gain {})"
+    assert shape_lines(plain) == [linear.format("10 %", "0.9")]
+    halve = Calibration(CostModel(0.01, 2e-5, 3e-7), "opt-13b", ("a",), 10, 0.0, 0.0, knee_gain=0.5)
+    assert shape_lines(halve) == [linear.format("50 %", "0.5")]
 
 
 def test_a_fit_without_prefill_rows_or_a_preset_model_assumes_and_says_so(tmp_path):

@@ -187,6 +187,10 @@ def shape_lines(calibration: Calibration) -> list[str]:
     if c.knee_batch is not None:
         extra = f"{1e6 * c.per_row_above_knee_s:.3f} us"
         lines.append(f"decode knee: {extra} more per row past {c.knee_batch} rows")
+    else:  # the rule that dropped it, so a reader knows how close the fit came to keeping one
+        cut = f"{100 * (1 - calibration.knee_gain):.0f} %"
+        lines.append(f"decode: linear in its rows (no knee cut the line's error by {cut}: --knee-gain "
+                     f"{calibration.knee_gain:g})")  # fmt: skip
     for name in c.assumed:
         value = getattr(c, name)
         shown = "a decode row's" if value is None else f"{value:.4g} s"
