@@ -77,7 +77,10 @@ def test_a_prediction_can_be_refuted_and_an_in_sample_one_is_marked(compare, mon
     }
     lines = [x for x in compare.bracket_lines(by_seed) if x.startswith("| orca-pow2 |")]
     outcomes = [[cell.strip() for cell in x.split("|")[6:-1:2]] for x in lines]
-    assert outcomes == [["below", "below (in sample)"], ["inside", "inside"], ["above", "above"], ["-", "-"]]
+    assert compare.PREDICTIONS == ("prediction", "placement", "one-fit")  # placement, one-fit: seed 0 fitted
+    assert outcomes == [
+        ["below", "below (in sample)", "below (in sample)"], ["inside"] * 3, ["above"] * 3, ["-"] * 3
+    ]
     assert compare.against((80.0, 84.0), (82.0, 88.0)) == "overlaps"
     assert compare.against((80.0, 84.0), (80.0, 88.0)) == "inside"  # bisected within the prediction
 

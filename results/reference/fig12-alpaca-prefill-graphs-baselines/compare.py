@@ -8,10 +8,12 @@ one bound for every engine): static, Orca-Max and Orca-Pow2 from this folder's `
 sweeps, paged and orca-oracle from results/reference/fig12-alpaca-prefill-graphs. Five tables:
 
 - each engine's sustained-rate bracket at the bound on each seed (read once the seed is done:
-  `kvbench.reproduce.panel`), beside the brackets two committed predictions simulated for it and
-  whether the run fell in each: `prediction/` (the fit of paged's and orca-oracle's cells, before
-  any run of these engines) and `placement/` (each engine's own fit of the five engines' seed-0
-  cells, before seeds 1 and 2: on seed 0 it is in sample, marked so);
+  `kvbench.reproduce.panel`), beside the brackets three committed predictions simulated for it
+  and whether the run fell in each: `prediction/` (the fit of paged's and orca-oracle's cells,
+  before any run of these engines), `placement/` (each engine's own fit of the five engines'
+  seed-0 cells, before seeds 1 and 2: on seed 0 it is in sample, marked so) and `one-fit/` (one
+  fit of the same cells for every engine, under the default knee rule, which keeps a knee at 96
+  rows; also before seeds 1 and 2, in sample on seed 0);
 - paged over each other engine: the ratio interval of each seed's brackets, and a verdict against
   the paper's ratio, over the seeds done in both (the mean and 95 % t interval of the per-seed
   ratios of last passes, as the reproduction's Figure 12 reads seeds) or, with one seed done,
@@ -68,8 +70,8 @@ def cells(seed: int) -> list[dict]:
     return rows
 
 
-PREDICTIONS = ("prediction", "placement")  # committed simulated sweeps, in the order they were made
-FITTED_SEEDS = {"prediction": (), "placement": (0,)}  # seeds whose cells each prediction's fit saw
+PREDICTIONS = ("prediction", "placement", "one-fit")  # committed simulated sweeps, in the order made
+FITTED_SEEDS = {"prediction": (), "placement": (0,), "one-fit": (0,)}  # seeds each prediction's fit saw
 
 
 def predicted(engine: str, seed: int, prediction: str = "prediction") -> tuple[float, float] | None:
