@@ -86,7 +86,7 @@ mutation: $(VENV)/.dev
 		tests/test_verdict_mutants.py tests/test_claims.py \
 		tests/test_fig12_prefill_graphs_baselines.py::test_a_seed_is_read_from_its_own_cells_and_a_pending_cell_is_no_fail
 	nice $(PY) tools/mutation.py --scope sweep --paths kvbench/sweep/deadline.py kvbench/sweep/rounds.py \
-		kvbench/sweep/grid.py kvbench/sweep/files.py --tests tests/test_sweep.py tests/test_sweep_deadline.py \
+		kvbench/sweep/grid.py kvbench/sweep/files.py kvbench/sweep/run.py --tests tests/test_sweep.py tests/test_sweep_deadline.py \
 		tests/test_sweep_executor.py tests/test_sweep_mutants.py
 	nice $(PY) tools/mutation.py --scope real-host --paths kvbench/real/host.py kvbench/real/prefill_graphs.py \
 		--tests tests/test_collectors.py tests/test_prefill_graphs.py
