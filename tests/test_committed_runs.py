@@ -37,11 +37,28 @@ def test_every_finished_cell_of_a_committed_real_sweep_is_committed():
     assert cells >= 600 and missing == []
 
 
-def _run_found(name: str, cost: Path) -> bool:
-    """A cost file names runs from the repository's root, from the reproduction it calibrates
-    (`<reproduction>/calibration/cost.json`), or from the reproduction it refits."""
-    bases = [ROOT, cost.parent.parent, *sorted((RESULTS / "reproduce").iterdir())]
-    return any((base / name / "summary.json").is_file() for base in bases)
+# A refit made outside a reproduction names that reproduction's runs from its folder.
+REFITS = {"calibration-opt13b": RESULTS / "reproduce" / "opt-13b-h200"}
+
+
+def _run_path(name: str, page: Path) -> Path | None:
+    """The run a cost file or a held-out page names: from the repository's root, from the
+    reproduction the file calibrates (`<reproduction>/calibration/cost.json`), or from the one
+    reproduction a refit outside it names (REFITS). Never from another reproduction that holds a
+    run of the same name: a run missing here must not be found in a sibling's copy."""
+    folder = page.parent.parent
+    bases = [ROOT, folder, *([REFITS[page.parent.name]] if page.parent.name in REFITS else [])]
+    return next((b / name / "summary.json" for b in bases if (b / name / "summary.json").is_file()), None)
+
+
+def test_a_run_missing_from_its_reproduction_is_not_found_in_a_sibling():
+    """Both quick reproductions hold `fig2/orca-max`: the one a cost file names is its own."""
+    cost = RESULTS / "reproduce" / "quick-real-opt-1.3b" / "calibration" / "cost.json"
+    assert (RESULTS / "reproduce" / "quick-real" / "fig2" / "orca-max" / "summary.json").is_file()
+    assert _run_path("fig2/orca-max", cost) == cost.parent.parent / "fig2" / "orca-max" / "summary.json"
+    assert _run_path("fig2/no-such-engine", cost) is None
+    elsewhere = RESULTS / "reference" / "somewhere" / "cost.json"
+    assert _run_path("fig2/orca-max", elsewhere) is None
 
 
 def test_every_run_a_committed_cost_file_names_is_committed():
@@ -54,7 +71,8 @@ def test_every_run_a_committed_cost_file_names_is_committed():
         for fit in data.get("engines", {}).values():
             runs |= set(fit["runs"])
         named += len(runs)
-        missing += [f"{cost.relative_to(ROOT)}: {run}" for run in sorted(runs) if not _run_found(run, cost)]
+        lost = [run for run in sorted(runs) if _run_path(run, cost) is None]
+        missing += [f"{cost.relative_to(ROOT)}: {run}" for run in lost]
     assert named >= 500 and missing == []
 
 
@@ -72,9 +90,7 @@ def test_each_held_out_check_is_of_the_run_now_at_its_path():
         for check in data["held_out"]:
             if not isinstance(check, dict) or "real" not in check:
                 continue
-            bases = [ROOT, path.parent.parent, *sorted((RESULTS / "reproduce").iterdir())]
-            found = next((b / check["run"] / "summary.json" for b in bases
-                          if (b / check["run"] / "summary.json").is_file()), None)  # fmt: skip
+            found = _run_path(check["run"], path)
             assert found is not None, f"{path.relative_to(ROOT)}: {check['run']}"
             value = json.loads(found.read_text(encoding="utf-8")).get(check["metric"])
             checked += 1
