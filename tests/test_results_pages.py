@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -62,8 +63,24 @@ def test_generated_blocks_of_the_docs_are_what_the_folders_give(pages_module):
         docs.fill("no markers\n", {"x": lambda: ""}, "d.md")
 
 
-def test_rendering_is_deterministic(pages_module):
-    assert pages_module.render() == pages_module.render()
+def test_rendering_does_not_follow_the_hash_seed():
+    """Two interpreters with different string hashes render the same text, page by page and in
+    the same order (a page built by walking a set would differ between them, not within one)."""
+    script = (
+        "import importlib.util, json, sys; "
+        "spec = importlib.util.spec_from_file_location('results_pages', 'tools/results_pages.py'); "
+        "m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; spec.loader.exec_module(m); "
+        "print(json.dumps([list(m.render().items()), list(m.render_docs().items())]))"
+    )
+    outputs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        outputs.append(json.loads(done.stdout))
+    assert len(outputs[0][0]) == 6 and outputs[0] == outputs[1]
 
 
 def test_a_number_in_a_folder_reaches_its_page(pages_module, tmp_path, monkeypatch):
@@ -140,11 +157,26 @@ def test_every_result_folder_has_a_readme_with_provenance(pages_module):
         assert not missing, f"{folder.relative_to(ROOT)}/README.md: no {sorted(missing)} in its field table"
 
 
-def test_check_mode_names_the_command(pages_module, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(pages_module, "PAGES_DIR", Path("nowhere") / "results")
+def test_check_mode_passes_the_committed_pages_and_names_a_changed_one(
+    pages_module, tmp_path, monkeypatch, capsys
+):
+    """--check compares each page's text, not only that it exists: the committed pages pass, and a
+    page one character off is named with the command that rewrites it; nothing is written."""
+    copy = tmp_path / "repo"
+    for folder in ("results/reproduce", "results/reference", "results/mutation"):
+        shutil.copytree(ROOT / folder, copy / folder, copy_function=os.symlink)  # links: fast
+    shutil.copytree(ROOT / "docs", copy / "docs")
+    monkeypatch.setattr(pages_module.common, "ROOT", copy)
+    assert pages_module.main(["--check"]) == 0
+    assert capsys.readouterr().out == ""
+    page = copy / pages_module.PAGES_DIR / "reproduction.md"
+    page.write_text(page.read_text(encoding="utf-8") + " ", encoding="utf-8")
     assert pages_module.main(["--check"]) == 1
-    assert f"run {pages_module.REGENERATE}" in capsys.readouterr().out
-    assert not (ROOT / "nowhere").exists()
+    out = capsys.readouterr().out
+    assert out.splitlines() == [
+        f"{page.relative_to(copy)} differs from the result folders: run {pages_module.REGENERATE}"
+    ]
+    assert page.read_text(encoding="utf-8").endswith(" ")
 
 
 def test_a_number_in_a_benchmark_table_reaches_its_doc(pages_module, tmp_path, monkeypatch):
