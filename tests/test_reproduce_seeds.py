@@ -74,7 +74,10 @@ def test_repeats_run_each_seed_in_its_folder_and_report_means_with_intervals(tmp
     assert (row["low"], row["high"]) == pytest.approx((mean - half, mean + half)) and half > 0
     assert row["n"] == 3
     report = (out / "reproduce.md").read_text()
-    assert "seeds 0-2 (means with 95 % CIs)" in report and f"| {row['n']} |" in report
+    assert "seeds 0-2 (means with 95 % CIs)" in report
+    # the report's row is the mean over the seeds with its interval, not one seed's value
+    cells = f"{mean:.3g} [{mean - half:.3g}, {mean + half:.3g}]"
+    assert f"| orca-max | sharegpt-paper | token_states_% | {cells} | 3 | 20.4 |" in report
     data = json.loads((out / "fig2" / "figure.json").read_text())
     # the first seed's plots, and the means with their intervals over the seeds
     assert {p for p in data["plots"] if not p.startswith("seed-0/")} == {"intervals.png", "intervals.svg"}

@@ -36,14 +36,20 @@ from workloads.spec import WorkloadSpec
 
 
 def test_a_value_verdict_names_its_metric_in_every_outcome():
-    """Every branch of `value_verdict` (assumed, no upper end, matches) keeps the metric it judged."""
+    """Every branch of `value_verdict` (assumed, no upper end, differs, too wide, matches) keeps
+    the metric it judged."""
     assumed = value_verdict("swap overhead", Interval(1.2, 1.1, 1.3), 1.2, assumed="swap cost")
     unbounded = value_verdict("sustained rate", Interval.of_bracket(8.0, math.inf), 12.0)
+    differs = value_verdict("token states", Interval(10.0, 9.0, 11.0), 30.0)
+    wide = value_verdict("capacity", Interval(10.0, 5.0, 12.0), 10.0, tolerance=0.0)  # holds 10 / 2
     matched = value_verdict("batched requests", Interval(10.0, 9.0, 11.0), 10.0)  # widened [7.65, 12.65]
-    assert [v.outcome for v in (assumed, unbounded, matched)] == [NOT_MEASURED, NOT_MEASURED, MATCHES]
-    assert [v.metric for v in (assumed, unbounded, matched)] == [
+    verdicts = (assumed, unbounded, differs, wide, matched)
+    assert [v.outcome for v in verdicts] == [NOT_MEASURED, NOT_MEASURED, DIFFERS, INCONCLUSIVE, MATCHES]
+    assert [v.metric for v in verdicts] == [
         "swap overhead",
         "sustained rate",
+        "token states",
+        "capacity",
         "batched requests",
     ]
 
