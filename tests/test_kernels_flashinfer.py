@@ -1,0 +1,44 @@
+"""results/reference/kernels-flashinfer: its table is what make.py gives from the committed
+kernels.csv files, and a cell reads as a win only where the two kernels' 10th-90th percentile
+ranges do not overlap."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+FOLDER = Path(__file__).resolve().parents[1] / "results" / "reference" / "kernels-flashinfer"
+
+
+@pytest.fixture(scope="module")
+def make():
+    return runpy.run_path(str(FOLDER / "make.py"))
+
+
+def _row(us: float, p10: float, p90: float) -> dict:
+    return {"us": str(us), "us_p10": str(p10), "us_p90": str(p90)}
+
+
+def test_a_cell_is_a_win_only_outside_the_other_kernels_spread(make):
+    reading = make["reading"]
+    assert reading(0.97, _row(97, 96, 98), _row(100, 99, 101)) == "kvbench faster"
+    assert reading(0.99, _row(99, 98, 100), _row(100, 99, 101)) == "tie"  # 99-100 overlaps 99-101
+    assert reading(1.0, _row(100, 99, 101), _row(100, 101, 102)) == "tie"  # touching ends overlap
+    assert reading(1.03, _row(103, 102, 104), _row(100, 99, 101)) == "FlashInfer faster"
+
+
+def test_the_committed_table_is_what_the_runs_give(make, tmp_path, monkeypatch):
+    tables = sorted(FOLDER.glob("*/*/kernels.csv"))
+    assert len(tables) >= 2
+    lines, counts = make["set_table"](FOLDER / "nvidia-h100-80gb-hbm3" / "opt13b-fp16" / "kernels.csv")
+    assert sum(counts.values()) == 7 and len(lines) == 2 + 7
+    committed = (FOLDER / "table.md").read_text(encoding="utf-8")
+    monkeypatch.setitem(make["main"].__globals__, "HERE", tmp_path)
+    for table in tables:  # the runs, read from a copy of the folder's layout
+        target = tmp_path / table.relative_to(FOLDER)
+        target.parent.mkdir(parents=True)
+        target.write_bytes(table.read_bytes())
+    make["main"]()
+    assert (tmp_path / "table.md").read_text(encoding="utf-8") == committed
