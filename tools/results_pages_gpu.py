@@ -16,6 +16,7 @@ from results_pages_common import csv, fixed, json_file, num, page, rel, table
 KERNELS = Path("results/reference/kernels-bench")
 MERGE = Path("results/reference/kernel-merge-variants")
 TUNING = Path("results/reference/kernel-tuning")
+FLASHINFER = Path("results/reference/kernels-flashinfer")
 
 
 def kernel_cells_table(path: Path, backends: Sequence[str]) -> str:
@@ -59,6 +60,13 @@ def merge_table() -> str:
     )
 
 
+def flashinfer_tables() -> str:
+    """The folder's table.md (its make.py reads the runs), a section a GPU and shape set."""
+    lines = (common.ROOT / FLASHINFER / "table.md").read_text(encoding="utf-8").splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("## "))
+    return "\n".join("#" + line if line.startswith("## ") else line for line in lines[first:])
+
+
 def kernels_page() -> str:
     bandwidth = json_file(KERNELS / "issue-cells/bandwidth.json")["read_bandwidth_bytes_per_s"]
     sections = [
@@ -79,6 +87,10 @@ def kernels_page() -> str:
         "The fused merge (the last split program merges, taking an atomic ticket) against the separate "
         "merge kernel, at the split counts of the rule then in use "
         f"({rel(MERGE / 'merge_variants.json')}).\n\n" + merge_table(),
+        "## Beside FlashInfer, in one run\n\n"
+        "kvbench's kernels beside FlashInfer 0.7.2.post1's two decode paths and SDPA in one process "
+        f"(median us; a tie: the 10th-90th percentile ranges overlap; {rel(FLASHINFER / 'table.md')}).\n\n"
+        + flashinfer_tables(),
         "## The split rule's tuning\n\n"
         f"Text logs of `benchmarks/tune_decode.py` ({rel(TUNING)}); the rule they chose is "
         "`kernels/splits.py`.",
@@ -86,7 +98,7 @@ def kernels_page() -> str:
     intro = (
         "kvbench's decode-attention kernels on the GPU (`kvbench kernels`, `benchmarks/`). One run per table."
     )
-    return page("Kernels", intro, [KERNELS, MERGE, TUNING], sections)
+    return page("Kernels", intro, [KERNELS, FLASHINFER, MERGE, TUNING], sections)
 
 
 # ---- real decoding ------------------------------------------------------------------------
