@@ -1,6 +1,6 @@
 """results/reference/kernels-flashinfer: its table is what make.py gives from the committed
-kernels.csv files, and a cell reads as a win only where the two kernels' 10th-90th percentile
-ranges do not overlap."""
+kernels.csv files; over seeds a cell is a win only where the ratio's 95 % interval excludes 1,
+and over one seed only where the two kernels' 10th-90th percentile ranges do not overlap."""
 
 from __future__ import annotations
 
@@ -21,19 +21,27 @@ def _row(us: float, p10: float, p90: float) -> dict:
     return {"us": str(us), "us_p10": str(p10), "us_p90": str(p90)}
 
 
-def test_a_cell_is_a_win_only_outside_the_other_kernels_spread(make):
-    reading = make["reading"]
+def test_one_run_is_a_win_only_outside_the_other_kernels_spread(make):
+    reading = make["one_run_reading"]
     assert reading(0.97, _row(97, 96, 98), _row(100, 99, 101)) == "kvbench faster"
     assert reading(0.99, _row(99, 98, 100), _row(100, 99, 101)) == "tie"  # 99-100 overlaps 99-101
     assert reading(1.0, _row(100, 99, 101), _row(100, 101, 102)) == "tie"  # touching ends overlap
     assert reading(1.03, _row(103, 102, 104), _row(100, 99, 101)) == "FlashInfer faster"
 
 
+def test_over_seeds_a_win_needs_the_ratios_interval_clear_of_one(make):
+    reading = make["seeds_reading"]
+    assert reading([0.96, 0.97, 0.98]) == "kvbench faster"  # [0.945, 0.995]
+    assert reading([0.96, 0.98, 1.00]) == "tie"  # the mean is below 1, the interval is not
+    assert reading([1.02, 1.03, 1.04]) == "FlashInfer faster"
+    assert reading([0.99, 1.0, 1.01]) == "tie"
+
+
 def test_the_committed_table_is_what_the_runs_give(make, tmp_path, monkeypatch):
-    tables = sorted(FOLDER.glob("*/*/kernels.csv"))
+    tables = sorted(FOLDER.glob("*/*/seed-*/kernels.csv"))
     assert len(tables) >= 2
-    lines, counts = make["set_table"](FOLDER / "nvidia-h100-80gb-hbm3" / "opt13b-fp16" / "kernels.csv")
-    assert sum(counts.values()) == 7 and len(lines) == 2 + 7
+    lines, counts, seeds = make["set_table"](FOLDER / "nvidia-h100-80gb-hbm3" / "opt13b-fp16")
+    assert sum(counts.values()) == 7 and len(lines) == 2 + 7 and seeds >= 1
     committed = (FOLDER / "table.md").read_text(encoding="utf-8")
     monkeypatch.setitem(make["main"].__globals__, "HERE", tmp_path)
     for table in tables:  # the runs, read from a copy of the folder's layout

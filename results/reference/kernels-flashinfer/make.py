@@ -1,24 +1,30 @@
-"""Tables of this folder's kernel runs: kvbench's decode kernels beside FlashInfer's, one GPU and
-one shape set a folder (`<gpu>/<set>/kernels.csv`, written by `kvbench kernels`).
+"""Tables of this folder's kernel runs: kvbench's decode kernels beside FlashInfer's, one GPU,
+shape set and seed a folder (`<gpu>/<set>/seed-<s>/kernels.csv`, written by `kvbench kernels`;
+a seed draws the inputs and the page order).
 
     PYTHONPATH=. python results/reference/kernels-flashinfer/make.py
 
 Writes table.md beside this file. For each cell: the median microseconds of kvbench's paged and
-contiguous kernels, FlashInfer's faster decode path (CUDA cores or tensor cores, named) and SDPA;
-paged over that FlashInfer path; and whether the two overlap between their 10th and 90th
-percentiles (then the cell reads as a tie, not a win either way). Every number is read from the
+contiguous kernels, FlashInfer's faster decode path (CUDA cores or tensor cores, named) and SDPA,
+each the mean over the seeds; paged over that FlashInfer path, as the mean of the seeds' ratios
+with its 95 % interval; and a reading. Over two or more seeds a cell is a win only where the
+ratio's interval lies wholly on one side of 1, else a tie. Over one seed ("one run") it is a tie
+where the two kernels' 10th-90th percentile ranges overlap. Every number is read from the
 kernels.csv files.
 """
 
 from __future__ import annotations
 
 import csv
+import statistics
 from pathlib import Path
 
 from kvbench.results.files import write_text
+from kvbench.sweep.stats import mean_ci95
 
 HERE = Path(__file__).resolve().parent
 FLASHINFER = ("flashinfer-cuda-cores", "flashinfer-tensor-cores")
+KINDS = ("kvbench faster", "tie", "FlashInfer faster")
 
 
 def cells(table: Path) -> dict[tuple[int, int], dict[str, dict]]:
@@ -31,8 +37,8 @@ def cells(table: Path) -> dict[tuple[int, int], dict[str, dict]]:
     return found
 
 
-def reading(ratio: float, paged: dict, other: dict) -> str:
-    """A tie where the two kernels' 10-90th percentile ranges overlap."""
+def one_run_reading(ratio: float, paged: dict, other: dict) -> str:
+    """One seed: a tie where the two kernels' 10-90th percentile ranges overlap."""
     ours = float(paged["us_p10"]), float(paged["us_p90"])
     theirs = float(other["us_p10"]), float(other["us_p90"])
     if ours[0] <= theirs[1] and theirs[0] <= ours[1]:
@@ -40,44 +46,62 @@ def reading(ratio: float, paged: dict, other: dict) -> str:
     return "kvbench faster" if ratio < 1 else "FlashInfer faster"
 
 
-def set_table(table: Path) -> tuple[list[str], dict[str, int]]:
+def seeds_reading(ratios: list[float]) -> str:
+    """Two or more seeds: a win only where the ratio's 95 % interval excludes 1."""
+    mean, half = mean_ci95(ratios)
+    if mean + half < 1:
+        return "kvbench faster"
+    if mean - half > 1:
+        return "FlashInfer faster"
+    return "tie"
+
+
+def set_table(folder: Path) -> tuple[list[str], dict[str, int], int]:
+    """One shape set over its seeds: table lines, readings counted, seeds read."""
+    runs = [cells(table) for table in sorted(folder.glob("seed-*/kernels.csv"))]
     lines = [
         "| batch x context | kvbench paged | kvbench contiguous | FlashInfer (faster path) | SDPA "
         "| paged / FlashInfer | reading |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     counts: dict[str, int] = {}
-    for (batch, context), rows in sorted(cells(table).items()):
-        if "kvbench-paged" not in rows or not any(name in rows for name in FLASHINFER):
+    for cell in sorted(set.intersection(*(set(run) for run in runs))):
+        rows = [run[cell] for run in runs]
+        if not all("kvbench-paged" in r and all(name in r for name in FLASHINFER) for r in rows):
             continue
-        paged = rows["kvbench-paged"]
-        path = min((name for name in FLASHINFER if name in rows), key=lambda name: float(rows[name]["us"]))
-        other = rows[path]
-        ratio = float(paged["us"]) / float(other["us"])
-        read = reading(ratio, paged, other)
+
+        def mean_us(backend: str, rows: list[dict] = rows) -> float:
+            return statistics.fmean(float(r[backend]["us"]) for r in rows if backend in r)
+
+        path = min(FLASHINFER, key=mean_us)  # the faster path over the seeds, the same in each
+        ratios = [float(r["kvbench-paged"]["us"]) / float(r[path]["us"]) for r in rows]
+        mean, half = mean_ci95(ratios)
+        if len(rows) == 1:
+            read, shown = one_run_reading(ratios[0], rows[0]["kvbench-paged"], rows[0][path]), f"{mean:.3f}"
+        else:
+            read, shown = seeds_reading(ratios), f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
         counts[read] = counts.get(read, 0) + 1
-        contiguous = rows.get("kvbench-contiguous", {}).get("us", "")
-        sdpa = rows.get("torch-sdpa", {}).get("us", "")
+        contiguous, sdpa = mean_us("kvbench-contiguous"), mean_us("torch-sdpa")
         lines.append(
-            f"| {batch} x {context:,} | {float(paged['us']):.1f} | {float(contiguous):.1f} "
-            f"| {float(other['us']):.1f} ({path.removeprefix('flashinfer-')}) | {float(sdpa):.1f} "
-            f"| {ratio:.3f} | {read} |"
+            f"| {cell[0]} x {cell[1]:,} | {mean_us('kvbench-paged'):.1f} | {contiguous:.1f} "
+            f"| {mean_us(path):.1f} ({path.removeprefix('flashinfer-')}) | {sdpa:.1f} | {shown} | {read} |"
         )
-    return lines, counts
+    return lines, counts, len(runs)
 
 
 def main() -> None:
     out = [
-        "# kvbench's decode kernels beside FlashInfer's (median us of one run, 50 timed calls a cell)",
+        "# kvbench's decode kernels beside FlashInfer's (median us of 50 timed calls, mean over seeds)",
         "",
-        "Written by make.py from the kernels.csv files of this folder. A tie: the two kernels' 10th-90th",
-        "percentile ranges overlap.",
+        "Written by make.py from the kernels.csv files of this folder. Over two or more seeds a cell is a",
+        "win where the ratio's 95 % interval excludes 1; over one seed (one run) a tie is where the two",
+        "kernels' 10th-90th percentile ranges overlap.",
     ]
-    for table in sorted(HERE.glob("*/*/kernels.csv")):
-        lines, counts = set_table(table)
-        kinds = ("kvbench faster", "tie", "FlashInfer faster")
-        summary = ", ".join(f"{counts[k]} {k}" for k in kinds if k in counts)
-        out += ["", f"## {table.parent.parent.name}, {table.parent.name} ({summary})", "", *lines]
+    for folder in sorted(path for path in HERE.glob("*/*") if any(path.glob("seed-*/kernels.csv"))):
+        lines, counts, seeds = set_table(folder)
+        summary = ", ".join(f"{counts[k]} {k}" for k in KINDS if k in counts)
+        over = "one run" if seeds == 1 else f"{seeds} seeds"
+        out += ["", f"## {folder.parent.name}, {folder.name}, {over} ({summary})", "", *lines]
     write_text(HERE / "table.md", "\n".join(out) + "\n")
 
 
