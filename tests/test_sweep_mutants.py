@@ -4,26 +4,37 @@ only through a finished sweep (mutation testing, scope `sweep`: docs/MUTATION.md
 What these pin: how long a cell's trace is (requests = rate x duration, at least 20; a
 baseline's count; a preset's rate), every column of a sweep.csv row and the saturated share in
 it, the one-line refusal of each axis flag (named, even for an empty item), the folder-safe
-trace token, and the time a deadline leaves.
+trace token, and the time a deadline leaves. And the sweep's own state (kvbench/sweep/run.py):
+what a resume reads back from sweep.csv and the cell folders, what it refuses and clears, the
+progress counts, the rows a stopped or a resumed sweep keeps, and what sweep.json records.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import math
+import re
+import sys
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from kvbench.config import RunConfig, Slo
 from kvbench.errors import KvbenchError
+from kvbench.results.files import temp_path
+from kvbench.results.ownership import is_temp
+from kvbench.sweep.cell import CellRun
 from kvbench.sweep.deadline import Deadline
-from kvbench.sweep.files import cell_row, metric_columns, read_table, write_table
+from kvbench.sweep.files import CELL_COLUMNS, CI_METRICS, cell_row, metric_columns, read_table, write_table
 from kvbench.sweep.grid import (
     BASELINE,
     BISECT,
     GRID,
+    REPEAT_SEED_STRIDE,
+    Axes,
     Cell,
     cell_config,
     number_token,
@@ -34,10 +45,11 @@ from kvbench.sweep.grid import (
     parse_traces,
     trace_token,
 )
-from kvbench.sweep.plan import SustainedOptions
+from kvbench.sweep.plan import SustainedOptions, SweepPlan
 from kvbench.sweep.progress import Progress
-from kvbench.sweep.run import run_sweep
-from tests.test_sweep import plan
+from kvbench.sweep.run import OtherSettings, run_sweep
+from kvbench.version import __version__
+from tests.test_sweep import plan, quiet
 from workloads.spec import WorkloadSpec
 
 LATENCIES = [
@@ -246,3 +258,217 @@ def test_a_sweep_without_rates_counts_no_bisection_in_its_progress_total(tmp_pat
     )
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "] 2/2 cells" in last, last
+
+
+# --- the sweep's state, its resume, what sweep.csv keeps (kvbench/sweep/run.py) --------------
+
+
+def test_a_resumed_sweep_reads_each_found_cells_wall_time_from_sweep_csv(tmp_path):
+    """A resumed cell's wall time is the one sweep.csv recorded (its folder keeps none): its row
+    keeps it, and a deadline judges the next cell of its kind by the longest of them (a short
+    baseline of 0.25 s as it is, a 5 s cell found before a 3 s one). A cell whose row sweep.csv
+    lacks (a sweep killed between the cell's folder and the table's rewrite) is found all the
+    same, with no wall time. Found cells count as resumed, never failed, on the progress line,
+    and their rows say ok with no error."""
+    p = plan(rates=(1.0, 2.0, 3.0), sustained=SustainedOptions(multiple=4.0))  # a baseline, 3 rates
+    out = tmp_path / "s"
+    run_sweep(p, out, progress=quiet())
+    table = read_table(out / "sweep.csv")
+    baseline, one, two, three = table
+    columns = (out / "sweep.csv").read_text().splitlines()[0].split(",")
+    walls = {baseline: "0.25", one: "5.0", two: "3.0"}  # three's row lost
+    write_table(out / "sweep.csv", [{**table[cell], "wall_s": wall} for cell, wall in walls.items()], columns)
+
+    deadline, stream = Deadline.in_seconds(1e6), io.StringIO()
+    result = run_sweep(p, out, resume=True, progress=Progress(4, stream=stream), deadline=deadline)
+    assert (result.ran, result.resumed, result.failed) == (0, 4, 0)
+    assert deadline.timed == {True: 0.25, False: 5.0}
+    rows = read_table(out / "sweep.csv")
+    assert [(row["wall_s"], row["status"], row["error"]) for row in rows.values()] == [
+        ("0.25", "ok", ""), ("5.0", "ok", ""), ("3.0", "ok", ""), ("", "ok", ""),
+    ]  # fmt: skip
+    assert [row["error"] for row in result.rows] == [""] * 4
+    (line,) = stream.getvalue().splitlines()  # printed once, at the end: nothing was run
+    assert line.split("] ", 1)[1].startswith("4/4 cells, 4 resumed  ") and line.endswith(f"  {three}")
+
+
+def test_a_failed_cell_counts_once_and_a_sweep_it_stops_says_how_to_go_on(tmp_path):
+    """The progress line counts the failed cells, not every cell run; wall times are kept to the
+    millisecond. Without --continue-on-error the first failed cell stops the sweep with a line
+    saying how to go on, and the cells not run stay pending: no wall time, no error, no metric."""
+    p = plan(engines=("orca-max", "paged"), rates=(1.0, 2.0), kv=(1.0,), continue_on_error=True)
+    stream = io.StringIO()
+    run_sweep(p, tmp_path / "a", progress=Progress(4, stream=stream))
+    assert stream.getvalue().splitlines()[-1].split("] ", 1)[1].startswith("4/4 cells, 2 failed  ")
+    walls = [float(row["wall_s"]) for row in read_table(tmp_path / "a" / "sweep.csv").values()]
+    assert len(walls) == 4 and all(wall == round(wall, 3) for wall in walls)
+
+    with pytest.raises(KvbenchError) as stopped:
+        run_sweep(replace(p, continue_on_error=False), tmp_path / "b", progress=quiet())
+    failed, *pending = read_table(tmp_path / "b" / "sweep.csv").values()
+    assert str(stopped.value) == (
+        f"cell {failed['cell_id']} failed: {failed['error']} (--continue-on-error records failed cells "
+        "and goes on; --resume retries them)"
+    )
+    assert [(r["status"], r["wall_s"], r["error"], r["request_throughput"]) for r in pending] == [
+        ("pending", "", "", "")
+    ] * 3
+
+
+def test_a_resume_into_cells_run_with_other_settings_names_the_cell_and_every_setting(tmp_path):
+    """The refusal names the finished cell's folder and each setting it ran otherwise, so the
+    user sees which flags to give back."""
+    p = plan(rates=(1.0,))
+    out = tmp_path / "s"
+    run_sweep(p, out, progress=quiet())
+    other = replace(
+        p, base=replace(p.base, chunked_prefill=True, workload=replace(p.base.workload, num_requests=41))
+    )
+    with pytest.raises(OtherSettings) as refused:
+        run_sweep(other, out, resume=True, progress=quiet())
+    (folder,) = (out / "cells").iterdir()
+    assert str(refused.value) == (
+        f"--resume: {folder} ran other settings (chunked_prefill, workload); "
+        "use another --out, or --overwrite"
+    )
+
+
+def test_resume_and_overwrite_together_are_refused_before_the_folder_is_made(tmp_path):
+    with pytest.raises(KvbenchError) as refused:
+        run_sweep(plan(), tmp_path / "s", resume=True, overwrite=True, progress=quiet())
+    assert str(refused.value) == "--resume and --overwrite contradict each other: pick one"
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_resume_clears_the_temporary_copies_a_killed_sweep_left(tmp_path):
+    """A sweep killed mid-write leaves a table's temporary file beside sweep.csv and a cell's
+    temporary folder in cells/: the resume removes both (a file unlinked, a folder with what it
+    holds) and leaves a user's own file where it was."""
+    p = plan(rates=(1.0, 2.0))
+    out = tmp_path / "s"
+    run_sweep(p, out, progress=quiet())
+    table = temp_path(out / "sweep.csv", "dead")
+    table.write_text("cell_id,ro")
+    cell = temp_path(
+        out / "cells" / "paged__trace-sharegpt-paper__rate-4__bs-16__kv-4__seed-0__rep-0", "dead"
+    )
+    cell.mkdir()
+    (cell / "config.json").write_text("{}")
+    (out / "cells" / "notes.txt").write_text("mine")
+    assert run_sweep(p, out, resume=True, progress=quiet()).resumed == 2
+    assert not [p.name for folder in (out, out / "cells") for p in folder.iterdir() if is_temp(p.name)]
+    assert (out / "cells" / "notes.txt").read_text() == "mine"
+
+
+def test_sweep_json_records_the_command_version_time_and_how_the_cells_ran(tmp_path):
+    """sweep.json is the sweep's record: the command, kvbench's version, when (UTC), simulated or
+    real, the repeats' seed stride (a resume compares it), whether failed cells were recorded,
+    where cells ran and how many were planned (a baseline and two rates)."""
+    p = plan(rates=(1.0, 2.0), sustained=SustainedOptions(), continue_on_error=True)
+    before = datetime.now(UTC).replace(microsecond=0)
+    run_sweep(p, tmp_path / "s", progress=quiet())
+    after = datetime.now(UTC)
+    saved = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert (saved["command"], saved["kvbench"]) == (sys.argv, __version__)
+    created = datetime.fromisoformat(saved["created_utc"])
+    assert created.utcoffset() == timedelta(0) and before <= created <= after
+    assert (saved["mode"], saved["repeat_seed_stride"], saved["continue_on_error"]) == (
+        "simulated",
+        REPEAT_SEED_STRIDE,
+        True,
+    )
+    assert (saved["executor"], saved["cells_planned"]) == ("local", 3)
+
+
+def test_a_real_sweeps_folder_resumed_as_a_simulation_is_refused(tmp_path):
+    """sweep.json says a sweep ran real cells (a tiny model on the CPU here): resumed without
+    --real, its grid would mix simulated cells with real ones, so it is refused, naming both."""
+    axes = Axes(("paged",), ("fixed:prompt=4,output=4",), (1.0,), (16,), (0.002,), (0,), 1)
+    base = RunConfig("paged", model="tiny-opt", workload=WorkloadSpec(num_requests=2))
+    real = SweepPlan(axes, base, run=CellRun(real=True), sustained=SustainedOptions(threshold_s=1.0))
+    out = tmp_path / "s"
+    assert run_sweep(real, out, progress=quiet()).rows[0]["mode"] == "real"
+    assert json.loads((out / "sweep.json").read_text())["mode"] == "real"
+    with pytest.raises(OtherSettings) as refused:
+        run_sweep(replace(real, run=CellRun()), out, resume=True, progress=quiet())
+    assert str(refused.value) == (
+        f"--resume: {out} ran other settings (--real/--simulate: real there, simulated now); "
+        "use another --out, or --overwrite"
+    )
+
+
+def test_a_single_repeat_sweep_has_no_mean_or_interval_columns(tmp_path):
+    """A mean and 95 % interval over one repeat say nothing: sweep.csv has the cell and metric
+    columns only, and so do the rows the sweep returns; with repeats, the six key metrics' follow."""
+    one = run_sweep(plan(rates=(1.0,)), tmp_path / "one", progress=quiet())
+    header = (tmp_path / "one" / "sweep.csv").read_text().splitlines()[0].split(",")
+    columns = [*CELL_COLUMNS, *metric_columns(plan().base)]
+    assert header == columns
+    assert [key for row in one.rows for key in row if key.endswith(("_mean", "_ci95"))] == []
+    run_sweep(plan(rates=(1.0,), repeats=2), tmp_path / "two", progress=quiet())
+    header = (tmp_path / "two" / "sweep.csv").read_text().splitlines()[0].split(",")
+    assert header == [*columns, *(f"{m}_{stat}" for m in CI_METRICS for stat in ("mean", "ci95"))]
+
+
+def test_the_default_progress_total_counts_the_bisection_rounds_up_front(tmp_path, capsys):
+    """Without a progress given, the sweep's own counts the grid and `bisect` rounds per group:
+    orca-max's two rates and two midpoints read 1/4 to 4/4, never past the total."""
+    sustained = SustainedOptions(threshold_s=0.05, bisect=2)
+    p = plan(engines=("orca-max",), rates=(0.5, 2.0), num_requests=60, kv=(12.0,), sustained=sustained)
+    result = run_sweep(p, tmp_path / "s")
+    assert [row["role"] for row in result.rows] == [GRID, GRID, BISECT, BISECT]
+    counts = re.findall(r"\] (\d+/\d+) cells", capsys.readouterr().err)
+    assert counts == ["1/4", "2/4", "3/4", "4/4"]
+
+
+def test_a_durations_request_count_may_take_a_trace_files_every_row_and_no_more(tmp_path):
+    """--duration on a 30-row file (re-timed by Poisson arrivals): 3 req/s x 10 s takes all 30
+    rows, 3.1 req/s would need 31 and is refused, naming the count, the file and what to change;
+    fewer requests would judge the rate on a shorter overload."""
+    trace = tmp_path / "rows.csv"
+    trace.write_text(
+        "request_id,arrival_s,prompt_len,output_len\n" + "".join(f"{i},{i}.0,{4 + i},2\n" for i in range(30))
+    )
+    base = RunConfig("paged", workload=WorkloadSpec(arrivals="poisson"))
+
+    def config(rate: float) -> RunConfig:
+        return cell_config(base, Cell(GRID, "paged", str(trace), rate, 16, None, 0), duration_s=10.0)
+
+    assert config(3.0).workload.num_requests == 30 and config(0.5).workload.num_requests == 20
+    with pytest.raises(KvbenchError) as refused:
+        config(3.1)
+    assert str(refused.value) == (
+        f"--duration 10 at 3.1 req/s: 31 requests (rate x duration, at least 20), and {trace} gives 30; "
+        "give a shorter --duration or lower --rates"
+    )
+
+
+def test_a_resume_whose_search_goes_elsewhere_ends_with_its_own_rows_only(tmp_path):
+    """Static under 0.1 s/token fails 0.5 req/s in one repeat (bisecting down to 0.25, 0.375)
+    and passes it over two (bisecting up to 1.25, 0.875). Resumed with a second repeat, the sweep
+    keeps the first search's rows while it runs (a stop would otherwise lose their wall times),
+    but its final sweep.csv lists the cells of its own search only, as a sweep run whole does."""
+    sustained = SustainedOptions(threshold_s=0.1, bisect=2)
+    one, two = (
+        plan(
+            engines=("static",), rates=(0.5, 2.0), num_requests=60, kv=(12.0,), repeats=r, sustained=sustained
+        )
+        for r in (1, 2)
+    )
+    out = tmp_path / "s"
+    first = run_sweep(one, out, progress=quiet())
+    assert [row["rate"] for row in first.rows if row["role"] == BISECT] == [0.25, 0.375]
+    run_sweep(two, out, resume=True, progress=quiet())
+    whole = run_sweep(two, tmp_path / "whole", progress=quiet())
+    assert [row["rate"] for row in whole.rows if row["role"] == BISECT] == [1.25, 1.25, 0.875, 0.875]
+    assert list(read_table(out / "sweep.csv")) == [row["cell_id"] for row in whole.rows]
+
+
+def test_a_sweep_without_rates_finds_no_sustained_rate(tmp_path):
+    """Cells at a trace's own times have no rate to bisect: no sustained.csv, with a latency
+    bound given or not (none: no baselines either)."""
+    for name, sustained in (("bound", SustainedOptions(threshold_s=0.1)), ("none", SustainedOptions())):
+        p = plan(rates=(None,), num_requests=20, sustained=sustained)
+        result = run_sweep(p, tmp_path / name, progress=quiet())
+        assert result.sustained == [] and [row["role"] for row in result.rows] == [GRID]
+        assert not (tmp_path / name / "sustained.csv").exists()
