@@ -45,8 +45,8 @@ clean:
 # Mutation testing (slow, not part of `make test`; docs/MUTATION.md): engines first, then the
 # metrics and trace validation, then the hybrid allocators, the verdicts, the sweep, and the real runner's
 # host collector and prefill graphs, then chunked prefill, the outside-window terms and the arena copies,
-# then the prefix-caching page pools, the calibration fit and the claims table; reports land in
-# results/mutation/<scope>/
+# then the prefix-caching page pools, the calibration fit, the claims table, and the step pricing and the KV
+# budget; reports land in results/mutation/<scope>/
 .PHONY: mutation
 # chunked prefill's tests but the interpreted Triton ones (about 26 s, every surviving mutant would rerun them)
 CHUNKED_TESTS = $(addprefix tests/test_chunked_prefill.py::,test_every_step_keeps_the_budget_runs_every_decode_and_chunks_in_arrival_order \
@@ -56,6 +56,17 @@ CHUNKED_TESTS = $(addprefix tests/test_chunked_prefill.py::,test_every_step_keep
 	test_static_engines_refuse_chunked_prefill test_a_budget_below_the_running_decodes_is_refused \
 	test_requests_with_several_outputs_are_refused test_a_budget_below_the_model_length_is_taken_when_chunked \
 	test_the_chunked_step_budget_is_2048_unless_set_whatever_the_model_length)
+# the cost-term tests but the one that reads results/reference (not in mutmut's copy of the tree)
+COST_TERMS_TESTS = $(addprefix tests/test_calibrate_cost_terms.py::,test_a_fit_on_runs_without_swaps_assumes_the_swap_cost_and_one_with_swaps_measures_it \
+	test_an_assumed_swap_cost_is_the_roofline_of_the_simulated_block_size \
+	test_an_older_cost_file_assumes_what_it_lacks test_bad_new_terms_in_a_cost_file_are_one_line \
+	test_the_fit_finds_a_known_knee test_the_runner_charges_the_knee_on_decode_steps_only \
+	test_a_batch_that_maps_pages_costs_exactly_that_much_more \
+	test_mapping_ahead_reserves_the_next_segments_pages_and_prices_every_map_a_step_makes \
+	test_a_vmm_run_counts_its_page_maps_and_the_fit_prices_them \
+	test_a_coalesced_vmm_segment_pays_the_page_maps_its_steps_one_by_one_would \
+	test_attention_pairs_count_what_each_query_sees \
+	test_the_fit_recovers_a_known_attention_pair_price_and_steps_record_the_pairs)
 # the prefix-caching pools' tests but the real-model ones
 CACHING_TESTS = $(addprefix tests/test_hybrid_prefix.py::,test_group_names \
 	test_window_hits_skip_blocks_below_the_window_and_stop_at_a_gap test_the_request_hit_is_what_every_group_serves \
@@ -101,3 +112,8 @@ mutation: $(VENV)/.dev
 		tests/test_cost_file_loading.py tests/test_calibrate_read_rows.py tests/test_calibrate_command.py
 	nice $(PY) tools/mutation.py --scope claims --paths kvbench/reproduce/claims.py \
 		--tests tests/test_claims.py tests/test_reproduce_verdicts.py
+	nice $(PY) tools/mutation.py --scope cost --paths kvbench/cost_model.py kvbench/budget.py \
+		--tests tests/test_cost_mutants.py tests/test_cost_model_layers.py $(COST_TERMS_TESTS) \
+		tests/test_cost_file_loading.py tests/test_kvspec_budget.py tests/test_sim_queueing.py tests/test_config.py \
+		tests/test_definitions.py tests/test_preemption_costs.py tests/test_sim_vmm_map.py \
+		tests/test_outside_window.py tests/test_real_window_pricing.py
