@@ -45,8 +45,8 @@ clean:
 # Mutation testing (slow, not part of `make test`; docs/MUTATION.md): engines first, then the
 # metrics and trace validation, then the hybrid allocators, the verdicts, the sweep, and the real runner's
 # host collector and prefill graphs, then chunked prefill, the outside-window terms and the arena copies,
-# then the prefix-caching page pools, the calibration fit, the claims table, and the step pricing and the KV
-# budget; reports land in results/mutation/<scope>/
+# then the prefix-caching page pools, the calibration fit, the claims table, the step pricing and the KV
+# budget, and the calibration's held-out check; reports land in results/mutation/<scope>/
 .PHONY: mutation
 # chunked prefill's tests but the interpreted Triton ones (about 26 s, every surviving mutant would rerun them)
 CHUNKED_TESTS = $(addprefix tests/test_chunked_prefill.py::,test_every_step_keeps_the_budget_runs_every_decode_and_chunks_in_arrival_order \
@@ -67,6 +67,13 @@ COST_TERMS_TESTS = $(addprefix tests/test_calibrate_cost_terms.py::,test_a_fit_o
 	test_a_coalesced_vmm_segment_pays_the_page_maps_its_steps_one_by_one_would \
 	test_attention_pairs_count_what_each_query_sees \
 	test_the_fit_recovers_a_known_attention_pair_price_and_steps_record_the_pairs)
+# the held-out check's tests but those that read results/ or load tools/ (not in mutmut's copy of the tree)
+CHECK_TESTS = $(addprefix tests/test_calibrate_held_out.py::,test_a_held_out_run_of_a_fitted_trace_draw_is_dropped_and_the_rest_split_by_load \
+	test_a_held_out_run_sharing_the_draw_is_never_fitted_nor_checked test_summaries_count_loaded_and_unloaded_runs_apart \
+	test_an_older_sets_file_without_the_split_still_reads test_runs_set_aside_in_a_seed_folder_are_not_held_out \
+	test_held_out_pages_open_with_the_split_and_rewrite_from_cost_json_alone) \
+	$(addprefix tests/test_calibrate_latency.py::,test_the_runner_charges_a_segment_once_on_its_first_decode_step \
+	test_the_fit_recovers_a_known_segment_cost_and_knee)
 # the prefix-caching pools' tests but the real-model ones
 CACHING_TESTS = $(addprefix tests/test_hybrid_prefix.py::,test_group_names \
 	test_window_hits_skip_blocks_below_the_window_and_stop_at_a_gap test_the_request_hit_is_what_every_group_serves \
@@ -117,3 +124,6 @@ mutation: $(VENV)/.dev
 		tests/test_cost_file_loading.py tests/test_kvspec_budget.py tests/test_sim_queueing.py tests/test_config.py \
 		tests/test_definitions.py tests/test_preemption_costs.py tests/test_sim_vmm_map.py \
 		tests/test_outside_window.py tests/test_real_window_pricing.py
+	nice $(PY) tools/mutation.py --scope calibrate-check --paths kvbench/calibrate/check.py \
+		--tests tests/test_calibrate_check_mutants.py $(CHECK_TESTS) tests/test_calibrate.py \
+		tests/test_calibrate_command.py tests/test_calibrate_by_engine.py
