@@ -349,6 +349,23 @@ def test_fit_and_check_replays_held_out_runs_with_the_fit_alone_and_writes_their
     assert "held_out" not in json.loads((tmp_path / "alone" / "cost.json").read_text())
 
 
+def test_a_real_run_recorded_with_the_triton_kernels_on_cuda_is_checked(tmp_path, monkeypatch):
+    """A held-out run made on the GPU with `--attention triton` is replayed on the cpu device, where
+    no kernel runs: its recorded attention setting must not refuse the replay (it did, after the
+    fit was written), and the check is the one of the same run recorded with the default. (Outside
+    Triton's interpreter, which the test suite turns on and a user's replay does not.)"""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    fit = _simulated_real_run(tmp_path / "fit", 6.0, 0, TRUE)
+    held = _simulated_real_run(tmp_path / "held", 12.0, 7, TRUE)
+    plain = fit_and_check([fit], [held], tmp_path / "plain" / "cost.json").checks
+    recorded = json.loads((held / "config.json").read_text())
+    (held / "config.json").write_text(json.dumps(recorded | {"attention": "triton", "device": "cuda"}))
+    assert read_config(held).attention == "triton"
+    gpu = fit_and_check([fit], [held], tmp_path / "gpu" / "cost.json").checks
+    assert [(c.metric, c.real, c.simulated) for c in gpu] == [(c.metric, c.real, c.simulated) for c in plain]
+    assert len(gpu) == len(METRICS)
+
+
 def test_a_replayed_trace_without_arrival_times_or_within_a_second_is_judged_as_it_is(tmp_path):
     """No requests.csv (or no `arrival_s`): no rate to fall behind, unloaded. Two arrivals half
     a second apart make 2 req/s, so 1 req/s completed is loaded: a span under 1 s is a rate too."""

@@ -152,8 +152,11 @@ def check(cost_model: Path, runs: list[Path]) -> list[Check]:
         real = _real_summary(run)
         recorded = read_config(run)
         loaded = is_loaded(run, real, recorded)
-        config = replace(  # the fit prices every step: the run's own cost flags (a simulated run's) do not
-            recorded, cost_model=str(cost_model), device="cpu",
+        # The fit prices every step: the run's own cost flags (a simulated run's) do not. No kernel
+        # runs in the replay, so the attention a GPU run recorded (--attention triton, refused on
+        # the replay's cpu device) is set back to the default.
+        config = replace(
+            recorded, cost_model=str(cost_model), device="cpu", attention="auto",
             cost_fixed_s=None, cost_per_token_s=None, cost_per_kv_token_s=None,
         )  # fmt: skip
         simulated = simulate(config).summary
