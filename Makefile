@@ -68,10 +68,11 @@ COST_TERMS_TESTS = $(addprefix tests/test_calibrate_cost_terms.py::,test_a_fit_o
 	test_attention_pairs_count_what_each_query_sees \
 	test_the_fit_recovers_a_known_attention_pair_price_and_steps_record_the_pairs)
 # the held-out check's tests but those that read results/ or load tools/ (not in mutmut's copy of the tree)
-CHECK_TESTS = $(addprefix tests/test_calibrate_held_out.py::,test_a_held_out_run_of_a_fitted_trace_draw_is_dropped_and_the_rest_split_by_load \
+HELD_OUT_TESTS = $(addprefix tests/test_calibrate_held_out.py::,test_a_held_out_run_of_a_fitted_trace_draw_is_dropped_and_the_rest_split_by_load \
 	test_a_held_out_run_sharing_the_draw_is_never_fitted_nor_checked test_summaries_count_loaded_and_unloaded_runs_apart \
 	test_an_older_sets_file_without_the_split_still_reads test_runs_set_aside_in_a_seed_folder_are_not_held_out \
-	test_held_out_pages_open_with_the_split_and_rewrite_from_cost_json_alone) \
+	test_held_out_pages_open_with_the_split_and_rewrite_from_cost_json_alone)
+CHECK_TESTS = $(HELD_OUT_TESTS) \
 	$(addprefix tests/test_calibrate_latency.py::,test_the_runner_charges_a_segment_once_on_its_first_decode_step \
 	test_the_fit_recovers_a_known_segment_cost_and_knee)
 # the prefix-caching pools' tests but the real-model ones
@@ -115,7 +116,7 @@ mutation: $(VENV)/.dev
 		--paths engines/caching_pages.py --tests $(CACHING_TESTS) tests/test_hybrid_prefix_mutants.py \
 		tests/test_rules.py tests/test_caching_pages_mutants.py
 	nice $(PY) tools/mutation.py --scope calibrate --paths kvbench/calibrate/fit.py \
-		--tests tests/test_calibrate_mutants.py tests/test_calibrate.py tests/test_calibrate_held_out.py \
+		--tests tests/test_calibrate_mutants.py tests/test_calibrate.py $(HELD_OUT_TESTS) \
 		tests/test_cost_file_loading.py tests/test_calibrate_read_rows.py tests/test_calibrate_command.py
 	nice $(PY) tools/mutation.py --scope claims --paths kvbench/reproduce/claims.py \
 		--tests tests/test_claims.py tests/test_reproduce_verdicts.py
