@@ -54,3 +54,26 @@ def test_the_committed_table_is_what_the_runs_give(make, tmp_path, monkeypatch):
         target.write_bytes(table.read_bytes())
     make["main"]()
     assert (tmp_path / "table.md").read_text(encoding="utf-8") == committed
+
+
+def test_a_virtual_memory_set_shows_the_virtual_arena_and_a_backend_not_run_as_a_dash(make, tmp_path):
+    """A set run with `kvbench-virtual` (the contiguous kernel over mapped pages) gets its column;
+    a backend the set did not run (SDPA) reads "-", not an error."""
+    header = "batch,context,backend,status,us,us_p10,us_p90"
+    rows = [
+        ("kvbench-paged", 100.0), ("kvbench-contiguous", 99.0), ("kvbench-virtual", 98.0),
+        ("flashinfer-cuda-cores", 104.0), ("flashinfer-tensor-cores", 110.0),
+    ]  # fmt: skip
+    for seed, shift in ((0, 0.0), (1, 1.0)):
+        (tmp_path / f"seed-{seed}").mkdir()
+        lines = [f"8,4096,{name},ok,{us + shift},{us + shift - 0.5},{us + shift + 0.5}" for name, us in rows]
+        (tmp_path / f"seed-{seed}" / "kernels.csv").write_text("\n".join([header, *lines]) + "\n")
+    lines, counts, seeds = make["set_table"](tmp_path)
+    assert seeds == 2 and counts == {"kvbench faster": 1}
+    assert lines[0].startswith(
+        "| batch x context | kvbench paged | kvbench contiguous | kvbench virtual | FlashInfer"
+    )
+    assert lines[2] == (
+        # 100 / 104 and 101 / 105: mean 0.9617, its t interval over two seeds +-0.0023
+        "| 8 x 4,096 | 100.5 | 99.5 | 98.5 | 104.5 (cuda-cores) | - | 0.962 [0.959, 0.964] | kvbench faster |"
+    )

@@ -58,12 +58,15 @@ def seeds_reading(ratios: list[float]) -> str:
 
 
 def set_table(folder: Path) -> tuple[list[str], dict[str, int], int]:
-    """One shape set over its seeds: table lines, readings counted, seeds read."""
+    """One shape set over its seeds: table lines, readings counted, seeds read. The virtual-memory
+    sets add kvbench's contiguous kernel over a virtual arena (`kvbench-virtual`) as a column."""
     runs = [cells(table) for table in sorted(folder.glob("seed-*/kernels.csv"))]
+    virtual = any("kvbench-virtual" in row for run in runs for row in run.values())
     lines = [
-        "| batch x context | kvbench paged | kvbench contiguous | FlashInfer (faster path) | SDPA "
-        "| paged / FlashInfer | reading |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| batch x context | kvbench paged | kvbench contiguous | "
+        + ("kvbench virtual | " if virtual else "")
+        + "FlashInfer (faster path) | SDPA | paged / FlashInfer | reading |",
+        "|---|---:|---:|" + ("---:|" if virtual else "") + "---:|---:|---:|---|",
     ]
     counts: dict[str, int] = {}
     for cell in sorted(set.intersection(*(set(run) for run in runs))):
@@ -71,10 +74,12 @@ def set_table(folder: Path) -> tuple[list[str], dict[str, int], int]:
         if not all("kvbench-paged" in r and all(name in r for name in FLASHINFER) for r in rows):
             continue
 
-        def mean_us(backend: str, rows: list[dict] = rows) -> float:
-            return statistics.fmean(float(r[backend]["us"]) for r in rows if backend in r)
+        def mean_us(backend: str, rows: list[dict] = rows) -> str:
+            """The backend's mean over the seeds that ran it ("-" where none did)."""
+            times = [float(r[backend]["us"]) for r in rows if backend in r]
+            return f"{statistics.fmean(times):.1f}" if times else "-"
 
-        path = min(FLASHINFER, key=mean_us)  # the faster path over the seeds, the same in each
+        path = min(FLASHINFER, key=lambda name: float(mean_us(name)))  # the faster path over the seeds
         ratios = [float(r["kvbench-paged"]["us"]) / float(r[path]["us"]) for r in rows]
         mean, half = mean_ci95(ratios)
         if len(rows) == 1:
@@ -82,11 +87,11 @@ def set_table(folder: Path) -> tuple[list[str], dict[str, int], int]:
         else:
             read, shown = seeds_reading(ratios), f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
         counts[read] = counts.get(read, 0) + 1
-        contiguous, sdpa = mean_us("kvbench-contiguous"), mean_us("torch-sdpa")
-        lines.append(
-            f"| {cell[0]} x {cell[1]:,} | {mean_us('kvbench-paged'):.1f} | {contiguous:.1f} "
-            f"| {mean_us(path):.1f} ({path.removeprefix('flashinfer-')}) | {sdpa:.1f} | {shown} | {read} |"
-        )
+        columns = [mean_us("kvbench-paged"), mean_us("kvbench-contiguous")]
+        columns += [mean_us("kvbench-virtual")] if virtual else []
+        faster = f"{mean_us(path)} ({path.removeprefix('flashinfer-')})"
+        columns += [faster, mean_us("torch-sdpa"), shown, read]
+        lines.append(f"| {cell[0]} x {cell[1]:,} | " + " | ".join(columns) + " |")
     return lines, counts, len(runs)
 
 
