@@ -5,6 +5,7 @@ not overlap."""
 
 from __future__ import annotations
 
+import csv
 import runpy
 from pathlib import Path
 
@@ -19,7 +20,7 @@ def make():
 
 
 def _row(us: float, p10: float, p90: float) -> dict:
-    return {"us": str(us), "us_p10": str(p10), "us_p90": str(p90)}
+    return {"us": us, "us_p10": p10, "us_p90": p90}
 
 
 def test_one_run_is_a_win_only_outside_the_other_kernels_spread(make):
@@ -59,15 +60,22 @@ def test_the_committed_table_is_what_the_runs_give(make, tmp_path, monkeypatch):
 def test_a_virtual_memory_set_shows_the_virtual_arena_and_a_backend_not_run_as_a_dash(make, tmp_path):
     """A set run with `kvbench-virtual` (the contiguous kernel over mapped pages) gets its column;
     a backend the set did not run (SDPA) reads "-", not an error."""
-    header = "batch,context,backend,status,us,us_p10,us_p90"
+    shape = {"batch": 8, "context": 4096, "block_size": 16, "q_heads": 32, "kv_heads": 8, "gqa": 4,
+             "head_dim": 128, "copies": 1, "ragged": False, "status": "ok"}  # fmt: skip
+    columns = [*shape, "backend", "us", "us_p10", "us_p90", "gbps", "bw_fraction", "vs_contiguous",
+               "max_abs_err", "atol"]  # fmt: skip
     rows = [
         ("kvbench-paged", 100.0), ("kvbench-contiguous", 99.0), ("kvbench-virtual", 98.0),
         ("flashinfer-cuda-cores", 104.0), ("flashinfer-tensor-cores", 110.0),
     ]  # fmt: skip
     for seed, shift in ((0, 0.0), (1, 1.0)):
         (tmp_path / f"seed-{seed}").mkdir()
-        lines = [f"8,4096,{name},ok,{us + shift},{us + shift - 0.5},{us + shift + 0.5}" for name, us in rows]
-        (tmp_path / f"seed-{seed}" / "kernels.csv").write_text("\n".join([header, *lines]) + "\n")
+        with (tmp_path / f"seed-{seed}" / "kernels.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, columns, restval="")
+            writer.writeheader()
+            for name, us in rows:
+                writer.writerow({**shape, "backend": name, "us": us + shift, "us_p10": us + shift - 0.5,
+                                 "us_p90": us + shift + 0.5})  # fmt: skip
     lines, counts, seeds = make["set_table"](tmp_path)
     assert seeds == 2 and counts == {"kvbench faster": 1}
     assert lines[0].startswith(

@@ -15,10 +15,10 @@ number is read from the kernels.csv files.
 
 from __future__ import annotations
 
-import csv
 import statistics
 from pathlib import Path
 
+from kvbench.report.kernel_plot import read_rows
 from kvbench.results.files import write_text
 from kvbench.sweep.stats import mean_ci95
 
@@ -29,20 +29,20 @@ MARGIN = 0.01  # a difference under 1 % is a tie however tight its interval: no 
 
 
 def cells(table: Path) -> dict[tuple[int, int], dict[str, dict]]:
-    """(batch, context) -> backend -> its kernels.csv row, the backends that ran (status ok)."""
+    """(batch, context) -> backend -> its kernels.csv row (numbers parsed by `kvbench kernels`'
+    own reader), the backends that ran (status ok)."""
     found: dict[tuple[int, int], dict[str, dict]] = {}
-    with table.open(newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            if row["status"] == "ok":
-                found.setdefault((int(row["batch"]), int(row["context"])), {})[row["backend"]] = row
+    for row in read_rows(table):
+        if row["status"] == "ok":
+            found.setdefault((row["batch"], row["context"]), {})[row["backend"]] = row
     return found
 
 
 def one_run_reading(ratio: float, paged: dict, other: dict) -> str:
     """One seed: a tie under the margin or where the two kernels' 10-90th percentile ranges overlap."""
-    ours = float(paged["us_p10"]), float(paged["us_p90"])
-    theirs = float(other["us_p10"]), float(other["us_p90"])
-    if abs(ratio - 1) <= MARGIN or (ours[0] <= theirs[1] and theirs[0] <= ours[1]):
+    if abs(ratio - 1) <= MARGIN or (
+        paged["us_p10"] <= other["us_p90"] and other["us_p10"] <= paged["us_p90"]
+    ):
         return "tie"
     return "kvbench faster" if ratio < 1 else "FlashInfer faster"
 
@@ -74,23 +74,27 @@ def set_table(folder: Path) -> tuple[list[str], dict[str, int], int]:
         if not all("kvbench-paged" in r and all(name in r for name in FLASHINFER) for r in rows):
             continue
 
-        def mean_us(backend: str, rows: list[dict] = rows) -> str:
-            """The backend's mean over the seeds that ran it ("-" where none did)."""
-            times = [float(r[backend]["us"]) for r in rows if backend in r]
-            return f"{statistics.fmean(times):.1f}" if times else "-"
+        def mean_us(backend: str, rows: list[dict] = rows) -> float | None:
+            """The backend's mean over the seeds that ran it (None where none did)."""
+            times = [r[backend]["us"] for r in rows if backend in r]
+            return statistics.fmean(times) if times else None
 
-        path = min(FLASHINFER, key=lambda name: float(mean_us(name)))  # the faster path over the seeds
-        ratios = [float(r["kvbench-paged"]["us"]) / float(r[path]["us"]) for r in rows]
+        def shown_us(backend: str) -> str:
+            us = mean_us(backend)
+            return "-" if us is None else f"{us:.1f}"
+
+        path = min(FLASHINFER, key=mean_us)  # the faster path over the seeds, the same in each
+        ratios = [r["kvbench-paged"]["us"] / r[path]["us"] for r in rows]
         mean, half = mean_ci95(ratios)
         if len(rows) == 1:
             read, shown = one_run_reading(ratios[0], rows[0]["kvbench-paged"], rows[0][path]), f"{mean:.3f}"
         else:
             read, shown = seeds_reading(ratios), f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
         counts[read] = counts.get(read, 0) + 1
-        columns = [mean_us("kvbench-paged"), mean_us("kvbench-contiguous")]
-        columns += [mean_us("kvbench-virtual")] if virtual else []
-        faster = f"{mean_us(path)} ({path.removeprefix('flashinfer-')})"
-        columns += [faster, mean_us("torch-sdpa"), shown, read]
+        columns = [shown_us("kvbench-paged"), shown_us("kvbench-contiguous")]
+        columns += [shown_us("kvbench-virtual")] if virtual else []
+        faster = f"{shown_us(path)} ({path.removeprefix('flashinfer-')})"
+        columns += [faster, shown_us("torch-sdpa"), shown, read]
         lines.append(f"| {cell[0]} x {cell[1]:,} | " + " | ".join(columns) + " |")
     return lines, counts, len(runs)
 
