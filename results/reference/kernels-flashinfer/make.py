@@ -57,16 +57,27 @@ def seeds_reading(ratios: list[float]) -> str:
     return "tie"
 
 
+def virtual_ratio(rows: list[dict]) -> str:
+    """kvbench's contiguous kernel over the virtual arena against its paged kernel on the same
+    inputs: the mean of the seeds' ratios with its 95 % interval (one seed: the ratio alone)."""
+    ratios = [r["kvbench-virtual"]["us"] / r["kvbench-paged"]["us"] for r in rows if "kvbench-virtual" in r]
+    if not ratios:
+        return "-"
+    mean, half = mean_ci95(ratios)
+    return f"{mean:.3f}" if len(ratios) == 1 else f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
+
+
 def set_table(folder: Path) -> tuple[list[str], dict[str, int], int]:
     """One shape set over its seeds: table lines, readings counted, seeds read. The virtual-memory
-    sets add kvbench's contiguous kernel over a virtual arena (`kvbench-virtual`) as a column."""
+    sets add kvbench's contiguous kernel over a virtual arena (`kvbench-virtual`) as a column, and
+    its time over the paged kernel's."""
     runs = [cells(table) for table in sorted(folder.glob("seed-*/kernels.csv"))]
     virtual = any("kvbench-virtual" in row for run in runs for row in run.values())
     lines = [
         "| batch x context | kvbench paged | kvbench contiguous | "
-        + ("kvbench virtual | " if virtual else "")
+        + ("kvbench virtual | virtual / paged | " if virtual else "")
         + "FlashInfer (faster path) | SDPA | paged / FlashInfer | reading |",
-        "|---|---:|---:|" + ("---:|" if virtual else "") + "---:|---:|---:|---|",
+        "|---|---:|---:|" + ("---:|---:|" if virtual else "") + "---:|---:|---:|---|",
     ]
     counts: dict[str, int] = {}
     for cell in sorted(set.intersection(*(set(run) for run in runs))):
@@ -92,7 +103,7 @@ def set_table(folder: Path) -> tuple[list[str], dict[str, int], int]:
             read, shown = seeds_reading(ratios), f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
         counts[read] = counts.get(read, 0) + 1
         columns = [shown_us("kvbench-paged"), shown_us("kvbench-contiguous")]
-        columns += [shown_us("kvbench-virtual")] if virtual else []
+        columns += [shown_us("kvbench-virtual"), virtual_ratio(rows)] if virtual else []
         faster = f"{shown_us(path)} ({path.removeprefix('flashinfer-')})"
         columns += [faster, shown_us("torch-sdpa"), shown, read]
         lines.append(f"| {cell[0]} x {cell[1]:,} | " + " | ".join(columns) + " |")
