@@ -46,8 +46,12 @@ clean:
 # metrics and trace validation, then the hybrid allocators, the verdicts, the sweep, and the real runner's
 # host collector and prefill graphs, then chunked prefill, the outside-window terms and the arena copies,
 # then the prefix-caching page pools, the calibration fit, the claims table, the step pricing and the KV
-# budget, and the calibration's held-out check; reports land in results/mutation/<scope>/
+# budget, the calibration's held-out check, and the trace files, the public traces' loaders, the arrival
+# processes and the vmm page geometry; reports land in results/mutation/<scope>/
 .PHONY: mutation
+# the shared trace copies the workloads scope's tests read (mutmut's copy of the tree has no
+# ../shared beside it): KVBENCH_TRACE_DIR where set, else ../shared/traces beside the clone
+KVBENCH_TRACE_DIR ?= $(abspath $(CURDIR)/../shared/traces)
 # chunked prefill's tests but the interpreted Triton ones (about 26 s, every surviving mutant would rerun them)
 CHUNKED_TESTS = $(addprefix tests/test_chunked_prefill.py::,test_every_step_keeps_the_budget_runs_every_decode_and_chunks_in_arrival_order \
 	test_a_first_token_comes_with_the_last_chunk test_coalesced_runs_match_step_by_step_runs_through_preemptions \
@@ -128,3 +132,8 @@ mutation: $(VENV)/.dev
 	nice $(PY) tools/mutation.py --scope calibrate-check --paths kvbench/calibrate/check.py \
 		--tests tests/test_calibrate_check_mutants.py $(CHECK_TESTS) tests/test_calibrate.py \
 		tests/test_calibrate_command.py tests/test_calibrate_by_engine.py
+	KVBENCH_TRACE_DIR=$(KVBENCH_TRACE_DIR) nice $(PY) tools/mutation.py --scope workloads \
+		--paths workloads/arrivals.py workloads/realtraces.py workloads/tracefile.py workloads/tracedetect.py \
+		kvbench/vmm/pages.py --tests tests/test_workloads_mutants.py tests/test_arrivals.py \
+		tests/test_realtraces.py tests/test_tracefile.py tests/test_trace_validation.py tests/test_workloads.py \
+		tests/test_vmm.py
