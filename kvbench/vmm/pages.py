@@ -8,6 +8,9 @@ only simulates them). What a page holds depends on how the virtual ranges lay ou
   range in each holds its tokens of that layer. Growing a request maps one page in each of the
   2 x layers tensors at once (a page group), holding `page_bytes / (kv_heads x head_dim x dtype
   bytes)` tokens: 1,024 for Llama-3-8B's 2 KiB per token and layer, 204.8 for OPT-13B's 10 KiB.
+  An MLA model (DeepSeek-V2) keeps one latent per token and layer in place of K and V: one
+  tensor per layer, a page holding `page_bytes / latent bytes` tokens (1,820.4 for
+  DeepSeek-V2-Lite's 1,152 bytes).
 - `per-request`: one virtual range per request holding every layer's K and V of its tokens
   together; a page holds `page_bytes / kv_bytes_per_token` tokens, far fewer (2.56 for OPT-13B).
 
@@ -45,7 +48,11 @@ def page_geometry(spec: ModelSpec, budget_bytes: int, layout: str, page_kib: int
     if page_kib < 4 or page_kib % 4:
         raise KvbenchError(f"--vmm-page-kib must be a positive multiple of 4, got {page_kib}")
     page = page_kib * 1024
-    if layout == "per-layer":
+    if layout == "per-layer" and spec.mla is not None:
+        # MLA keeps one latent a token and layer in place of K and V: one virtual tensor a layer,
+        # so a page holds what the arena's slots hold (sized by K/V heads, it held a fraction)
+        row, tensors = spec.full_layer.bytes_per_token, spec.num_layers
+    elif layout == "per-layer":
         row = spec.num_kv_heads * spec.head_dim * spec.dtype_bytes  # one token of one layer's K
         tensors = 2 * spec.num_layers
     else:
