@@ -69,7 +69,7 @@ class EngineOptions:
     hash_block_size: int | None = None  # prefix caching: tokens per `block_hashes` entry (the trace's)
     page_tokens: int | Fraction = 0  # vmm: slots one physical page holds, maybe a fraction (0: block_size)
     num_pages: int | None = None  # vmm: whole pages the byte budget holds (None: num_slots // page_tokens)
-    driver_pages: int = 1  # vmm: driver pages one page maps (2 x layers under the per-layer layout)
+    driver_pages: int = 1  # vmm: driver pages one page maps (per-layer: 2 x layers; layers for MLA)
     kv_groups: tuple[KVGroup, ...] = ()  # hybrid engines: the model's KV groups (none: one full group)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 

@@ -7,8 +7,8 @@ memory comes in pages of `page_tokens` slots, mapped at the end of a range when 
 needs the next one, so the K/V of a sequence stays contiguous in virtual memory and attention
 kernels read it with no block table. A page is all the physical memory that holds those
 tokens: with vAttention's layout (a virtual tensor per layer for K and one for V) one "page"
-here is a driver page in each of the 2 x layers tensors, so `page_tokens` is what one driver
-page holds of one layer.
+here is a driver page in each of the 2 x layers tensors (one latent tensor a layer for an MLA
+model: `kvbench.vmm.pages`), so `page_tokens` is what one driver page holds of one layer.
 
 Reclamation is deferred, as in vAttention: a finished request's range keeps its pages mapped,
 and the next request given that range reuses them with no driver call. Pages mapped under
@@ -96,7 +96,7 @@ class VirtualAllocator:
         self.watermark_pages = int(watermark * num_pages)
         self.deferred = deferred
         self.maps = self.unmaps = self.reused = 0
-        self.driver_pages = driver_pages  # driver pages per page: 2 x layers under the per-layer layout
+        self.driver_pages = driver_pages  # driver pages per page (per-layer: 2 x layers; layers for MLA)
         self._grown_maps = 0  # of `maps`, those `grow` made (a segment's later steps: `map_plan` prices them)
         self._unmapped: deque[int] = deque(range(num_pages))
         self._mapped: list[list[int]] = [[] for _ in range(max_requests)]  # physical pages per range

@@ -89,6 +89,7 @@ BAD_FLAGS = [
     (RUN, ("--tensor-parallel", "0"), "--tensor-parallel"),
     (RUN, ("--expert-dispatch", "sparse"), "--expert-dispatch"),
     (RUN, ("--expert-dispatch", "grouped"), "--expert-dispatch grouped: tiny-opt has no experts"),
+    (RUN, ("--engine", "vmm", "--model", "deepseek-v2-lite"), "--engine vmm --model deepseek-v2-lite"),
     (RUN, ("--hf-batch-size", "0"), "--hf-batch-size"),
     (RUN, ("--hf-memory", "2"), "--hf-memory"),
     (RUN, ("--hf-block-size", "2"), "--hf-block-size"),

@@ -133,7 +133,7 @@ class MLAttention(nn.Module):
         if k_cache.shape[1:] != (1, m.kv_lora_rank + m.qk_rope_head_dim):  # an arena laid out as K/V per head
             raise KvbenchError(
                 f"--model {self.spec.name}: MLA needs an arena of latent + rope key slots (KVArena); "
-                "this engine's arena keeps K and V per head (the vmm engine: not yet for MLA)"
+                "this engine's arena keeps K and V per head"
             )
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if m.q_lora_rank else self.q_proj(x)
         q = q.view(t, self.heads, -1)  # [T, H, nope + rope]

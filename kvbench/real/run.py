@@ -96,6 +96,11 @@ def run_real(
         raise KvbenchError(f"--attention {config.attention!r}: choose one of {', '.join(BACKENDS)}")
     collect = parse_collectors(config.collectors)
     spec = resolve_model(config.model)
+    if config.engine == "vmm" and spec.mla is not None:  # the simulated pages hold the latent
+        raise KvbenchError(
+            f"--engine vmm --model {config.model}: the real virtual arena keeps K and V per head, not an "
+            "MLA latent; `kvbench simulate` sizes vmm pages by the latent"
+        )
     if spec.moe is None and config.expert_dispatch != "dense":
         raise KvbenchError(f"--expert-dispatch {config.expert_dispatch}: {config.model} has no experts")
     if session is None:
