@@ -94,7 +94,7 @@ def set_table(folder: Path) -> tuple[list[str], dict[str, int], int]:
             us = mean_us(backend)
             return "-" if us is None else f"{us:.1f}"
 
-        path = min(FLASHINFER, key=mean_us)  # the faster path over the seeds, the same in each
+        path = min(FLASHINFER, key=mean_us)  # the faster by its mean over the seeds (a seed may differ)
         ratios = [r["kvbench-paged"]["us"] / r[path]["us"] for r in rows]
         mean, half = mean_ci95(ratios)
         if len(rows) == 1:
