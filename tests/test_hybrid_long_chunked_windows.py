@@ -62,3 +62,23 @@ def test_the_committed_prediction_is_what_make_py_gives(make, monkeypatch):
     assert table == "\n".join(make["table"](rows)) + "\n"
     # the fitted window reproduces paged's real run (its own steps were fitted)
     assert rows[0]["paged"]["request_throughput"] == pytest.approx(0.726, rel=0.01)
+
+
+def test_the_check_written_before_the_runs_reads_the_rule_as_stated_and_names_what_has_not_run():
+    """check.py, committed with the prediction, is the reading rule as code: an error of exactly
+    10 % either way is within target, a hair more is not; the fitted window is shown and not
+    counted; a window whose cells are absent is named as not run, never read as a pass."""
+    check = runpy.run_path(str(FOLDER / "check.py"))
+    holds = check["holds"]
+    assert holds(1.0, 1.1) and holds(1.0, 0.9) and holds(2.0, 2.2)
+    assert not holds(1.0, 1.1001) and not holds(1.0, 0.8999)
+    assert check["error"](0.722, 0.802) == pytest.approx(0.1108, abs=1e-4)  # predicted / real - 1
+    found = check["windows"]()
+    assert [row["window_start_s"] for row, _ in found] == [0, 350, 700]
+    assert set(found[0][1]) == {"paged", "hybrid", "jenga"}  # the warmed-up run of the fitted window
+    lines = check["reading"]()
+    counted = next(line for line in lines if line.startswith("The later windows"))
+    real = FOLDER.parent / "hybrid-long-chunked-windows-real"
+    if not real.exists():  # before the device job has run
+        assert "0 of 0 predictions" in counted and "Not run yet: 350 s: paged" in counted
+    assert sum(line.startswith("| 0-30 | ") for line in lines) == 3 + 1 + 6  # metrics, ratios, steps
