@@ -61,7 +61,9 @@
 #                    (results/reference/hybrid-long-chunked-warm-real)
 #   hybrid-long-chunked-windows  the chunked setting on two more 30 s windows of the trace (starting at
 #                    350 and 700 s), the engines in another order in each: jenga, hybrid, paged, then
-#                    hybrid, jenga, paged (results/reference/hybrid-long-chunked-windows-real/w<start>)
+#                    hybrid, jenga, paged (results/reference/hybrid-long-chunked-windows-real/w<start>;
+#                    predicted before they ran, and read by check.py there:
+#                    results/reference/hybrid-long-chunked-windows-sim)
 #   mixed-profile    where a chunked step's time goes on Gemma 3 12B, paged and hybrid: the first 4 s of
 #                    Mooncake's conversations, chunked, its mixed steps 21-30 under torch.profiler
 #                    (benchmarks/step_profile.py --profile-mixed-steps 10; the whole window profiled
