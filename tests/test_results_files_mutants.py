@@ -1,8 +1,8 @@
 """Which paths kvbench removes, keeps or carries when it replaces a result folder, pinned at the
 edges the results-files mutation scope found untested (results/mutation/results-files/).
 
-Each test builds a folder in tmp_path and calls kvbench/results/ownership.py's functions on it,
-checking what is left on disk.
+Each test builds a folder in tmp_path and calls kvbench/results/ownership.py's or outputs.py's
+functions on it, checking what is left on disk or the whole one-line refusal.
 """
 
 from __future__ import annotations
@@ -11,6 +11,10 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
+from kvbench.errors import KvbenchError
+from kvbench.results.outputs import prepare_out, prepare_outs, prepare_plot
 from kvbench.results.ownership import carry_foreign, files_under, foreign, listed, remove_owned
 
 
@@ -88,3 +92,115 @@ def test_removing_a_sweep_keeps_a_users_file_and_its_folders(tmp_path: Path) -> 
     write(tmp_path / "sweep", {**{f"cells/x/{n}": t for n, t in run.items()}, "cells/x/mine.txt": "m\n"})
     remove_owned(tmp_path / "sweep")
     assert files_under(tmp_path / "sweep") == ["cells/x/mine.txt"]
+
+
+def refusal(call, *args, **kwargs) -> str:
+    with pytest.raises(KvbenchError) as caught:
+        call(*args, **kwargs)
+    return str(caught.value)
+
+
+def test_the_current_or_a_parent_folder_is_refused_naming_a_folder_or_a_file(tmp_path: Path) -> None:
+    """`--out ..` is refused in one line that asks for a new folder for a folder output and a new
+    file for a file output, from each of prepare_out, prepare_outs and prepare_plot."""
+    up = tmp_path / ".."
+    assert (
+        refusal(prepare_out, up, "run")
+        == f"--out {up}: name a new folder, not the current or a parent folder"
+    )
+    assert (
+        refusal(prepare_out, up, "trace")
+        == f"--out {up}: name a new file, not the current or a parent folder"
+    )
+    assert refusal(prepare_outs, (up, "run", False)) == (
+        f"--out {up}: name a new folder, not the current or a parent folder"
+    )
+    assert refusal(prepare_outs, (up, "trace", False)) == (
+        f"--out {up}: name a new file, not the current or a parent folder"
+    )
+    assert (
+        refusal(prepare_plot, up, "--plot")
+        == f"--plot {up}: name a new file, not the current or a parent folder"
+    )
+
+
+def test_a_plot_is_named_png_or_svg_and_its_twin_is_checked_under_the_same_flag(tmp_path: Path) -> None:
+    """A trace plot may be named .png or .svg (both are written); another suffix is refused naming
+    the path; a user's file at the twin's name is refused under the flag the user gave."""
+    assert prepare_plot(tmp_path / "fig.svg") == [tmp_path / "fig.png", tmp_path / "fig.svg"]
+    assert refusal(prepare_plot, tmp_path / "fig.txt", "--plot") == (
+        f"--plot {tmp_path / 'fig.txt'}: name a .png or .svg file (kvbench writes the figure as both)"
+    )
+    (tmp_path / "fig.svg").write_text("mine")
+    assert refusal(prepare_plot, tmp_path / "fig.png", "--plot") == (
+        f"--plot {tmp_path / 'fig.svg'} is a file that kvbench did not write; "
+        "kvbench never replaces one, with or without --overwrite: choose a new file"
+    )
+
+
+def test_a_file_where_a_folder_goes_and_a_folder_where_a_file_goes_are_refused_in_whole(
+    tmp_path: Path,
+) -> None:
+    """The refusal names what is there (file or folder), what kvbench writes there, and asks for a
+    new one of the output's own sort."""
+    (tmp_path / "f").write_text("mine")
+    (tmp_path / "d").mkdir()
+    assert refusal(prepare_out, tmp_path / "f", "run") == (
+        f"--out {tmp_path / 'f'} is a file that kvbench did not write (it writes a run folder there); "
+        "choose a new folder"
+    )
+    assert refusal(prepare_out, tmp_path / "d", "trace") == (
+        f"--out {tmp_path / 'd'} is a folder that kvbench did not write (it writes a trace file there); "
+        "choose a new file"
+    )
+
+
+def test_a_users_folder_is_refused_naming_its_first_three_entries(tmp_path: Path) -> None:
+    """A non-empty folder kvbench did not write is refused naming its first three entries, sorted,
+    comma-separated; a user's file is refused without an entry list."""
+    write(tmp_path / "mine", {name: "x" for name in ("d.txt", "c.txt", "b.txt", "a.txt")})
+    assert refusal(prepare_out, tmp_path / "mine", "report") == (
+        f"--out {tmp_path / 'mine'} is a folder that kvbench did not write (it holds a.txt, b.txt, c.txt); "
+        "kvbench never replaces one, with or without --overwrite: choose a new folder"
+    )
+    (tmp_path / "mine.yaml").write_text("x")
+    assert refusal(prepare_out, tmp_path / "mine.yaml", "calibration") == (
+        f"--out {tmp_path / 'mine.yaml'} is a file that kvbench did not write; "
+        "kvbench never replaces one, with or without --overwrite: choose a new file"
+    )
+
+
+def test_a_new_demo_folder_is_made_with_its_parents_and_marked(tmp_path: Path) -> None:
+    """A demo's folder, two levels below any existing one, is made at once and marked as a demo, so
+    a rerun recognises it; a marked demo folder with files in it is taken again."""
+    out = tmp_path / "a" / "b" / "demo"
+    assert prepare_out(out, "demo") == out
+    assert json.loads((out / "kvbench.json").read_text()) == {"kind": "demo"}
+    (out / "demo.md").write_text("old")
+    assert prepare_out(out, "demo") == out
+
+
+def test_a_sweep_is_recognised_by_its_marker_or_its_old_sweep_json_and_nothing_else(tmp_path: Path) -> None:
+    """A folder marked as a sweep, or one holding a sweep.json with axes and base_config (written
+    before the marker), is resumed; a folder of a user's notes is not a sweep, and one marked as a
+    report is not a sweep either."""
+    write(tmp_path / "marked", {"kvbench.json": json.dumps({"kind": "sweep"}), "cells/x.txt": "x"})
+    assert prepare_out(tmp_path / "marked", "sweep") == tmp_path / "marked"
+    write(tmp_path / "old", {"sweep.json": json.dumps({"axes": {}, "base_config": {}})})
+    assert prepare_out(tmp_path / "old", "sweep") == tmp_path / "old"
+    write(tmp_path / "notes", {"notes.txt": "x"})
+    assert refusal(prepare_out, tmp_path / "notes", "sweep") == (
+        f"--out {tmp_path / 'notes'} is a folder that kvbench did not write (it holds notes.txt); "
+        "kvbench never replaces one, with or without --overwrite: choose a new folder"
+    )
+    write(tmp_path / "report", {"kvbench.json": json.dumps({"kind": "report"})})
+    assert refusal(prepare_out, tmp_path / "report", "sweep") == (
+        f"--out {tmp_path / 'report'} holds a report folder, not a sweep folder: choose a new folder"
+    )
+
+
+def test_a_file_in_the_way_of_the_outputs_folder_is_named(tmp_path: Path) -> None:
+    """Where a file stands where a folder above the output should be, the refusal names that file."""
+    (tmp_path / "f.txt").write_text("mine")
+    out = tmp_path / "f.txt" / "sub" / "run"
+    assert refusal(prepare_out, out, "run") == f"--out {out}: {tmp_path / 'f.txt'} is a file, not a folder"
