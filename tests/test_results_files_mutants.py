@@ -1,21 +1,27 @@
 """Which paths kvbench removes, keeps or carries when it replaces a result folder, pinned at the
 edges the results-files mutation scope found untested (results/mutation/results-files/).
 
-Each test builds a folder in tmp_path and calls kvbench/results/ownership.py's or outputs.py's
-functions on it, checking what is left on disk or the whole one-line refusal.
+Each test builds a folder in tmp_path and calls the functions of kvbench/results/ (ownership.py,
+outputs.py, files.py, packed.py) on it, checking what is left on disk or the whole one-line refusal.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from kvbench.errors import KvbenchError
+from kvbench.results.files import remove_stale_temps, temp_path, write_json, write_run_atomically
 from kvbench.results.outputs import prepare_out, prepare_outs, prepare_plot
 from kvbench.results.ownership import carry_foreign, files_under, foreign, listed, remove_owned
+from kvbench.results.packed import pack_table, table_bytes
 
 
 def write(folder: Path, files: dict[str, str]) -> None:
@@ -204,3 +210,92 @@ def test_a_file_in_the_way_of_the_outputs_folder_is_named(tmp_path: Path) -> Non
     (tmp_path / "f.txt").write_text("mine")
     out = tmp_path / "f.txt" / "sub" / "run"
     assert refusal(prepare_out, out, "run") == f"--out {out}: {tmp_path / 'f.txt'} is a file, not a folder"
+
+
+def test_an_existing_run_is_replaced_only_with_overwrite(tmp_path: Path) -> None:
+    """A run folder already at --out is refused unless --overwrite is given."""
+    write(
+        tmp_path / "run",
+        {"summary.json": json.dumps({"engine": "paged", "mode": "sim"}), "config.json": "{}"},
+    )
+    assert refusal(prepare_out, tmp_path / "run", "run") == (
+        f"--out {tmp_path / 'run'} holds a run folder already: add --overwrite to replace it, or pick another"
+    )
+    assert prepare_out(tmp_path / "run", "run", overwrite=True) == tmp_path / "run"
+
+
+def test_json_is_written_indented_by_two(tmp_path: Path) -> None:
+    """kvbench's JSON files are indented by two spaces and end in a newline (diffs stay readable)."""
+    write_json(tmp_path / "a.json", {"a": [1]})
+    assert (tmp_path / "a.json").read_text() == '{\n  "a": [\n    1\n  ]\n}\n'
+
+
+def test_a_temporary_name_carries_the_pid_and_its_token(tmp_path: Path) -> None:
+    """A temporary copy is named `.<name>.kvbench-<pid>-<token>`: the token given, else 8 hex digits."""
+    pid = os.getpid()
+    assert temp_path(tmp_path / "run", "old") == tmp_path / f".run.kvbench-{pid}-old"
+    assert re.fullmatch(rf"\.run\.kvbench-{pid}-[0-9a-f]{{8}}", temp_path(tmp_path / "run").name)
+
+
+def test_a_live_processs_temporary_copy_is_kept_and_the_process_left_alone(tmp_path: Path) -> None:
+    """Clearing stale temporary copies keeps one whose process still runs, and sends that process
+    no signal (it is only asked whether it exists)."""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        temp = tmp_path / f".run.kvbench-{child.pid}-abcd"
+        temp.mkdir()
+        remove_stale_temps(tmp_path / "run")
+        time.sleep(0.2)
+        assert temp.is_dir()
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_run_is_written_two_folders_below_any_existing_one(tmp_path: Path) -> None:
+    """write_run_atomically makes the folders above --out that do not exist yet."""
+    out = tmp_path / "a" / "b" / "run"
+    write_run_atomically(out, lambda tmp: (tmp / "summary.json").write_text("{}"))
+    assert files_under(out) == ["summary.json"]
+
+
+def test_a_run_is_replaced_when_the_working_folder_is_on_another_filesystem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replacing a run moves its old copy beside it, not into the working folder: a run under
+    tmp_path is replaced while the working folder is on /dev/shm (another filesystem)."""
+    if not Path("/dev/shm").is_dir() or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than tmp_path")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as cwd:
+        monkeypatch.chdir(cwd)
+        out = tmp_path / "run"
+        write_run_atomically(out, lambda tmp: (tmp / "summary.json").write_text("1"))
+        write_run_atomically(out, lambda tmp: (tmp / "summary.json").write_text("2"))
+        assert (out / "summary.json").read_text() == "2"
+        assert os.listdir(cwd) == []
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+def test_a_failed_write_leaves_no_temporary_copy(tmp_path: Path) -> None:
+    """Where writing a run raises, its half-written temporary copy is removed: nothing is left."""
+
+    def fail(tmp: Path) -> None:
+        (tmp / "summary.json").write_text("{}")
+        raise RuntimeError("cut")
+
+    with pytest.raises(RuntimeError):
+        write_run_atomically(tmp_path / "run", fail)
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_empty_table_and_one_of_exactly_min_bytes_are_packed(tmp_path: Path) -> None:
+    """pack_table packs any table by default, even an empty one, and one of exactly `min_bytes`;
+    either reads back as it was."""
+    (tmp_path / "steps.csv").write_bytes(b"")
+    assert pack_table(tmp_path / "steps.csv") is True
+    assert table_bytes(tmp_path / "steps.csv") == b""
+    (tmp_path / "requests.csv").write_bytes(b"a,b\n")
+    assert pack_table(tmp_path / "requests.csv", min_bytes=4) is True
+    assert not (tmp_path / "requests.csv").exists()
+    assert table_bytes(tmp_path / "requests.csv") == b"a,b\n"
