@@ -137,3 +137,15 @@ mutation: $(VENV)/.dev
 		kvbench/vmm/pages.py --tests tests/test_workloads_mutants.py tests/test_arrivals.py \
 		tests/test_realtraces.py tests/test_tracefile.py tests/test_trace_validation.py tests/test_workloads.py \
 		tests/test_vmm.py
+	KVBENCH_TRACE_DIR=$(KVBENCH_TRACE_DIR) nice $(PY) tools/mutation.py --scope results-files \
+		--paths kvbench/results/files.py kvbench/results/ownership.py kvbench/results/outputs.py \
+		kvbench/results/packed.py --tests tests/test_results_files_mutants.py tests/test_outputs.py \
+		tests/test_ownership.py tests/test_bad_inputs.py \
+		tests/test_packed_tables.py::test_a_packed_run_loads_exactly_as_its_csvs \
+		tests/test_packed_tables.py::test_packing_is_byte_exact_and_repeatable \
+		tests/test_packed_tables.py::test_small_tables_stay_plain_and_a_missing_one_reads_empty \
+		tests/test_packed_tables.py::test_a_cut_packed_table_is_refused_naming_it \
+		tests/test_load.py::test_load_run_reads_a_simulated_run_as_the_files_hold_it \
+		tests/test_load.py::test_load_sweep_reads_a_sweep_the_real_sweep_wrote \
+		tests/test_load.py::test_numbers_read_back_exactly_as_written_words_and_gaps_as_they_are \
+		tests/test_load.py::test_a_broken_run_is_refused_in_one_line_naming_the_file
