@@ -20,16 +20,16 @@ per (window, engine): a replay at the trace's timestamps has nothing a seed vari
 from __future__ import annotations
 
 import json
+import runpy
 from dataclasses import replace
 from pathlib import Path
 
-from kvbench.calibrate.check import read_config
 from kvbench.results.files import write_text
-from kvbench.results.load import load_run
 from kvbench.simulate import simulate
 from workloads.spec import build_trace
 
 HERE = Path(__file__).resolve().parent
+WINDOWS = runpy.run_path(str(HERE.parent / "hybrid-long-windows-sim" / "make.py"))
 REAL = HERE.parent / "hybrid-long-chunked-warm-real"
 COST = HERE.parent / "hybrid-long-chunked-split-real" / "calibration" / "cost.json"
 ENGINES = ("paged", "hybrid", "jenga")
@@ -46,13 +46,8 @@ METRICS = (  # summary.json key, table heading, digits
 
 def configs() -> dict:
     """Each engine's real chunked cell config, simulated on the CPU with the fitted costs and the
-    KV budget the cell measured."""
-    out = {}
-    for summary in sorted(REAL.glob("cells/*/summary.json")):
-        run = load_run(summary.parent)
-        gib = run.summary["kv_budget_bytes"] / 2**30
-        out[run.engine] = replace(read_config(run.path), kv_cache_gib=gib, device="cpu", cost_model=str(COST))
-    return {engine: out[engine] for engine in ENGINES}
+    KV budget the cell measured (results/reference/hybrid-long-windows-sim's reading of a cell)."""
+    return WINDOWS["configs"](REAL, COST, ENGINES)
 
 
 def predict() -> list[dict]:

@@ -31,14 +31,15 @@ STARTS = tuple(range(0, 3500, 350))  # window starts, s: ten windows over the tr
 REAL_RATIO = 0.816 / 0.710  # hybrid / paged completed req/s of the real window (its README)
 
 
-def configs() -> dict:
-    """Each engine's real cell config, simulated on the CPU with the fitted costs and its budget."""
+def configs(real: Path = REAL, cost: Path = COST, engines: tuple[str, ...] = ENGINES) -> dict:
+    """Each engine's cell config in `real`, simulated on the CPU with the costs fitted in `cost`
+    and the KV budget that cell measured."""
     out = {}
-    for summary in sorted(REAL.glob("cells/*/summary.json")):
+    for summary in sorted(real.glob("cells/*/summary.json")):
         run = load_run(summary.parent)
         gib = run.summary["kv_budget_bytes"] / 2**30
-        out[run.engine] = replace(read_config(run.path), kv_cache_gib=gib, device="cpu", cost_model=str(COST))
-    return {engine: out[engine] for engine in ENGINES}
+        out[run.engine] = replace(read_config(run.path), kv_cache_gib=gib, device="cpu", cost_model=str(cost))
+    return {engine: out[engine] for engine in engines}
 
 
 def window_rows() -> list[dict]:
