@@ -40,6 +40,10 @@ def test_over_seeds_a_win_needs_the_ratios_interval_clear_of_one(make):
     assert reading([0.99, 1.0, 1.01]) == "tie"
     assert reading([1.006, 1.007, 1.008]) == "tie"  # clear of 1, but under the 1 % margin
     assert reading([0.985, 0.986, 0.987]) == "kvbench faster"
+    names = ("virtual faster", "paged faster")  # virtual / paged, read by the same rule
+    assert reading([0.985, 0.986, 0.987], names) == "virtual faster"
+    assert reading([1.02, 1.03, 1.04], names) == "paged faster"
+    assert reading([0.991, 0.991, 0.992], names) == "tie"  # clear of 1, under the margin
 
 
 def test_the_committed_table_is_what_the_runs_give(make, tmp_path, monkeypatch):
@@ -86,6 +90,6 @@ def test_a_virtual_memory_set_shows_the_virtual_arena_and_a_backend_not_run_as_a
     assert lines[2] == (
         # virtual / paged: 98 / 100 and 99 / 101, mean 0.9801, +-0.0013 (t over two seeds);
         # paged / FlashInfer: 100 / 104 and 101 / 105: mean 0.9617, +-0.0023
-        "| 8 x 4,096 | 100.5 | 99.5 | 98.5 | 0.980 [0.979, 0.981] | 104.5 (cuda-cores) | - "
+        "| 8 x 4,096 | 100.5 | 99.5 | 98.5 | 0.980 [0.979, 0.981] virtual faster | 104.5 (cuda-cores) | - "
         "| 0.962 [0.959, 0.964] | kvbench faster |"
     )

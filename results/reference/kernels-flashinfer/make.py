@@ -47,24 +47,31 @@ def one_run_reading(ratio: float, paged: dict, other: dict) -> str:
     return "kvbench faster" if ratio < 1 else "FlashInfer faster"
 
 
-def seeds_reading(ratios: list[float]) -> str:
-    """Two or more seeds: a win only past the margin, with the ratio's 95 % interval excluding 1."""
+def seeds_reading(
+    ratios: list[float], names: tuple[str, str] = ("kvbench faster", "FlashInfer faster")
+) -> str:
+    """Two or more seeds: a win only past the margin, with the ratio's 95 % interval excluding 1;
+    `names`: the reading below 1 and above it (the ratio's numerator faster, its denominator)."""
     mean, half = mean_ci95(ratios)
     if mean < 1 - MARGIN and mean + half < 1:
-        return "kvbench faster"
+        return names[0]
     if mean > 1 + MARGIN and mean - half > 1:
-        return "FlashInfer faster"
+        return names[1]
     return "tie"
 
 
 def virtual_ratio(rows: list[dict]) -> str:
     """kvbench's contiguous kernel over the virtual arena against its paged kernel on the same
-    inputs: the mean of the seeds' ratios with its 95 % interval (one seed: the ratio alone)."""
+    inputs: the mean of the seeds' ratios with its 95 % interval and its reading by the same rule
+    as paged / FlashInfer (one seed: the ratio alone, no reading)."""
     ratios = [r["kvbench-virtual"]["us"] / r["kvbench-paged"]["us"] for r in rows if "kvbench-virtual" in r]
     if not ratios:
         return "-"
     mean, half = mean_ci95(ratios)
-    return f"{mean:.3f}" if len(ratios) == 1 else f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
+    if len(ratios) == 1:
+        return f"{mean:.3f}"
+    read = seeds_reading(ratios, ("virtual faster", "paged faster"))
+    return f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}] {read}"
 
 
 def set_table(folder: Path) -> tuple[list[str], dict[str, int], int]:
