@@ -185,7 +185,7 @@ def prepare(
         # an explicit --cost-per-token-s is every token's cost, prefill tokens' too
         per_prefill_token_s=None if config.cost_per_token_s is not None else base.per_prefill_token_s,
     )
-    if cost.fixed_s + cost.per_token_s + cost.per_kv_token_s <= 0:
+    if not cost.takes_time():
         raise KvbenchError("--cost-fixed-s, --cost-per-token-s, --cost-per-kv-token-s: a step must take time")
     trace = build_trace(config.workload)
     check_trace(trace, model, config.workload.prefix)

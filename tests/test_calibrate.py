@@ -225,3 +225,44 @@ def test_calibrate_folder_errors_are_one_line(tmp_path, args, message):
     lines = done.stderr.strip().splitlines()
     assert done.exit_code == 2 and len(lines) == 1 and message.format(tmp=tmp_path) in lines[0], done.stderr
     assert "Traceback" not in done.output
+
+
+def test_a_fit_that_prices_a_step_at_nothing_is_refused_and_the_earlier_file_kept(tmp_path):
+    """Steps whose measured time does not grow with their batch or context fit 0 for every core
+    constant: a file every simulation refuses to price ("a step must take time"). The command
+    refuses it in one line before writing, so a good fit already at --out survives."""
+    import csv
+
+    from typer.testing import CliRunner
+
+    from kvbench.cli.app import app
+
+    good, free = simulated(tmp_path, "good", 6.0, 0), simulated(tmp_path, "free", 6.0, 1)
+    workload = WorkloadSpec("sharegpt-paper", num_requests=150, rate=6.0, seed=2)
+    orca = tmp_path / "orca"
+    write_result(simulate(RunConfig(engine="orca-oracle", workload=workload, kv_cache_gib=2.0, **TRUE)), orca)
+    for run in (good, free, orca):  # what real runs say of themselves
+        summary = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps(summary | {"mode": "real"}))
+    for run in (free, orca):
+        with (run / "steps.csv").open() as f:
+            rows = list(csv.DictReader(f))
+        with (run / "steps.csv").open("w", newline="") as f:  # every step measured at 0 s
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(row | {"duration_s": "0"} for row in rows)
+    out = tmp_path / "cost.json"
+    done = CliRunner().invoke(app, ["calibrate", str(good), "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    before = out.read_bytes()
+    assert json.loads(before)["fixed_s"] == pytest.approx(TRUE["cost_fixed_s"], rel=1e-6)
+    for args in ([str(free)], [str(free), "--by-engine"]):
+        done = CliRunner().invoke(app, ["calibrate", *args, "--out", str(out)])
+        lines = done.stderr.strip().splitlines()
+        assert done.exit_code == 2 and len(lines) == 1, done.output
+        assert "the fit of every run" in lines[0] and "prices a step at 0 s" in lines[0], lines
+        assert out.read_bytes() == before  # the earlier fit is not replaced by a free one
+    # one engine's free steps: the fit of every run prices steps, orca-oracle's own fit does not
+    done = CliRunner().invoke(app, ["calibrate", str(good), str(orca), "--by-engine", "--out", str(out)])
+    assert done.exit_code == 2 and "the fit of orca-oracle" in done.stderr, done.output
+    assert out.read_bytes() == before

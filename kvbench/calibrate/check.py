@@ -302,6 +302,7 @@ def fit_and_check(
     gain = KNEE_GAIN if knee_gain is None else knee_gain
     fitted = calibrate(fit, objective=objective or DEFAULT_OBJECTIVE, by_engine=by_engine, knee_gain=gain)
     result = named(fitted, name)
+    _refuse_free_steps(result)
     notes = {"held_out_dropped": [
         {"run": name(run), "shares_draw_with": name(twin), **workload_identity(read_config(run))}
         for run, twin in dropped
@@ -314,6 +315,21 @@ def fit_and_check(
     write_json(out, result.to_dict() | notes | {"held_out": [c.to_dict() for c in checks],
                                                 "held_out_summary": summarize(checks)})  # fmt: skip
     return FitCheck(result, checks, dropped)
+
+
+def _refuse_free_steps(result: Calibration) -> None:
+    """Refuse, before anything is written, a fit (of every run, or of one engine's) whose step
+    costs nothing: steps whose measured time does not grow with the batch or the context, and
+    a fixed cost clamped to 0 by the other terms, leave a file every simulation would refuse to
+    price (`CostModel.takes_time`). Written, it would replace a good fit at the same path."""
+    fits = [("the fit of every run", result), *((f"the fit of {e}", f) for e, f in result.engines.items())]
+    for label, fit in fits:
+        if not fit.cost.takes_time():
+            raise KvbenchError(
+                f"the cost model: {label} ({fit.rows} step rows) prices a step at 0 s (fixed, per "
+                "decode row and per context token all 0): its steps' measured time does not grow with "
+                "their batch or context; fit longer or more loaded runs. Nothing written"
+            )
 
 
 def _same_prefills(fit: list[Path], held_out: list[Path]) -> None:
