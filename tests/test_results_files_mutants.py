@@ -3,22 +3,44 @@ edges the results-files mutation scope found untested (results/mutation/results-
 
 Each test builds a folder in tmp_path and calls the functions of kvbench/results/ (ownership.py,
 outputs.py, files.py, packed.py) on it, checking what is left on disk or the whole one-line refusal.
+The provenance tests build git checkouts in tmp_path, and put a stand-in `git` (a script) or a
+stand-in torch module in the environment where a real one cannot show the case (a git that hangs,
+a GPU).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import re
+import shutil
+import socket
 import subprocess
+import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+import kvbench
 from kvbench.errors import KvbenchError
-from kvbench.results.files import remove_stale_temps, temp_path, write_json, write_run_atomically
+from kvbench.results.files import (
+    checkout_sha,
+    environment,
+    read_json,
+    remove_stale_temps,
+    save_figure,
+    temp_path,
+    write_csv,
+    write_json,
+    write_run_atomically,
+)
 from kvbench.results.outputs import prepare_out, prepare_outs, prepare_plot
 from kvbench.results.ownership import carry_foreign, files_under, foreign, listed, remove_owned
 from kvbench.results.packed import pack_table, table_bytes
@@ -299,3 +321,418 @@ def test_an_empty_table_and_one_of_exactly_min_bytes_are_packed(tmp_path: Path) 
     assert pack_table(tmp_path / "requests.csv", min_bytes=4) is True
     assert not (tmp_path / "requests.csv").exists()
     assert table_bytes(tmp_path / "requests.csv") == b"a,b\n"
+
+
+# ---------------------------------------------------------------- provenance: env.json's commit
+
+
+def git(root: Path, *args: str) -> str:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    who = {
+        "GIT_AUTHOR_NAME": "a",
+        "GIT_AUTHOR_EMAIL": "a@a",
+        "GIT_COMMITTER_NAME": "a",
+        "GIT_COMMITTER_EMAIL": "a@a",
+    }
+    done = subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, check=True, env={**clean, **who}
+    )
+    return done.stdout.strip()
+
+
+def checkout(root: Path, commit: bool = True) -> Path:
+    """A git work tree at `root` holding kvbench/ (a source checkout), with one commit."""
+    (root / "kvbench").mkdir(parents=True)
+    (root / "kvbench" / "__init__.py").write_text("")
+    git(root.parent, "init", "-q", str(root))
+    if commit:
+        git(root, "add", "-A")
+        git(root, "commit", "-q", "-m", "x")
+    return root
+
+
+def test_a_checkouts_commit_is_its_full_head_sha(tmp_path: Path) -> None:
+    """env.json's git_sha is the full sha of the commit checked out where kvbench's sources are."""
+    root = checkout(tmp_path / "src")
+    assert checkout_sha(root) == git(root, "rev-parse", "HEAD")
+    assert re.fullmatch(r"[0-9a-f]{40}", checkout_sha(root))
+
+
+def test_a_repository_without_kvbench_or_a_commit_gives_unknown(tmp_path: Path) -> None:
+    """A repository that holds no kvbench/ folder is not a checkout of kvbench, and a checkout
+    with no commit yet has none to name: both give "unknown", never a sha or other text."""
+    other = tmp_path / "other"
+    other.mkdir()
+    git(tmp_path, "init", "-q", str(other))
+    git(other, "commit", "-q", "--allow-empty", "-m", "x")
+    assert checkout_sha(other) == "unknown"
+    assert checkout_sha(checkout(tmp_path / "unborn", commit=False)) == "unknown"
+
+
+def test_kvbench_inside_another_projects_repository_gives_unknown(tmp_path: Path) -> None:
+    """A kvbench folder whose own .git is no repository, inside another project's repository (an
+    installed kvbench in a project's site-packages), is not that project's commit: "unknown"."""
+    outer = checkout(tmp_path / "project")
+    (outer / "site" / "kvbench").mkdir(parents=True)
+    (outer / "site" / ".git").mkdir()
+    assert checkout_sha(outer / "site") == "unknown"
+
+
+def test_gits_environment_variables_do_not_redirect_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With GIT_DIR naming another repository (as inside a git hook), the commit recorded is still
+    the checkout's own."""
+    root = checkout(tmp_path / "src")
+    other = checkout(tmp_path / "other")
+    git(other, "commit", "-q", "--allow-empty", "-m", "y")
+    monkeypatch.setenv("GIT_DIR", str(other / ".git"))
+    assert checkout_sha(root) == git(root, "rev-parse", "HEAD") != git(other, "rev-parse", "HEAD")
+
+
+def stand_in_git(folder: Path, body: str) -> None:
+    """An executable `git` in `folder` that runs `body` (Python) instead of git."""
+    folder.mkdir(exist_ok=True)
+    (folder / "git").write_text(f"#!{sys.executable}\nimport sys, time\n{body}\n")
+    (folder / "git").chmod(0o755)
+
+
+def test_without_git_the_commit_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no git is on PATH the commit is "unknown", whatever the checkout is called and from
+    wherever the command runs."""
+    root = tmp_path / "XXXX"
+    (root / "kvbench").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.chdir(tmp_path)
+    assert checkout_sha(root) == "unknown"
+
+
+def test_a_git_that_fails_is_not_believed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A git that exits with an error gives "unknown", whatever it printed."""
+    root = tmp_path / "src"
+    (root / "kvbench").mkdir(parents=True)
+    (root / ".git").mkdir()
+    stand_in_git(tmp_path / "bin", f"print({str(root)!r}); sys.exit(1)")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert checkout_sha(root) == "unknown"
+
+
+def test_a_git_that_hangs_gives_unknown_instead_of_hanging_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A git that never answers (a hung network filesystem, a lock) costs a few seconds and gives
+    "unknown": writing a result does not wait for it. The stand-in answers after 20 s, long after
+    the limit of 5 s, so this does not depend on the machine's speed."""
+    root = tmp_path / "src"
+    (root / "kvbench").mkdir(parents=True)
+    (root / ".git").mkdir()
+    stand_in_git(tmp_path / "bin", f"time.sleep(20); print({str(root)!r})")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert checkout_sha(root) == "unknown"
+
+
+# ---------------------------------------------------------------- provenance: env.json
+
+
+PACKAGES = ("torch", "triton", "transformers", "numpy")
+
+
+def installed(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def test_environment_records_version_commit_host_command_and_packages_by_name() -> None:
+    """env.json names exactly these fields: kvbench's version, the commit of kvbench's own checkout
+    (not of the folder above it), Python, the platform, the command line, a UTC timestamp, and the
+    versions of torch, triton, transformers and numpy; no GPU field where torch sees none."""
+    from kvbench.version import __version__
+
+    env = environment()
+    assert set(env) == {"kvbench", "git_sha", "python", "platform", "command", "created_utc", "packages"}
+    root = Path(kvbench.__file__).resolve().parents[1]
+    assert env["git_sha"] == checkout_sha(root)
+    if (root / ".git").exists() and shutil.which("git"):
+        assert env["git_sha"] == git(root, "rev-parse", "HEAD")
+    assert env["kvbench"] == __version__
+    assert env["python"] == platform.python_version()
+    assert env["platform"] == platform.platform()
+    assert env["command"] == sys.argv
+    assert datetime.fromisoformat(env["created_utc"]).utcoffset() == timedelta(0)
+    assert env["packages"] == {name: installed(name) for name in PACKAGES}
+
+
+def stand_in_torch(current: int = 1) -> SimpleNamespace:
+    """A torch module as `_gpu` reads it, seeing two GPUs, the current one `current` (as
+    torch.cuda.get_device_properties, None means the current device)."""
+    cards = [SimpleNamespace(name=f"GPU {i}", total_memory=(i + 1) * 80 * 2**30) for i in range(2)]
+    cuda = SimpleNamespace(
+        is_available=lambda: True,
+        current_device=lambda: current,
+        get_device_properties=lambda device=None: cards[current if device is None else device],
+    )
+    return SimpleNamespace(cuda=cuda, version=SimpleNamespace(cuda="12.4"))
+
+
+def test_environment_records_the_gpu_torch_sees_and_the_driver_nvml_reports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where torch is loaded and sees a GPU, env.json names the current card, its memory, torch's
+    CUDA version and NVML's driver version; without NVML the driver is recorded as null."""
+    monkeypatch.setitem(sys.modules, "torch", stand_in_torch())
+    nvml = SimpleNamespace(nvmlInit=lambda: None, nvmlSystemGetDriverVersion=lambda: "550.54.15")
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    gpu = {"gpu": "GPU 1", "gpu_memory_bytes": 160 * 2**30, "cuda": "12.4"}
+    env = environment()
+    assert {k: env[k] for k in ("gpu", "gpu_memory_bytes", "cuda", "driver")} == {
+        **gpu,
+        "driver": "550.54.15",
+    }
+    assert len(env) == 7 + 4
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    env = environment()
+    assert {k: env[k] for k in ("gpu", "gpu_memory_bytes", "cuda", "driver")} == {**gpu, "driver": None}
+
+
+# ---------------------------------------------------------------- tables and JSON
+
+
+@dataclass
+class One:
+    name: str
+
+
+@dataclass
+class Two:
+    step: int
+    engine: str
+
+
+def test_a_one_column_table_writes_each_value_whole(tmp_path: Path) -> None:
+    """A dataclass of one field writes one column: a text value stays one cell, not one per letter."""
+    write_csv(tmp_path / "one.csv", [One("ab"), One("c")], One)
+    assert (tmp_path / "one.csv").read_bytes() == b"name\r\nab\r\nc\r\n"
+
+
+def test_a_table_writes_every_field_and_extra_columns_in_first_seen_order(tmp_path: Path) -> None:
+    """Every field of the row type is written, then the collectors' extra columns in the order first
+    seen; a row without one of them leaves that cell empty."""
+    write_csv(tmp_path / "two.csv", [Two(0, "paged"), Two(1, "x")], Two)
+    assert (tmp_path / "two.csv").read_bytes() == b"step,engine\r\n0,paged\r\n1,x\r\n"
+    extra = [{"copy_ms": 1.5}, {"gpu_ms": 2, "copy_ms": 3}]
+    write_csv(tmp_path / "steps.csv", [Two(0, "paged"), Two(1, "paged")], Two, extra=extra)
+    assert (tmp_path / "steps.csv").read_bytes() == (
+        b"step,engine,copy_ms,gpu_ms\r\n0,paged,1.5,\r\n1,paged,3,2\r\n"
+    )
+
+
+def test_extra_columns_for_another_number_of_rows_are_refused_and_nothing_written(tmp_path: Path) -> None:
+    """Extra columns for fewer or more rows than the table has are a bug in their collector: the
+    write raises and leaves no file, rather than a table cut to the shorter of the two."""
+    for extra in ([{"a": 1}], [{"a": 1}, {"a": 2}, {"a": 3}]):
+        with pytest.raises(ValueError):
+            write_csv(tmp_path / "steps.csv", [Two(0, "p"), Two(1, "p")], Two, extra=extra)
+        assert os.listdir(tmp_path) == []
+
+
+def test_a_json_file_that_is_no_object_is_refused_naming_what_it_is(tmp_path: Path) -> None:
+    """read_json refuses a JSON value that is not an object in one line naming its JSON type."""
+    for text, what in (
+        ("[1]", "list"),
+        ('"a"', "string"),
+        ("true", "boolean"),
+        ("null", "null"),
+        ("1", "number"),
+        ("1.5", "number"),
+    ):
+        (tmp_path / "a.json").write_text(text)
+        assert (
+            refusal(read_json, tmp_path / "a.json")
+            == f"{tmp_path / 'a.json'}: expected a JSON object, got a JSON {what}"
+        )
+
+
+def test_a_json_file_not_utf8_or_nested_too_deeply_is_refused_naming_it(tmp_path: Path) -> None:
+    """A file that is not UTF-8 is refused naming the first bad byte; one nested deeper than the
+    parser can go is refused as such, not with a RecursionError."""
+    (tmp_path / "a.json").write_bytes(b'{"a": "\xff"}')
+    assert refusal(read_json, tmp_path / "a.json") == (
+        f"{tmp_path / 'a.json'}: not UTF-8 text (byte 7): not a file kvbench wrote"
+    )
+    (tmp_path / "a.json").write_text("[" * 200_000)
+    assert refusal(read_json, tmp_path / "a.json") == (
+        f"{tmp_path / 'a.json'}: not valid JSON (nested too deeply): not a file kvbench wrote"
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").is_file(), reason="needs Linux's /proc/self/mem")
+def test_a_json_file_that_cannot_be_read_is_refused_with_the_systems_reason() -> None:
+    """A file that exists but cannot be read (here /proc/self/mem: reading its first byte fails)
+    is refused naming it and the system's reason."""
+    assert refusal(read_json, Path("/proc/self/mem")) == "/proc/self/mem: cannot read it (Input/output error)"
+
+
+def test_a_figure_is_written_in_the_format_its_suffix_names(tmp_path: Path) -> None:
+    """save_figure writes an .svg name as SVG and a .png name as PNG."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(1, 1))
+    figure.add_subplot().plot([0, 1])
+    save_figure(figure, tmp_path / "a.svg")
+    save_figure(figure, tmp_path / "a.png")
+    assert b"<svg" in (tmp_path / "a.svg").read_bytes()[:1000]
+    assert (tmp_path / "a.png").read_bytes().startswith(b"\x89PNG")
+
+
+# ---------------------------------------------------------------- outputs: earlier results recognised
+
+
+def test_results_written_before_the_marker_are_recognised_by_their_content(tmp_path: Path) -> None:
+    """A demo (demo.json rows naming engines), a report (report.html titled as kvbench's beside
+    report.md), a reproduction (reproduce.md opening with its heading, then more), a calibration
+    file with exactly its four keys and a kernel benchmark (kernels.csv and bandwidth.json) are
+    kvbench's: each is taken again."""
+    write(tmp_path / "demo", {"demo.json": json.dumps({"rows": [{"engine": "paged"}, {"engine": "orca"}]})})
+    assert prepare_out(tmp_path / "demo", "demo") == tmp_path / "demo"
+    write(
+        tmp_path / "report",
+        {"report.html": "<html><head><title>kvbench report</title></head></html>", "report.md": "# r\n"},
+    )
+    assert prepare_out(tmp_path / "report", "report") == tmp_path / "report"
+    write(tmp_path / "repro", {"reproduce.md": "# kvbench reproduce\n\n| figure | verdict |\n"})
+    assert prepare_out(tmp_path / "repro", "reproduce") == tmp_path / "repro"
+    keys = {"model": "m", "runs": [], "rows": 0, "median_relative_error": 0.1}
+    (tmp_path / "cost.json").write_text(json.dumps(keys))
+    assert prepare_out(tmp_path / "cost.json", "calibration") == tmp_path / "cost.json"
+    write(tmp_path / "kernels", {"kernels.csv": "a\n", "bandwidth.json": "{}"})
+    assert prepare_out(tmp_path / "kernels", "kernels") == tmp_path / "kernels"
+
+
+def users(path: Path, entries: str = "") -> str:
+    noun = "folder" if path.is_dir() else "file"
+    held = f" (it holds {entries})" if entries else ""
+    return (
+        f"--out {path} is a {noun} that kvbench did not write{held}; "
+        f"kvbench never replaces one, with or without --overwrite: choose a new {noun}"
+    )
+
+
+def test_a_users_folder_that_only_resembles_a_result_is_refused(tmp_path: Path) -> None:
+    """Near misses are a user's, never replaced: a demo.json whose rows name no engine, a
+    summary.json naming an engine but no mode and no config.json beside it (even with
+    --overwrite), a kernels.csv without bandwidth.json, and a kvbench.json that is a JSON list."""
+    write(tmp_path / "demo", {"demo.json": json.dumps({"rows": [{"model": "m"}]})})
+    assert refusal(prepare_out, tmp_path / "demo", "demo") == users(tmp_path / "demo", "demo.json")
+    write(tmp_path / "run", {"summary.json": json.dumps({"engine": "paged"})})
+    assert refusal(prepare_out, tmp_path / "run", "run", overwrite=True) == users(
+        tmp_path / "run", "summary.json"
+    )
+    write(tmp_path / "kernels", {"kernels.csv": "a\n"})
+    assert refusal(prepare_out, tmp_path / "kernels", "kernels") == users(tmp_path / "kernels", "kernels.csv")
+    write(tmp_path / "report", {"kvbench.json": "[1]"})
+    assert refusal(prepare_out, tmp_path / "report", "report") == users(tmp_path / "report", "kvbench.json")
+
+
+def test_a_file_that_mentions_the_trace_format_after_its_first_line_is_a_users(tmp_path: Path) -> None:
+    """A trace file names its format in its first line (JSONL, CSV) or in a Parquet footer: a
+    user's notes naming kvbench-trace on a later line, and a Parquet file whose footer does not
+    name it, are a user's files, not replaced by `trace make`."""
+    (tmp_path / "notes.jsonl").write_text("my notes\nabout kvbench-trace\nend\n")
+    assert refusal(prepare_out, tmp_path / "notes.jsonl", "trace") == users(tmp_path / "notes.jsonl")
+    (tmp_path / "mine.parquet").write_bytes(b"PAR1" + b"\0" * 100 + b'{"pandas": 1}PAR1')
+    assert refusal(prepare_out, tmp_path / "mine.parquet", "trace") == users(tmp_path / "mine.parquet")
+
+
+def test_a_trace_or_plot_is_recognised_only_within_the_bytes_read(tmp_path: Path) -> None:
+    """The recognisers read a bounded part of a file: a trace's first line within its first
+    4096 bytes, a Parquet footer within the last MiB, a plot's tag within its first 4096 bytes,
+    a report's title within its first 4096 characters. A tag one byte past that is not seen."""
+    late = b"x" * (4097 - len(b"kvbench-trace")) + b"kvbench-trace\n"
+    (tmp_path / "late.jsonl").write_bytes(late)
+    assert refusal(prepare_out, tmp_path / "late.jsonl", "trace") == users(tmp_path / "late.jsonl")
+    (tmp_path / "edge.jsonl").write_bytes(late[1:])
+    assert prepare_out(tmp_path / "edge.jsonl", "trace") == tmp_path / "edge.jsonl"
+    tag, mib = b"kvbench-trace", 1 << 20
+    (tmp_path / "far.parquet").write_bytes(b"PAR1\n" + tag + b"\0" * (mib - 3) + b"PAR1")
+    assert refusal(prepare_out, tmp_path / "far.parquet", "trace") == users(tmp_path / "far.parquet")
+    (tmp_path / "near.parquet").write_bytes(b"PAR1\n" + tag + b"\0" * (mib - 4 - len(tag)) + b"PAR1")
+    assert prepare_out(tmp_path / "near.parquet", "trace") == tmp_path / "near.parquet"
+    tag = b"kvbench trace plot"
+    (tmp_path / "late.png").write_bytes(b"\x89PNG" + b"\0" * (4097 - 4 - len(tag)) + tag)
+    assert refusal(prepare_out, tmp_path / "late.png", "plot") == users(tmp_path / "late.png")
+    (tmp_path / "edge.png").write_bytes(b"\x89PNG" + b"\0" * (4096 - 4 - len(tag)) + tag)
+    assert prepare_out(tmp_path / "edge.png", "plot") == tmp_path / "edge.png"
+    title = "<title>kvbench report</title>"
+    write(tmp_path / "late", {"report.html": " " * (4097 - len(title)) + title, "report.md": ""})
+    assert refusal(prepare_out, tmp_path / "late", "report") == users(
+        tmp_path / "late", "report.html, report.md"
+    )
+    write(tmp_path / "edge", {"report.html": " " * (4096 - len(title)) + title, "report.md": ""})
+    assert prepare_out(tmp_path / "edge", "report") == tmp_path / "edge"
+
+
+def test_a_socket_at_the_output_path_is_refused_as_a_users_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path that cannot be opened to be read (a Unix socket) is no trace plot and no trace file:
+    refused, not replaced."""
+    monkeypatch.chdir(tmp_path)  # a short name: a socket's path is limited to about 100 bytes
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind("s.png")
+        assert refusal(prepare_out, Path("s.png"), "plot") == users(Path("s.png"))
+        assert refusal(prepare_out, Path("s.png"), "trace") == users(Path("s.png"))
+
+
+def test_the_current_folder_and_the_root_are_refused_as_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--out ''` (the current folder, even an empty one) and `--out /` are refused: kvbench writes
+    a new folder, never into the one the command runs in."""
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")
+    assert refusal(prepare_out, "", "run") == "--out .: name a new folder, not the current or a parent folder"
+    assert (
+        refusal(prepare_out, "/", "run") == "--out /: name a new folder, not the current or a parent folder"
+    )
+
+
+def test_a_stale_probe_of_a_process_that_is_gone_is_removed(tmp_path: Path) -> None:
+    """Checking --out removes the probe folder that a killed kvbench process left in the output's
+    folder, and leaves nothing of its own."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / f".probe.kvbench-{gone.pid}-abcd1234").mkdir()
+    assert prepare_out(tmp_path / "run", "run") == tmp_path / "run"
+    assert os.listdir(tmp_path) == []
+
+
+def empty_proc_folder() -> Path | None:
+    for entry in sorted(Path("/proc").iterdir()) if Path("/proc").is_dir() else []:
+        try:
+            if not entry.name.isdigit() and entry.is_dir() and not any(entry.iterdir()):
+                return entry
+        except OSError:
+            continue
+    return None
+
+
+def test_a_folder_that_takes_no_new_entries_is_refused_naming_flag_folder_and_reason() -> None:
+    """A new output below /proc, and an empty folder of /proc as the output, are refused before
+    any work in one line naming the flag, the folder that cannot take the output and the system's
+    reason (its words, not the exception with its temporary path)."""
+    if not Path("/proc").is_dir():
+        pytest.skip("needs Linux's /proc")
+    reason = r"\(([A-Za-z][A-Za-z ]*)\)"
+    below = refusal(prepare_out, "/proc/kvbench-out", "run")
+    assert re.fullmatch(rf"--out /proc/kvbench-out: cannot write in /proc {reason}", below), below
+    folder = empty_proc_folder()
+    if folder is None:
+        pytest.skip("no empty folder in /proc here")
+    whole = refusal(prepare_out, folder, "run")
+    assert re.fullmatch(
+        rf"--out {re.escape(str(folder))}: cannot write in {re.escape(str(folder))} {reason}", whole
+    ), whole
