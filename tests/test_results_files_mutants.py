@@ -326,8 +326,13 @@ def test_an_empty_table_and_one_of_exactly_min_bytes_are_packed(tmp_path: Path) 
 # ---------------------------------------------------------------- provenance: env.json's commit
 
 
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+
 def git(root: Path, *args: str) -> str:
+    """git in `root`, away from the caller's git variables and the user's and system's settings."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    clean |= {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
     who = {
         "GIT_AUTHOR_NAME": "a",
         "GIT_AUTHOR_EMAIL": "a@a",
@@ -351,6 +356,7 @@ def checkout(root: Path, commit: bool = True) -> Path:
     return root
 
 
+@needs_git
 def test_a_checkouts_commit_is_its_full_head_sha(tmp_path: Path) -> None:
     """env.json's git_sha is the full sha of the commit checked out where kvbench's sources are."""
     root = checkout(tmp_path / "src")
@@ -358,6 +364,7 @@ def test_a_checkouts_commit_is_its_full_head_sha(tmp_path: Path) -> None:
     assert re.fullmatch(r"[0-9a-f]{40}", checkout_sha(root))
 
 
+@needs_git
 def test_a_repository_without_kvbench_or_a_commit_gives_unknown(tmp_path: Path) -> None:
     """A repository that holds no kvbench/ folder is not a checkout of kvbench, and a checkout
     with no commit yet has none to name: both give "unknown", never a sha or other text."""
@@ -369,6 +376,7 @@ def test_a_repository_without_kvbench_or_a_commit_gives_unknown(tmp_path: Path) 
     assert checkout_sha(checkout(tmp_path / "unborn", commit=False)) == "unknown"
 
 
+@needs_git
 def test_kvbench_inside_another_projects_repository_gives_unknown(tmp_path: Path) -> None:
     """A kvbench folder whose own .git is no repository, inside another project's repository (an
     installed kvbench in a project's site-packages), is not that project's commit: "unknown"."""
@@ -378,6 +386,7 @@ def test_kvbench_inside_another_projects_repository_gives_unknown(tmp_path: Path
     assert checkout_sha(outer / "site") == "unknown"
 
 
+@needs_git
 def test_gits_environment_variables_do_not_redirect_the_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -736,3 +745,30 @@ def test_a_folder_that_takes_no_new_entries_is_refused_naming_flag_folder_and_re
     assert re.fullmatch(
         rf"--out {re.escape(str(folder))}: cannot write in {re.escape(str(folder))} {reason}", whole
     ), whole
+
+
+def test_an_earlier_reproduction_or_report_is_recognised_whatever_the_locale(tmp_path: Path) -> None:
+    """reproduce.md and report.html are read as UTF-8, as kvbench wrote them: under the C locale
+    with Python's UTF-8 mode off (an ASCII locale encoding), an earlier reproduction or report
+    holding non-ASCII text is still kvbench's, not refused as a user's folder."""
+    texts = {
+        "repro/reproduce.md": "# kvbench reproduce\n\n| 1.05 \u00d7 | ok \u2014 |\n",
+        "report/report.html": "<title>kvbench report</title><p>1.05 \u00d7</p>",
+        "report/report.md": "# r\n",
+    }
+    for name, text in texts.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(text.encode("utf-8"))
+    source = Path(kvbench.__file__).resolve().parents[1]
+    locale = {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    check = (
+        "import sys; from kvbench.results.outputs import prepare_out; "
+        "prepare_out(sys.argv[1], 'reproduce'); prepare_out(sys.argv[2], 'report'); print('ok')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check, str(tmp_path / "repro"), str(tmp_path / "report")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **locale, "PYTHONPATH": str(source)},
+    )
+    assert (done.returncode, done.stdout) == (0, "ok\n"), done.stderr
