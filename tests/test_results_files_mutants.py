@@ -772,3 +772,57 @@ def test_an_earlier_reproduction_or_report_is_recognised_whatever_the_locale(tmp
         env={**os.environ, **locale, "PYTHONPATH": str(source)},
     )
     assert (done.returncode, done.stdout) == (0, "ok\n"), done.stderr
+
+
+def test_a_name_too_long_for_the_filesystem_is_refused_with_the_systems_reason(tmp_path: Path) -> None:
+    """An output named longer than any filesystem takes (1,000 bytes) is refused before any work
+    in one line naming the flag and the system's reason, not with an OSError."""
+    out = tmp_path / ("x" * 1000)
+    for kind in ("run", "demo"):
+        assert refusal(prepare_out, out, kind) == f"--out {out}: cannot write there (File name too long)"
+
+
+def test_a_temporary_copy_of_another_users_live_process_is_kept(tmp_path: Path) -> None:
+    """Clearing stale copies in a folder shared between users keeps one whose process is alive but
+    another user's (the system refuses to signal it, which says it exists). As root the clearing
+    runs in a forked child that has become the user nobody; the copy belongs to this (root's)
+    process."""
+    if os.geteuid() != 0:
+        try:
+            os.kill(1, 0)
+            pytest.skip("pid 1 is this user's: no other user's process to name")
+        except PermissionError:
+            pass
+        (tmp_path / ".run.kvbench-1-abcd").mkdir()
+        remove_stale_temps(tmp_path / "run")
+        assert (tmp_path / ".run.kvbench-1-abcd").is_dir()
+        return
+    shared = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's tmp_path is private to root
+    try:
+        shared.chmod(0o777)
+        temp = shared / f".run.kvbench-{os.getpid()}-abcd"
+        temp.mkdir(mode=0o777)
+        child = os.fork()
+        if child == 0:  # the child: nobody, clearing stale copies of shared/run
+            code = 1
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                remove_stale_temps(shared / "run")
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert temp.is_dir()
+    finally:
+        shutil.rmtree(shared)
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").is_file(), reason="needs Linux's /proc/self/mem")
+def test_a_table_that_cannot_be_read_is_refused_with_the_systems_reason() -> None:
+    """A table file that exists but cannot be read (/proc/self/mem) is refused naming it and the
+    system's reason."""
+    assert (
+        refusal(table_bytes, Path("/proc/self/mem")) == "/proc/self/mem: cannot read it (Input/output error)"
+    )
