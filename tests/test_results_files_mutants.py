@@ -1,11 +1,13 @@
-"""Which paths kvbench removes, keeps or carries when it replaces a result folder, pinned at the
-edges the results-files mutation scope found untested (results/mutation/results-files/).
+"""What kvbench's results writers record, and which paths they take, keep, replace or remove,
+pinned at the edges the results-files mutation scope found untested
+(results/mutation/results-files/).
 
 Each test builds a folder in tmp_path and calls the functions of kvbench/results/ (ownership.py,
-outputs.py, files.py, packed.py) on it, checking what is left on disk or the whole one-line refusal.
-The provenance tests build git checkouts in tmp_path, and put a stand-in `git` (a script) or a
-stand-in torch module in the environment where a real one cannot show the case (a git that hangs,
-a GPU).
+outputs.py, files.py, packed.py) on it, checking what is left on disk, the bytes written or the
+whole one-line refusal. The recognisers of earlier outputs get files that just meet and just miss
+what they look for. The provenance tests build git checkouts in tmp_path, and put a stand-in `git`
+(a script on PATH) or a stand-in torch module (in sys.modules) where a real one cannot show the
+case (a git that hangs, a GPU).
 """
 
 from __future__ import annotations
