@@ -312,6 +312,28 @@ def test_a_top_level_rope_theta_holds_beside_rope_parameters_without_one(tmp_pat
     assert (model.rope_theta, model.local_rope_theta) == (2e6, 20000.0)
 
 
+def test_a_base_in_rope_parameters_wins_over_a_top_level_one_as_in_transformers(tmp_path):
+    """A config.json that writes a base twice, at the top and in rope_parameters, rotates with the
+    nested one in transformers (its config classes fold the top-level key in only where the
+    nested object names none); read the other way, a decoded model would rotate every position
+    with another base than the checkpoint's and no size would show it. The sizing reader and the
+    decoded Llama's reader agree."""
+    config = {**LLAMA_7B, "rope_theta": 500000.0}
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 1_000_000.0}
+    hf = transformers_config("llama", config).rope_parameters["rope_theta"]
+    assert read(tmp_path, config).rope_theta == hf == 1_000_000.0
+    assert read_checkpoint_spec(folder_with(tmp_path, config, "decoded")).rope_theta == hf
+    gemma = {**GEMMA3_1B, "rope_theta": 3e6, "rope_local_base_freq": 20000.0}
+    gemma["rope_parameters"] = {
+        "full_attention": {"rope_type": "default", "rope_theta": 2e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0},
+    }
+    hf = transformers_config("gemma3_text", gemma).rope_parameters
+    model = read(tmp_path, gemma, "gemma")
+    assert model.rope_theta == hf["full_attention"]["rope_theta"] == 2e6
+    assert model.local_rope_theta == hf["sliding_attention"]["rope_theta"] == 5000.0
+
+
 def test_gemma3_local_rotary_base_from_rope_local_base_freq_or_its_default(tmp_path):
     """Gemma 3's sliding layers rotate with rope_local_base_freq where given; a rope_parameters
     whose sliding_attention names no base gives Gemma3TextConfig's 10,000, exactly."""

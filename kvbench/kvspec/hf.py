@@ -121,24 +121,23 @@ def _windows(key: ConfigKeys, family: Family, layers: int) -> tuple[int, tuple[i
 
 
 def _rope_bases(key: ConfigKeys, family: Family) -> tuple[float, float | None]:
-    """The rotary base (Gemma 3: its global layers') and Gemma 3's local one: top-level keys, or
-    `rope_parameters` where newer configs keep them (per layer type for Gemma 3); where neither
-    gives one, transformers' default for the family."""
+    """The rotary base (Gemma 3: its global layers') and Gemma 3's local one, as transformers
+    reads them: `rope_parameters` where newer configs keep them (per layer type for Gemma 3)
+    wins over a top-level `rope_theta` (`rope_local_base_freq`), which fills in where the
+    nested object names none; where neither gives one, transformers' default for the family."""
     nested = key.config.get("rope_parameters") or {}
     if not isinstance(nested, dict):
         raise KvbenchError(f"{key.where}: rope_parameters must be an object, got {nested!r:.80}")
-    base = 1_000_000.0 if family == "gemma3" else 10_000.0
-    if key.given("rope_theta") or not nested:
-        local = key.number("rope_local_base_freq", 10_000.0) if family == "gemma3" else None
-        return key.number("rope_theta", base), local
+    top = key.number("rope_theta", 1_000_000.0 if family == "gemma3" else 10_000.0)
+    top_local = key.number("rope_local_base_freq", 10_000.0) if family == "gemma3" else None
     full, sliding = nested.get("full_attention", nested), nested.get("sliding_attention", {})
     if not isinstance(full, dict) or not isinstance(sliding, dict):
         raise KvbenchError(f"{key.where}: rope_parameters must hold objects, got {nested!r:.80}")
-    theta = ConfigKeys(full, f"{key.where}: rope_parameters").number("rope_theta", base)
-    if family != "gemma3":
+    theta = ConfigKeys(full, f"{key.where}: rope_parameters").number("rope_theta", top)
+    if top_local is None:
         return theta, None
     where = f"{key.where}: rope_parameters.sliding_attention"
-    return theta, ConfigKeys(sliding, where).number("rope_theta", 10_000.0)
+    return theta, ConfigKeys(sliding, where).number("rope_theta", top_local)
 
 
 def _gemma_scores(key: ConfigKeys, family: Family, head_dim: int) -> dict[str, float]:

@@ -85,10 +85,8 @@ def spec_from_hf_config(config: object, name: str) -> ModelSpec:
     nested = config.get("rope_parameters") or {}  # where newer configs keep rope_theta
     if not isinstance(nested, dict):
         raise KvbenchError(f"{where}: rope_parameters must be an object, got {nested!r}")
-    if config.get("rope_theta") is None and nested:
-        theta = _Keys(nested, f"{where}: rope_parameters").number("rope_theta", 10000.0)
-    else:
-        theta = key.number("rope_theta", 10000.0)
+    # as transformers reads it: the nested base wins, a top-level one fills in where it is absent
+    theta = _Keys(nested, f"{where}: rope_parameters").number("rope_theta", key.number("rope_theta", 10000.0))
     return ModelSpec(
         name, "llama", layers, hidden, heads, kv_heads, key.count("intermediate_size"), vocab,
         max_len, norm_eps=key.number("rms_norm_eps", 1e-6), rope_theta=theta,
