@@ -149,3 +149,7 @@ mutation: $(VENV)/.dev
 		tests/test_load.py::test_load_sweep_reads_a_sweep_the_real_sweep_wrote \
 		tests/test_load.py::test_numbers_read_back_exactly_as_written_words_and_gaps_as_they_are \
 		tests/test_load.py::test_a_broken_run_is_refused_in_one_line_naming_the_file
+	nice $(PY) tools/mutation.py --scope kvspec --paths kvbench/kvspec/layers.py kvbench/kvspec/model.py \
+		kvbench/kvspec/config_json.py kvbench/kvspec/hf.py --tests tests/test_kvspec_mutants.py \
+		tests/test_kvspec.py tests/test_layers.py tests/test_models_hf_config.py tests/test_cost_model_layers.py \
+		tests/test_rope_scaling.py
