@@ -89,15 +89,38 @@ def test_a_later_sweep_under_the_same_deadline_is_judged_by_the_cells_of_the_ear
     started with too little time left (a blind start would be killed with the call)."""
     deadline = Deadline.in_seconds(FUTURE)
     run_sweep(plan(engines=("paged",), rates=(1.0,)), tmp_path / "first", progress=quiet(), deadline=deadline)
-    assert set(deadline.timed) == {False} and deadline.timed[False] > 0  # a loaded cell, timed
+    assert set(deadline.timed) == {(False, "paged")} and deadline.timed[False, "paged"] > 0  # loaded, timed
     later = Deadline(deadline.at - 2 * FUTURE, deadline.timed)  # the same record, the time spent
     with pytest.raises(DeadlineReached, match=r"^paged__.*rate-2.* not started"):
         run_sweep(
             plan(engines=("paged",), rates=(2.0,)), tmp_path / "second", progress=quiet(), deadline=later
         )
     assert not (tmp_path / "second" / "cells").exists() or not any((tmp_path / "second" / "cells").iterdir())
-    assert later.expected_s(False) == pytest.approx(MARGIN * deadline.timed[False])
-    later.check("a baseline", later.expected_s(True))  # a kind never timed still starts its first cell
+    assert later.expected_s(False, "paged") == pytest.approx(MARGIN * deadline.timed[False, "paged"])
+    later.check(
+        "a baseline", later.expected_s(True, "paged")
+    )  # a kind never timed still starts its first cell
+
+
+def test_each_engine_is_judged_by_its_own_cells_and_an_untimed_one_by_the_longest_of_any():
+    """Engines of one sweep last very differently (Figure 13's Alpaca cells at OPT-13B: paged
+    22-30 s, static 190-196 s): a paged cell judged by static's time would not start with two
+    minutes left, a third of a call unused. An engine with no cell of its own timed yet is judged
+    by the longest cell of its kind of any engine: too long errs safe, too short loses a cell."""
+    deadline = Deadline.in_seconds(FUTURE)
+    deadline.note(False, "static", 196.0)
+    deadline.note(False, "paged", 30.0)
+    deadline.note(False, "paged", 22.0)
+    deadline.note(False, "paged", math.nan)  # a failed cell's time judges nothing
+    deadline.note(True, "static", 2.0)
+    assert deadline.expected_s(False, "paged") == pytest.approx(MARGIN * 30.0)
+    assert deadline.expected_s(False, "static") == pytest.approx(MARGIN * 196.0)
+    assert deadline.expected_s(False, "orca-max") == pytest.approx(MARGIN * 196.0)  # untimed: any engine's
+    assert deadline.expected_s(True, "paged") == pytest.approx(MARGIN * 2.0)  # baselines apart
+    left = Deadline(deadline.at - FUTURE + 100.0, deadline.timed)  # 100 s left
+    left.check("paged", left.expected_s(False, "paged"))  # 33 s expected: starts
+    with pytest.raises(DeadlineReached, match=r"^orca-max not started: it is expected to take 215.6 s"):
+        left.check("orca-max", left.expected_s(False, "orca-max"))
 
 
 def test_a_sweep_cut_before_its_bisection_keeps_the_rows_of_bisected_cells_for_the_next_resume(tmp_path):

@@ -282,7 +282,7 @@ def test_a_resumed_sweep_reads_each_found_cells_wall_time_from_sweep_csv(tmp_pat
     deadline, stream = Deadline.in_seconds(1e6), io.StringIO()
     result = run_sweep(p, out, resume=True, progress=Progress(4, stream=stream), deadline=deadline)
     assert (result.ran, result.resumed, result.failed) == (0, 4, 0)
-    assert deadline.timed == {True: 0.25, False: 5.0}
+    assert deadline.timed == {(True, "paged"): 0.25, (False, "paged"): 5.0}
     rows = read_table(out / "sweep.csv")
     assert [(row["wall_s"], row["status"], row["error"]) for row in rows.values()] == [
         ("0.25", "ok", ""), ("5.0", "ok", ""), ("3.0", "ok", ""), ("", "ok", ""),

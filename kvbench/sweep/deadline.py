@@ -6,10 +6,14 @@ a call that is killed at its time limit loses the cell in progress, on average h
 GPU time per call. A sweep told its deadline (`--deadline-s`) instead stops before the first
 cell that would not finish, its folder as a `--resume` expects it, and exits with
 `DEADLINE_EXIT` so a script can tell "stopped in time" from a failure. The expected duration of a
-cell is the longest wall time among the finished cells of its kind (unloaded baselines
-apart from loaded cells: a baseline of 5 requests is far shorter), with a margin; a cell of a
-kind no finished cell has timed is started (nothing to judge it by), so a deadline never stops a
-sweep before its first cell of each kind. A reproduction runs one sweep after another (a seed, a
+cell is the longest wall time among the finished cells of its kind and engine (unloaded
+baselines apart from loaded cells: a baseline of 5 requests is far shorter; and engine by engine:
+on Figure 13's Alpaca cells at OPT-13B a paged cell lasts 22-30 s and a static one 190-196 s, so
+judging paged by static stopped calls with a third of their time unused), with a margin. An
+engine with no timed cell of its kind is judged by the longest cell of that kind of any engine
+(nothing closer to judge it by, and too long errs safe); a cell of a kind no finished cell has
+timed is started (nothing to judge it by), so a deadline never stops a sweep before its first
+cell of each kind. A reproduction runs one sweep after another (a seed, a
 preemption mode) under one `Deadline`, which keeps the longest wall time of each kind seen by any
 of them: a sweep's first cell is judged by the sweeps before it, not started blind with seconds
 left (at OPT-13B that lost the cell in progress of every Figure 19 call). The estimate errs long:
@@ -36,18 +40,24 @@ class Deadline:
     """A point in time (`time.monotonic()` seconds) by which the sweep must have ended."""
 
     at: float
-    # the longest wall time (s) of a finished cell of each kind (True: unloaded baselines) seen by
-    # any sweep run under this deadline; mutable by design: the sweeps of one call share it
-    timed: dict[bool, float] = field(default_factory=dict, compare=False)
+    # the longest wall time (s) of a finished cell of each kind (True: unloaded baselines) and
+    # engine seen by any sweep run under this deadline; mutable by design: the sweeps of one call
+    # share it
+    timed: dict[tuple[bool, str], float] = field(default_factory=dict, compare=False)
 
-    def note(self, baseline: bool, wall_s: float | None) -> None:
-        """A cell of this kind finished (or was found finished) in `wall_s` seconds."""
+    def note(self, baseline: bool, engine: str, wall_s: float | None) -> None:
+        """A cell of this kind and engine finished (or was found finished) in `wall_s` seconds."""
         if wall_s is not None and wall_s == wall_s:
-            self.timed[baseline] = max(wall_s, self.timed.get(baseline, 0.0))
+            key = (baseline, engine)
+            self.timed[key] = max(wall_s, self.timed.get(key, 0.0))
 
-    def expected_s(self, baseline: bool) -> float | None:
-        """How long the next cell of this kind is expected to last (None: none timed yet)."""
-        return expected_s([self.timed.get(baseline)])
+    def expected_s(self, baseline: bool, engine: str) -> float | None:
+        """How long the next cell of this kind and engine is expected to last: by the engine's own
+        cells of the kind where one was timed, else by every engine's (None: none timed yet)."""
+        own = self.timed.get((baseline, engine))
+        if own is not None:
+            return expected_s([own])
+        return expected_s([wall for (kind, _), wall in self.timed.items() if kind == baseline])
 
     @classmethod
     def in_seconds(cls, seconds: float) -> Deadline:

@@ -119,8 +119,9 @@ class _Sweep:
         """A cell is about to start: first, where the sweep has a deadline, check the cell is
         expected to end before it (raises `DeadlineReached`, and nothing more is handed out)."""
         if self.deadline is not None:
-            baseline = self.rows[job.cell_id]["role"] == BASELINE  # timed apart from loaded cells
-            self.deadline.check(job.cell_id, self.deadline.expected_s(baseline))
+            row = self.rows[job.cell_id]
+            baseline = row["role"] == BASELINE  # timed apart from loaded cells
+            self.deadline.check(job.cell_id, self.deadline.expected_s(baseline, row["engine"]))
         self.progress.begin(job.cell_id)
 
     def _found(self, cell: Cell, config: RunConfig, folder: Path) -> None:
@@ -144,7 +145,7 @@ class _Sweep:
     def _record(self, cell: Cell, row: dict) -> None:
         self.rows[cell.id] = row
         if self.deadline is not None and row["status"] == "ok":
-            self.deadline.note(row["role"] == BASELINE, row["wall_s"])
+            self.deadline.note(row["role"] == BASELINE, row["engine"], row["wall_s"])
         self.finished.add(cell.id)
         self.write()
         if row["status"] == "failed" and not self.plan.continue_on_error:
