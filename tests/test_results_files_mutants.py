@@ -17,6 +17,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -263,8 +264,9 @@ def test_a_temporary_name_carries_the_pid_and_its_token(tmp_path: Path) -> None:
 
 def test_a_live_processs_temporary_copy_is_kept_and_the_process_left_alone(tmp_path: Path) -> None:
     """Clearing stale temporary copies keeps one whose process still runs, and sends that process
-    no signal (it is only asked whether it exists)."""
-    child = subprocess.Popen(["sleep", "30"])
+    no signal (it is only asked whether it exists). The child takes SIGHUP's default action even
+    where the tests run ignoring it (under nohup), so a hangup would end it."""
+    child = subprocess.Popen(["sleep", "30"], preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         temp = tmp_path / f".run.kvbench-{child.pid}-abcd"
         temp.mkdir()
