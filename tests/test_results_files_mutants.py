@@ -763,6 +763,8 @@ def test_an_earlier_reproduction_or_report_is_recognised_whatever_the_locale(tmp
     for name, text in texts.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes(text.encode("utf-8"))
+    assert prepare_out(tmp_path / "repro", "reproduce") == tmp_path / "repro"  # this process's locale
+    assert prepare_out(tmp_path / "report", "report") == tmp_path / "report"
     source = Path(kvbench.__file__).resolve().parents[1]
     locale = {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
     check = (
@@ -804,8 +806,11 @@ def test_a_temporary_copy_of_another_users_live_process_is_kept(tmp_path: Path) 
     shared = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's tmp_path is private to root
     try:
         shared.chmod(0o777)
-        temp = shared / f".run.kvbench-{os.getpid()}-abcd"
-        temp.mkdir(mode=0o777)
+        temps = [shared / f".run.kvbench-{pid}-abcd" for pid in (os.getpid(), 1)]  # two of root's
+        for temp in temps:
+            temp.mkdir(mode=0o777)
+        remove_stale_temps(shared / "run")  # root: its own copy is skipped, pid 1 answers
+        assert all(temp.is_dir() for temp in temps)
         child = os.fork()
         if child == 0:  # the child: nobody, clearing stale copies of shared/run
             code = 1
@@ -818,7 +823,7 @@ def test_a_temporary_copy_of_another_users_live_process_is_kept(tmp_path: Path) 
                 os._exit(code)
         _, status = os.waitpid(child, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert temp.is_dir()
+        assert all(temp.is_dir() for temp in temps)
     finally:
         shutil.rmtree(shared)
 
