@@ -153,10 +153,11 @@ SUMMARY_REFUSED = {  # name: (keys set in summary.json, the refusal after "<path
 @pytest.mark.parametrize("case", SUMMARY_REFUSED)
 def test_a_wrong_summary_value_is_refused_naming_the_key_and_the_value(run, case):
     """Each type or value kvbench never writes is one line: the summary.json, the key, what it
-    must be and the value found (its JSON, cut to 40 characters); keys after a key the shape
-    check does not know are checked too (put last here)."""
+    must be and the value found (its JSON, cut to 40 characters); keys after one the shape check
+    does not know (`comment`, first here) are checked too."""
     values, message = SUMMARY_REFUSED[case]
-    set_keys(run / "summary.json", **values)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({"comment": "edited by hand", **summary, **values}))
     assert refusal(load_run, run) == f"{run / 'summary.json'}: {message}"
     assert refusal(kvbench.load_runs, run) == f"{run / 'summary.json'}: {message}"
 
@@ -502,6 +503,8 @@ def test_a_sweeps_columns_and_strings_read_as_written(swept, tmp_path):
     assert sweep.cells["error"].tolist() == [""] * 6
     rates = sweep.column("rate")
     assert rates.dtype == np.float64 and rates.tolist() == [0.001, 0.001, 2.0, 8.0, 2.0, 8.0]
+    seeds = sweep.column("seed")  # written as integers, read as floats
+    assert seeds.dtype == np.float64 and seeds.tolist() == [0.0] * 6
     missing = sweep.column("no_such", default=-1.0)
     assert missing.dtype == np.float64 and missing.tolist() == [-1.0] * 6
     assert math.isnan(sweep.column("no_such")[0])
@@ -509,6 +512,7 @@ def test_a_sweeps_columns_and_strings_read_as_written(swept, tmp_path):
     assert printed.dtype == object and printed.tolist() == ["0.001", "0.001", "2", "8", "2", "8"]
     errors = sweep.strings("error", default="none")
     assert errors.dtype == object and errors.tolist() == ["none"] * 6
+    assert sweep.strings("error").tolist() == [""] * 6  # the default default: empty
     engines = sweep.strings("engine")
     assert engines.dtype == object and engines.tolist() == [
         "paged",
@@ -525,6 +529,19 @@ def test_a_sweeps_columns_and_strings_read_as_written(swept, tmp_path):
     cut_sweep = kvbench.load_sweep(cut)
     assert cut_sweep.folders == () and cut_sweep.strings("rate", default="-").tolist() == ["0.001", "-"]
     assert cut_sweep.strings("error", default="ok").tolist() == ["ok", "failed"]
+
+
+def test_a_table_cut_inside_a_quoted_cell_is_refused_naming_it(swept, tmp_path):
+    """A cell holding a comma is quoted (sustained.csv's `how` and `threshold_source`): a write
+    killed inside the last one leaves a quote never closed, which csv reads to the end of the file
+    and pandas refuses; the line names the file and what pandas found."""
+    sweep = Path(shutil.copytree(swept, tmp_path / "sweep", ignore=shutil.ignore_patterns("cells")))
+    path = edit_rows(sweep / "sustained.csv", lambda rows: [dict(rows[0], how="under 2, at every rate")])
+    text = path.read_text()
+    path.write_text(text[: text.index('"under 2') + 8])
+    assert refusal(kvbench.load_sweep, sweep) == (
+        f"{path}: not CSV (Error tokenizing data. C error: EOF inside string starting at row 1)"
+    )
 
 
 def test_a_sweep_without_its_table_or_columns_is_refused_naming_it(tmp_path):
