@@ -339,3 +339,39 @@ def test_a_reused_run_is_copied_with_todays_times_and_the_same_bytes(tmp_path):
     for path in copy.iterdir():
         assert path.read_bytes() == (source / path.name).read_bytes()
         assert path.stat().st_mtime >= started, path.name
+
+
+def test_a_folder_holding_json_nested_too_deeply_is_refused_in_one_line(tmp_path):
+    """A file at --out that parses only past Python's recursion limit (100,000 '[') is not a
+    file kvbench wrote: refused as any user's file is, not a RecursionError traceback."""
+    out = tmp_path / "deep"
+    out.mkdir()
+    (out / "summary.json").write_text("[" * 100_000)
+    (out / MARKER).write_text("[" * 100_000)  # the marker's name, as deep
+    before = snapshot(tmp_path)
+    one_line_error(kvbench(*SIMULATE, "--out", str(out)), f"--out {out}", "did not write")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_name_too_long_for_the_filesystem_is_one_line_for_a_command_of_several_outputs(tmp_path):
+    """`kvbench demo` checks its outputs together (`prepare_outs`): a name longer than the
+    filesystem allows is refused in one line naming --out, as a one-output command refuses it."""
+    out = tmp_path / ("x" * 300)
+    one_line_error(kvbench("demo", "--out", str(out)), f"--out {out}", "cannot write there")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_text_is_written_as_utf8_whatever_the_locale(tmp_path):
+    """Every reader reads kvbench's files as UTF-8: written in a C locale without Python's UTF-8
+    mode, a non-ASCII name (a model path, an error message) must still be UTF-8, not a crash."""
+    code = (
+        "import sys; from pathlib import Path; from kvbench.results.files import write_text, write_json;"
+        "write_text(Path(sys.argv[1]) / 't.txt', 'caf\\u00e9 \\u2192\\n');"
+        "write_json(Path(sys.argv[1]) / 'j.json', {'model': '/m/\\u00e9'})"
+    )
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
+           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert (tmp_path / "t.txt").read_bytes() == "café →\n".encode()
+    assert json.loads((tmp_path / "j.json").read_bytes().decode("utf-8")) == {"model": "/m/é"}

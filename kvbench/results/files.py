@@ -203,7 +203,9 @@ def atomic_open(path: Path, newline: str | None = None, binary: bool = False) ->
     tmp = temp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask decides, as open()
     try:
-        with os.fdopen(fd, "wb" if binary else "w", newline=None if binary else newline) as f:
+        # text as UTF-8, as every reader reads it back, whatever the locale's encoding
+        text = {} if binary else {"encoding": "utf-8", "newline": newline}
+        with os.fdopen(fd, "wb" if binary else "w", **text) as f:
             yield f
         os.replace(tmp, path)
     finally:

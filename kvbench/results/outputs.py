@@ -51,8 +51,8 @@ class Kind:
 
 def _json(path: Path) -> dict | None:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = json.loads(path.read_text(encoding="utf-8"))  # kvbench writes UTF-8 whatever the locale
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # deep nesting: not kvbench's
         return None
     return data if isinstance(data, dict) else None
 
@@ -194,8 +194,12 @@ def prepare_outs(*outs: tuple[Path, str, bool]) -> list[Path]:
     refusal before any folder is probed or made, so a refused command changes nothing at all."""
     for path, kind, overwrite in outs:
         path = Path(path)
-        _named(path, "folder" if KINDS[kind].folder else "file", f"--out {shown(path)}")
-        _refusals(path, KINDS[kind], overwrite, f"--out {shown(path)}")
+        where = f"--out {shown(path)}"
+        _named(path, "folder" if KINDS[kind].folder else "file", where)
+        try:
+            _refusals(path, KINDS[kind], overwrite, where)
+        except OSError as error:  # a name too long, a folder that cannot be listed: as prepare_out says it
+            raise KvbenchError(f"{where}: cannot write there ({error.strerror or error})") from None
     return [prepare_out(path, kind, overwrite) for path, kind, overwrite in outs]
 
 

@@ -40,8 +40,8 @@ def is_temp(name: str) -> bool:
 def listed(folder: Path) -> frozenset[str]:
     """The paths (relative, '/'-separated) that `folder`'s marker says kvbench wrote there."""
     try:
-        files = json.loads((Path(folder) / MARKER).read_text()).get("files", [])
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        files = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8")).get("files", [])
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError):
         return frozenset()
     return frozenset(f for f in files if isinstance(f, str)) if isinstance(files, list) else frozenset()
 
