@@ -17,7 +17,6 @@ equivalent, are in results/mutation/kvspec/.
 from __future__ import annotations
 
 import copy
-import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +29,7 @@ from kvbench.kvspec.hf import read_model_config
 from kvbench.kvspec.model import ModelSpec, MoeShape
 from kvbench.modeling.hf_config import read_checkpoint_spec
 from kvbench.models import MODELS
+from tests.test_models_hf_config import folder_with
 
 # facebook/opt-125m config.json (the keys kvbench reads, and a few it does not)
 OPT_125M = {
@@ -97,13 +97,6 @@ TINY = {
     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
     "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 1024,
 }  # fmt: skip
-
-
-def folder_with(tmp_path: Path, config: object, name: str = "ckpt") -> Path:
-    folder = tmp_path / name
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
 
 
 def read(tmp_path: Path, config: object, name: str = "ckpt") -> ModelSpec:
