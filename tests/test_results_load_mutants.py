@@ -602,6 +602,10 @@ def test_figure_tables_load_as_one_table_of_floats_in_figure_order(tmp_path):
     )
     without_ratio = kvbench.load_figures(tmp_path)  # ratio is optional
     assert without_ratio["kvbench"].tolist() == [2.0, 1.0, 1.0]
+    (tmp_path / "whole" / "fig1").mkdir(parents=True)  # every number whole: still floats
+    (tmp_path / "whole" / "fig1" / "figure.csv").write_text(f"{FIGURE_HEADER}\nfig1,paged,a,b,1,2,1\n")
+    whole = kvbench.load_figures(tmp_path / "whole")
+    assert [whole[name].dtype for name in ("kvbench", "paper", "ratio")] == [np.float64] * 3
     assert refusal(kvbench.load_figures, tmp_path / "fig2") == (
         f"{tmp_path / 'fig2'}: not a kvbench reproduce folder (no <figure>/figure.csv)"
     )
