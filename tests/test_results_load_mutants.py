@@ -463,8 +463,8 @@ def test_load_runs_refuses_a_folder_without_runs_naming_it(tmp_path):
 
 
 def test_settings_name_the_workload_source_trace_and_leave_out_nested_values():
-    """The workload's `source` is the row's `trace`; lists and objects are left out; the
-    comparison's settings come first."""
+    """The workload's `source` is the row's `trace`; lists and objects are left out, and so is a
+    null workload (read as none); the comparison's settings come first."""
     workload = {"source": "sharegpt-paper", "rate": 2.0, "prefix": None, "window": [0, 1]}
     config = {
         "seed": 1,
@@ -476,6 +476,7 @@ def test_settings_name_the_workload_source_trace_and_leave_out_nested_values():
     row = settings(config)
     assert row == {"engine": "paged", "trace": "sharegpt-paper", "rate": 2.0, "seed": 1, "prefix": None}
     assert list(row) == ["engine", "trace", "rate", "seed", "prefix"]
+    assert settings({"engine": "paged", "workload": None}) == {"engine": "paged"}  # no workload: no column
 
 
 # ---- sweeps ------------------------------------------------------------------------------------
