@@ -292,3 +292,30 @@ def test_committed_run_folders_load():
     for folder in kinds.values():
         kvbench.load_run(folder)
     assert len(kvbench.load_runs(folders)) == len(folders)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        # a header cell past csv's field limit: the header's line, not the next
+        ("step," + "x" * 140_000 + "\n0,1\n", "line 1: not CSV (field larger than field limit"),
+        ("step,num_steps\n0,1\n" + '1,"' + "x" * 140_000 + '"\n', "line 3: not CSV (field larger"),
+        # pandas would name an empty header cell "Unnamed: 1", which no reader asks for
+        ("step,\n0,1\n", "line 1: a column without a name"),
+        # and read a second "step" as "step.1", whose cells no check reaches
+        ("step,step\n0,x\n", "line 1: column 'step' appears twice"),
+    ],
+)
+def test_a_damaged_header_is_one_line_naming_its_line(tmp_path, content, message):
+    """A table's header is line 1: a header csv cannot read is named as line 1 (a data line as
+    its own), and a header with a nameless or repeated column is refused, not read as pandas
+    renames it (a KeyError traceback, or a word let through into a numbers column)."""
+    from kvbench.errors import KvbenchError
+    from kvbench.results.load import read_csv
+
+    path = tmp_path / "steps.csv"
+    path.write_text(content)
+    with pytest.raises(KvbenchError) as error:
+        read_csv(path, text=())
+    assert str(error.value).startswith(f"{path}: {message}"), error.value
+    assert "\n" not in str(error.value)

@@ -100,11 +100,18 @@ def _check_lines(path: Path, content: str) -> list[str] | None:
     own; a short line is what a killed writer leaves, so every line is counted here first.
     """
     reader = csv.reader(io.StringIO(content))
-    line = 1
+    line = 0  # the last line read whole: an error is on the next
     try:
         header = next(reader, None)
         if header is None:
             return None
+        line = reader.line_num
+        named = [name for name in header if name]
+        if len(named) != len(header):  # pandas would name it "Unnamed: i", and no reader asks for that
+            raise KvbenchError(f"{path}: line 1: a column without a name: not a table kvbench wrote")
+        twice = next((name for name in header if header.count(name) > 1), None)
+        if twice is not None:  # pandas would read the second as "name.1", unchecked
+            raise KvbenchError(f"{path}: line 1: column {twice!r} appears twice: not a table kvbench wrote")
         for row in reader:
             line = reader.line_num
             if len(row) != len(header):
