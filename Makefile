@@ -153,3 +153,15 @@ mutation: $(VENV)/.dev
 		kvbench/kvspec/config_json.py kvbench/kvspec/hf.py --tests tests/test_kvspec_mutants.py \
 		tests/test_kvspec.py tests/test_layers.py tests/test_models_hf_config.py tests/test_cost_model_layers.py \
 		tests/test_rope_scaling.py
+	nice $(PY) tools/mutation.py --scope results-load --paths kvbench/results/load.py kvbench/results/shape.py \
+		kvbench/results/checks.py --tests tests/test_results_load_mutants.py \
+		tests/test_load.py::test_load_run_reads_a_simulated_run_as_the_files_hold_it \
+		tests/test_load.py::test_load_sweep_reads_a_sweep_the_real_sweep_wrote \
+		tests/test_load.py::test_load_runs_is_one_row_per_run_with_its_settings_and_summary \
+		tests/test_load.py::test_numbers_read_back_exactly_as_written_words_and_gaps_as_they_are \
+		tests/test_load.py::test_a_broken_run_is_refused_in_one_line_naming_the_file \
+		tests/test_results_load.py::test_a_damaged_run_is_one_line_naming_the_file_and_key \
+		tests/test_results_load.py::test_the_undamaged_run_loads_and_compare_and_report_show_it \
+		tests/test_results_load.py::test_nan_where_kvbench_writes_it_loads_and_nowhere_else \
+		tests/test_results_load.py::test_every_key_and_column_kvbench_always_writes_is_required \
+		tests/test_results_load.py::test_the_required_columns_are_the_row_types_fields
