@@ -103,6 +103,15 @@ def greedy_tokens_by_engine(
     return tokens
 
 
+def refusal(call, *args, **kwargs) -> str:
+    """The one-line KvbenchError `call(*args, **kwargs)` raises."""
+    with pytest.raises(KvbenchError) as error:
+        call(*args, **kwargs)
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
 def error_of(path: Path) -> str:
     """The one-line error reading `path` raises; it must start with the path."""
     with pytest.raises(KvbenchError) as error:

@@ -27,21 +27,12 @@ import pytest
 
 import kvbench
 from kvbench.config import RunConfig
-from kvbench.errors import KvbenchError
 from kvbench.results.load import Run, as_runs, label_runs, load_run, read_csv, runs_below, settings
 from kvbench.simulate import simulate, write_result
+from tests.support import refusal
 from workloads.spec import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def refusal(call, *args, **kwargs) -> str:
-    """The one-line KvbenchError a call raises."""
-    with pytest.raises(KvbenchError) as error:
-        call(*args, **kwargs)
-    message = str(error.value)
-    assert "\n" not in message
-    return message
 
 
 @pytest.fixture(scope="module")

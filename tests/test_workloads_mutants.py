@@ -24,11 +24,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvbench.errors import KvbenchError
 from kvbench.models import get_model
 from kvbench.requests import Request, Trace
 from kvbench.vmm.pages import page_geometry
-from tests.support import error_of, write
+from tests.support import error_of, refusal, write
 from workloads.arrivals import AllAtOnce, Gamma, Poisson, check_int, poisson_arrivals, replay
 from workloads.tracefile import read_trace, write_trace
 
@@ -46,15 +45,6 @@ KNOWN = (
 
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
-
-
-def refusal(call, *args, **kwargs) -> str:
-    """The one-line KvbenchError a call raises."""
-    with pytest.raises(KvbenchError) as error:
-        call(*args, **kwargs)
-    message = str(error.value)
-    assert "\n" not in message
-    return message
 
 
 def mooncake(timestamp: object = 0, input_length: object = 600, output_length: object = 10, **more) -> str:
