@@ -835,3 +835,67 @@ def test_a_table_that_cannot_be_read_is_refused_with_the_systems_reason() -> Non
     assert (
         refusal(table_bytes, Path("/proc/self/mem")) == "/proc/self/mem: cannot read it (Input/output error)"
     )
+
+
+def test_a_folder_is_a_kind_by_its_marker_or_by_what_an_older_kvbench_left(tmp_path: Path) -> None:
+    """A kind's test (`_marked`) takes a folder whose marker names that kind, or, where the kind
+    has one, a folder its test for results written before the marker recognises; a folder marked
+    as another kind and a user's folder are neither. Called here, not only through KINDS: KINDS
+    is built once, when kvbench.results.outputs is imported."""
+    from kvbench.results import outputs
+
+    write(tmp_path / "marked", {"kvbench.json": json.dumps({"kind": "sweep"})})
+    write(tmp_path / "other", {"kvbench.json": json.dumps({"kind": "report"})})
+    write(tmp_path / "old", {"sweep.json": json.dumps({"axes": {}, "base_config": {}})})
+    write(tmp_path / "notes", {"notes.txt": "x"})
+    folders = [tmp_path / name for name in ("marked", "other", "old", "notes")]
+    by_marker = outputs._marked("sweep")
+    by_marker_or_old = outputs._marked("sweep", outputs._old_sweep)
+    assert [by_marker(folder) for folder in folders] == [True, False, False, False]
+    assert [by_marker_or_old(folder) for folder in folders] == [True, False, True, False]
+
+
+def test_a_marker_or_a_results_json_in_utf8_is_read_whatever_the_locale(tmp_path: Path) -> None:
+    """kvbench.json and a result's JSON files are read as UTF-8: a run whose marker and
+    summary.json hold non-ASCII text as it stands (rewritten by jq or an editor) is read the same
+    under the C locale with Python's UTF-8 mode off (an ASCII locale encoding): the marker still
+    lists kvbench's files, summary.json still reads, and the folder is still a run."""
+    run = tmp_path / "run"
+    marker = {"kind": "run", "files": ["summary.json", "config.json"], "note": "1.05 \u00d7"}
+    summary = {"engine": "sim", "mode": "simulate", "model": "/m/caf\u00e9"}
+    write(run, {"config.json": "{}"})
+    for name, data in {"kvbench.json": marker, "summary.json": summary}.items():
+        (run / name).write_bytes(json.dumps(data, ensure_ascii=False).encode("utf-8"))
+    check = (
+        "import sys; from pathlib import Path; from kvbench.results import outputs, ownership\n"
+        "run = Path(sys.argv[1])\n"
+        "print(sorted(ownership.listed(run)), ascii(outputs._json(run / 'summary.json')), "
+        "outputs.is_run(run))"
+    )
+    expected = f"['config.json', 'summary.json'] {summary!a} True\n"
+    from kvbench.results import outputs
+
+    here = f"{sorted(listed(run))} {outputs._json(run / 'summary.json')!a} {outputs.is_run(run)}\n"
+    assert here == expected  # this process's locale
+    source = Path(kvbench.__file__).resolve().parents[1]
+    locale = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", check, str(run)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **locale, "PYTHONPATH": str(source)},
+    )
+    assert (done.returncode, done.stdout) == (0, expected), done.stderr
+
+
+def test_a_name_too_long_for_the_filesystem_is_refused_naming_the_reason_among_several_outputs(
+    tmp_path: Path,
+) -> None:
+    """`prepare_outs` (kvbench demo's outputs, checked together) refuses an output named longer
+    than any filesystem takes in one line naming the flag and the system's reason, as
+    prepare_out does, before anything is made."""
+    out = tmp_path / ("x" * 1000)
+    assert (
+        refusal(prepare_outs, (out, "demo", False)) == f"--out {out}: cannot write there (File name too long)"
+    )
+    assert list(tmp_path.iterdir()) == []
