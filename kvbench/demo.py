@@ -92,7 +92,7 @@ def run_summary(config: RunConfig, out: Path, real: bool, reuse: Sequence[Path] 
         if (folder / "summary.json").is_file() and not config_differences(config, folder):
             if folder != out:  # whole or not at all, like a run written here
                 write_run_atomically(out, functools.partial(_copy_into, folder))
-            return json.loads((folder / "summary.json").read_text())
+            return json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     if real:
         from kvbench.real.run import run_real
 

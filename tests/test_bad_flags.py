@@ -475,6 +475,9 @@ REPEATS = [  # a list flag naming a value twice, and the line that must name the
     (SWEEP, ("--trace", "fixed:prompt=4,output=4", "--trace", "fixed:prompt=4,output=4"), "--trace: fixed:"),
     (SWEEP, ("--percentiles", "50,90,50"), "--percentiles: 50 is given twice"),
     (SIMULATE, ("--percentiles", "99,99.0"), "--percentiles: 99.0 (the same as 99) is given twice"),
+    # two percentiles that one column name would hold: the second's values would overwrite the first's
+    (SWEEP, ("--percentiles", "50,99.99991,99.99992"), "--percentiles: 99.99991 and 99.99992 both name the "
+     "p99.9999 columns"),
     (RUN, ("--collectors", "host,host"), "--collectors: host is given twice"),
     *[(("kernels",), (flag, v), f"{flag}: {v.split(',')[0]} is given twice") for flag, v in (
         ("--batch", "8,8"), ("--context", "1024,1024"), ("--block-size", "16,16"), ("--gqa", "4,4"),

@@ -325,6 +325,16 @@ def test_a_base_in_rope_parameters_wins_over_a_top_level_one_as_in_transformers(
     model = read(tmp_path, gemma, "gemma")
     assert model.rope_theta == hf["full_attention"]["rope_theta"] == 2e6
     assert model.local_rope_theta == hf["sliding_attention"]["rope_theta"] == 5000.0
+    # Gemma 3 keeps its bases per layer type: a flat object is read for neither, and a null
+    # layer type's entry is filled in from the top-level keys, as transformers does
+    flat = {**gemma, "rope_parameters": {"rope_type": "default", "rope_theta": 2e6}}
+    hf = transformers_config("gemma3_text", flat).rope_parameters
+    model = read(tmp_path, flat, "flat")
+    assert model.rope_theta == hf["full_attention"]["rope_theta"] == 3e6
+    assert model.local_rope_theta == hf["sliding_attention"]["rope_theta"] == 20000.0
+    null = {**gemma, "rope_parameters": {"full_attention": {"rope_theta": 2e6}, "sliding_attention": None}}
+    hf = transformers_config("gemma3_text", null).rope_parameters
+    assert read(tmp_path, null, "null").local_rope_theta == hf["sliding_attention"]["rope_theta"] == 20000.0
 
 
 def test_gemma3_local_rotary_base_from_rope_local_base_freq_or_its_default(tmp_path):
@@ -352,7 +362,7 @@ def test_gemma3_local_rotary_base_from_rope_local_base_freq_or_its_default(tmp_p
             "{'rope_theta': 10000.0}}",
         ),
         (
-            {"rope_type": "default", "rope_theta": -1},
+            {"full_attention": {"rope_type": "default", "rope_theta": -1}, "sliding_attention": {}},
             ": rope_parameters: rope_theta must be a number > 0, got -1",
         ),
         (

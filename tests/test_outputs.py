@@ -363,11 +363,19 @@ def test_a_name_too_long_for_the_filesystem_is_one_line_for_a_command_of_several
 
 def test_text_is_written_as_utf8_whatever_the_locale(tmp_path):
     """Every reader reads kvbench's files as UTF-8: written in a C locale without Python's UTF-8
-    mode, a non-ASCII name (a model path, an error message) must still be UTF-8, not a crash."""
+    mode, a non-ASCII name (a model path, an error message) must still be UTF-8, not a crash, and
+    read back as written (a resumed sweep's sweep.csv, a panel's)."""
     code = (
         "import sys; from pathlib import Path; from kvbench.results.files import write_text, write_json;"
         "write_text(Path(sys.argv[1]) / 't.txt', 'caf\\u00e9 \\u2192\\n');"
-        "write_json(Path(sys.argv[1]) / 'j.json', {'model': '/m/\\u00e9'})"
+        "write_json(Path(sys.argv[1]) / 'j.json', {'model': '/m/\\u00e9'});"
+        # a sweep.csv holding a non-ASCII path, read back as a resumed sweep and a panel read it
+        "from kvbench.sweep.files import read_table; from kvbench.reproduce.panel import seed_cells;"
+        "p = Path(sys.argv[1]) / 'sweep.csv';"
+        "write_text(p, 'cell_id,role,engine,seed,rate,normalized_latency_s,error\\n"
+        "c,grid,paged,0,1.0,0.5,/m/\\u00e9 failed\\n');"
+        "assert read_table(p)['c']['error'] == '/m/\\u00e9 failed';"
+        "assert seed_cells(p, ['paged'], 0)[0]['error'] == '/m/\\u00e9 failed'"
     )
     env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
            "PYTHONPATH": str(ROOT)}  # fmt: skip
@@ -375,3 +383,14 @@ def test_text_is_written_as_utf8_whatever_the_locale(tmp_path):
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert (tmp_path / "t.txt").read_bytes() == "café →\n".encode()
     assert json.loads((tmp_path / "j.json").read_bytes().decode("utf-8")) == {"model": "/m/é"}
+
+
+def test_a_marker_nested_too_deeply_lists_nothing(tmp_path):
+    """`listed` reads a folder's marker to know what kvbench wrote there; a marker nested past
+    the recursion limit is no marker kvbench wrote: it lists nothing, no RecursionError."""
+    from kvbench.results.ownership import listed
+
+    (tmp_path / MARKER).write_text("[" * 100_000)
+    assert listed(tmp_path) == frozenset()
+    (tmp_path / MARKER).write_text('{"kind": "demo", "files": ["a.csv", 3]}')
+    assert listed(tmp_path) == frozenset({"a.csv"})

@@ -123,6 +123,21 @@ def test_each_engine_is_judged_by_its_own_cells_and_an_untimed_one_by_the_longes
         left.check("orca-max", left.expected_s(False, "orca-max"))
 
 
+def test_a_sweep_judges_each_cell_it_hands_out_by_that_cells_own_engine(tmp_path):
+    """The sweep asks the deadline about the engine of the cell it is about to start: with paged
+    timed short and another engine timed past the time left, paged's cells start (judged by the
+    slow engine's time, none would) and the slow engine's first cell does not."""
+    deadline = Deadline.in_seconds(FUTURE)
+    deadline.note(False, "orca-oracle", 2 * FUTURE)  # far past the time left
+    deadline.note(False, "paged", 1.0)
+    done = run_sweep(plan(engines=("paged",), rates=(1.0, 2.0)), tmp_path / "paged", progress=quiet(),
+                     deadline=deadline)  # fmt: skip
+    assert (done.ran, done.failed) == (2, 0)
+    with pytest.raises(DeadlineReached, match=r"^orca-oracle__.* not started"):
+        run_sweep(plan(engines=("orca-oracle",), rates=(1.0,)), tmp_path / "oracle", progress=quiet(),
+                  deadline=deadline)  # fmt: skip
+
+
 def test_a_sweep_cut_before_its_bisection_keeps_the_rows_of_bisected_cells_for_the_next_resume(tmp_path):
     """Seed 0 swept and bisected once (0.5 passes 0.03 s/token, 8 fails: 4.25 run); seed 1 added
     and the sweep resumed past its deadline, so it stops in seed 1's grid, before any bisection:

@@ -518,7 +518,7 @@ def cost_file_digest(path: str) -> str | None:
     place rather than keep their old constants. Held-out errors written into the file beside
     the fit do not count: a refit with the same constants leaves the runs current."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
     if not isinstance(data, dict):

@@ -130,7 +130,10 @@ def _rope_bases(key: ConfigKeys, family: Family) -> tuple[float, float | None]:
         raise KvbenchError(f"{key.where}: rope_parameters must be an object, got {nested!r:.80}")
     top = key.number("rope_theta", 1_000_000.0 if family == "gemma3" else 10_000.0)
     top_local = key.number("rope_local_base_freq", 10_000.0) if family == "gemma3" else None
-    full, sliding = nested.get("full_attention", nested), nested.get("sliding_attention", {})
+    if family == "gemma3":  # per layer type; a flat object transformers reads for no layer of it
+        full, sliding = nested.get("full_attention") or {}, nested.get("sliding_attention") or {}
+    else:
+        full, sliding = nested, {}
     if not isinstance(full, dict) or not isinstance(sliding, dict):
         raise KvbenchError(f"{key.where}: rope_parameters must hold objects, got {nested!r:.80}")
     theta = ConfigKeys(full, f"{key.where}: rope_parameters").number("rope_theta", top)

@@ -36,7 +36,7 @@ import numpy as np
 from kvbench.engine import EngineRun, OccupancyTotals
 from kvbench.errors import KvbenchError
 from kvbench.flag_ranges import check_distinct
-from kvbench.metrics.latency import ItlTable, distribution
+from kvbench.metrics.latency import ItlTable, distribution, percentile_key
 from kvbench.metrics.occupancy import categories
 from kvbench.sequence import Sequence
 
@@ -274,6 +274,15 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
         except ValueError:
             raise KvbenchError(f"--percentiles: {item.strip()!r} is not a number (e.g. 50,90,99)") from None
     check_distinct("--percentiles", [item.strip() for item in text.split(",")], float)
+    keys: dict[str, float] = {}
+    for value in values:  # two percentiles one summary key would name: one would overwrite the other
+        key = percentile_key(value)
+        if key in keys:
+            raise KvbenchError(
+                f"--percentiles: {keys[key]:.10g} and {value:.10g} both name the {key} columns (a percentile "
+                "is named to 6 significant digits): give percentiles that differ within them"
+            )
+        keys[key] = value
     percentiles = tuple(sorted(values))
     check_metric_options(percentiles, Slo())
     return percentiles

@@ -27,7 +27,7 @@ _FLOATS = ("us", "us_p10", "us_p90", "gbps", "bw_fraction", "vs_contiguous", "ma
 
 def read_rows(path: Path) -> list[dict]:
     """kernels.csv as dicts with numbers parsed (empty or unparsable numbers become NaN)."""
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8") as f:  # as kvbench writes it, whatever the locale
         rows = list(csv.DictReader(f))
     for row in rows:
         for key in _INTS:

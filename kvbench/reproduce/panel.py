@@ -24,7 +24,7 @@ def seed_cells(sweep_csv: Path, engines: Sequence[str], seed: int) -> list[dict]
     """The loaded cells of `engines` on one seed of a sweep.csv (the unloaded baselines left
     out; another seed's cells would read as more rates of one curve), `rate` and
     `normalized_latency_s` as numbers (None where a cell has none), in engine then rate order."""
-    with open(sweep_csv, newline="") as f:
+    with open(sweep_csv, newline="", encoding="utf-8") as f:  # as kvbench writes it, whatever the locale
         rows = [r for r in csv.DictReader(f) if r["role"] != "baseline" and r["engine"] in engines]
     rows = [
         {**r, "rate": float(r["rate"]),

@@ -169,7 +169,7 @@ def _isolated(config: RunConfig, out: Path, how: CellRun, env: Mapping[str, str]
             last.removeprefix("error: ") or f"the cell's process exited with {proc.returncode}"
         )
     _check_same_config(config, out)
-    return json.loads((out / "summary.json").read_text())
+    return json.loads((out / "summary.json").read_text(encoding="utf-8"))
 
 
 def config_differences(config: RunConfig, folder: Path) -> list[str]:
@@ -178,7 +178,7 @@ def config_differences(config: RunConfig, folder: Path) -> list[str]:
     A calibrated cost model is named by its path; the run also recorded the file's digest, so
     a file refitted in place since counts as a difference (`cost_model`) too.
     """
-    wrote = json.loads((folder / "config.json").read_text())
+    wrote = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     differs = _differing_fields(wrote, config)
     if config.cost_model is not None and "cost_model_sha256" in wrote:
         from kvbench.calibrate.fit import cost_file_digest

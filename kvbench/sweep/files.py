@@ -113,5 +113,5 @@ def read_table(path: Path) -> dict[str, dict[str, str]]:
     """A previous sweep.csv by cell id ({} if there is none)."""
     if not path.is_file():
         return {}
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8") as f:  # as kvbench writes it, whatever the locale
         return {row["cell_id"]: row for row in csv.DictReader(f)}

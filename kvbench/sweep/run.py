@@ -128,7 +128,7 @@ class _Sweep:
         """A cell a previous invocation finished (after checking it ran these settings)."""
         _check_same_settings(config, folder)
         self.progress.begin(cell.id)
-        summary = json.loads((folder / "summary.json").read_text())
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
         wall = self.previous.get(cell.id, {}).get("wall_s") or None
         self.resumed += 1
         self.progress.finish(True, None)
