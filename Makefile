@@ -164,4 +164,5 @@ mutation: $(VENV)/.dev
 		tests/test_results_load.py::test_the_undamaged_run_loads_and_compare_and_report_show_it \
 		tests/test_results_load.py::test_nan_where_kvbench_writes_it_loads_and_nowhere_else \
 		tests/test_results_load.py::test_every_key_and_column_kvbench_always_writes_is_required \
-		tests/test_results_load.py::test_the_required_columns_are_the_row_types_fields
+		tests/test_results_load.py::test_the_required_columns_are_the_row_types_fields \
+		tests/test_results_load.py::test_a_damaged_header_is_one_line_naming_its_line
