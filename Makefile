@@ -76,6 +76,11 @@ HELD_OUT_TESTS = $(addprefix tests/test_calibrate_held_out.py::,test_a_held_out_
 	test_a_held_out_run_sharing_the_draw_is_never_fitted_nor_checked test_summaries_count_loaded_and_unloaded_runs_apart \
 	test_an_older_sets_file_without_the_split_still_reads test_runs_set_aside_in_a_seed_folder_are_not_held_out \
 	test_held_out_pages_open_with_the_split_and_rewrite_from_cost_json_alone)
+# test_load's cases that read no committed results/ (mutmut's copy of the tree has none)
+LOAD_TESTS = $(addprefix tests/test_load.py::,test_load_run_reads_a_simulated_run_as_the_files_hold_it \
+	test_load_sweep_reads_a_sweep_the_real_sweep_wrote \
+	test_numbers_read_back_exactly_as_written_words_and_gaps_as_they_are \
+	test_a_broken_run_is_refused_in_one_line_naming_the_file)
 CHECK_TESTS = $(HELD_OUT_TESTS) \
 	$(addprefix tests/test_calibrate_latency.py::,test_the_runner_charges_a_segment_once_on_its_first_decode_step \
 	test_the_fit_recovers_a_known_segment_cost_and_knee)
@@ -144,22 +149,14 @@ mutation: $(VENV)/.dev
 		tests/test_packed_tables.py::test_a_packed_run_loads_exactly_as_its_csvs \
 		tests/test_packed_tables.py::test_packing_is_byte_exact_and_repeatable \
 		tests/test_packed_tables.py::test_small_tables_stay_plain_and_a_missing_one_reads_empty \
-		tests/test_packed_tables.py::test_a_cut_packed_table_is_refused_naming_it \
-		tests/test_load.py::test_load_run_reads_a_simulated_run_as_the_files_hold_it \
-		tests/test_load.py::test_load_sweep_reads_a_sweep_the_real_sweep_wrote \
-		tests/test_load.py::test_numbers_read_back_exactly_as_written_words_and_gaps_as_they_are \
-		tests/test_load.py::test_a_broken_run_is_refused_in_one_line_naming_the_file
+		tests/test_packed_tables.py::test_a_cut_packed_table_is_refused_naming_it $(LOAD_TESTS)
 	nice $(PY) tools/mutation.py --scope kvspec --paths kvbench/kvspec/layers.py kvbench/kvspec/model.py \
 		kvbench/kvspec/config_json.py kvbench/kvspec/hf.py --tests tests/test_kvspec_mutants.py \
 		tests/test_kvspec.py tests/test_layers.py tests/test_models_hf_config.py tests/test_cost_model_layers.py \
 		tests/test_rope_scaling.py
 	nice $(PY) tools/mutation.py --scope results-load --paths kvbench/results/load.py kvbench/results/shape.py \
-		kvbench/results/checks.py --tests tests/test_results_load_mutants.py \
-		tests/test_load.py::test_load_run_reads_a_simulated_run_as_the_files_hold_it \
-		tests/test_load.py::test_load_sweep_reads_a_sweep_the_real_sweep_wrote \
+		kvbench/results/checks.py --tests tests/test_results_load_mutants.py $(LOAD_TESTS) \
 		tests/test_load.py::test_load_runs_is_one_row_per_run_with_its_settings_and_summary \
-		tests/test_load.py::test_numbers_read_back_exactly_as_written_words_and_gaps_as_they_are \
-		tests/test_load.py::test_a_broken_run_is_refused_in_one_line_naming_the_file \
 		tests/test_results_load.py::test_a_damaged_run_is_one_line_naming_the_file_and_key \
 		tests/test_results_load.py::test_the_undamaged_run_loads_and_compare_and_report_show_it \
 		tests/test_results_load.py::test_nan_where_kvbench_writes_it_loads_and_nowhere_else \
