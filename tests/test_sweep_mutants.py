@@ -472,3 +472,34 @@ def test_a_sweep_without_rates_finds_no_sustained_rate(tmp_path):
         result = run_sweep(p, tmp_path / name, progress=quiet())
         assert result.sustained == [] and [row["role"] for row in result.rows] == [GRID]
         assert not (tmp_path / name / "sustained.csv").exists()
+
+
+def test_a_previous_sweep_csv_is_read_as_utf8_whatever_the_locale(tmp_path):
+    """A resumed sweep reads its previous sweep.csv back as kvbench wrote it, UTF-8, also under a
+    C locale without Python's UTF-8 mode (an error cell naming a non-ASCII path would otherwise
+    stop the resume, or come back garbled and be written back double-encoded). Read here, and in
+    a process under that locale, which runs whatever kvbench this one imports."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    path = tmp_path / "sweep.csv"
+    write_table(path, [{"cell_id": "c", "status": "failed", "error": "/m/caf\u00e9: no such file"}],
+                ["cell_id", "status", "error"])  # fmt: skip
+    assert read_table(path)["c"]["error"] == "/m/caf\u00e9: no such file"
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys; from pathlib import Path; from kvbench.sweep.files import read_table;"
+        "print(ascii(read_table(Path(sys.argv[1]))['c']['error']))"
+    )
+    env = {
+        **os.environ,
+        "LC_ALL": "C",
+        "LANG": "C",
+        "PYTHONUTF8": "0",
+        "PYTHONCOERCECLOCALE": "0",
+        "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(root)]).strip(os.pathsep),
+    }
+    done = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert done.stdout.decode().strip() == ascii("/m/caf\u00e9: no such file")
