@@ -27,7 +27,7 @@ LAYER_TYPES = {"full_attention": False, "sliding_attention": True}  # is the lay
 TIED = ("gemma2", "gemma3")  # transformers' defaults for tie_word_embeddings
 # keys the published Gemma 3 checkpoints leave to transformers' Gemma3TextConfig defaults (the
 # 4B-27B text_config gives only the sizes that differ): the defaults, as that class sets them
-# (its rotary bases and layer pattern: in `_rope_bases` and `_windows`)
+# (its rotary bases and layer pattern: in `rope_bases` and `_windows`)
 GEMMA3_DEFAULTS = {"vocab_size": 262208, "head_dim": 256, "max_position_embeddings": 131072}
 
 
@@ -78,7 +78,7 @@ def spec_from_config(config: object, name: str) -> ModelSpec:
         )
     head_dim = key.count("head_dim", hidden // heads)
     window, window_layers = _windows(key, family, layers)
-    theta, local_theta = _rope_bases(key, family)
+    theta, local_theta = rope_bases(key, family)
     return ModelSpec(
         name, family, layers, hidden, heads, kv_heads, key.count("intermediate_size"), vocab, max_len,
         DTYPE_BYTES[dtype], norm_eps=key.number("rms_norm_eps", 1e-6), rope_theta=theta,
@@ -120,11 +120,13 @@ def _windows(key: ConfigKeys, family: Family, layers: int) -> tuple[int, tuple[i
     return window, tuple(i for i in range(layers) if (i + 1) % period)
 
 
-def _rope_bases(key: ConfigKeys, family: Family) -> tuple[float, float | None]:
+def rope_bases(key: ConfigKeys, family: Family) -> tuple[float, float | None]:
     """The rotary base (Gemma 3: its global layers') and Gemma 3's local one, as transformers
     reads them: `rope_parameters` where newer configs keep them (per layer type for Gemma 3)
     wins over a top-level `rope_theta` (`rope_local_base_freq`), which fills in where the
-    nested object names none; where neither gives one, transformers' default for the family."""
+    nested object names none; where neither gives one, transformers' default for the family.
+    The one rule for sizing a config.json and for decoding a checkpoint
+    (`kvbench.modeling.hf_config`)."""
     nested = key.config.get("rope_parameters") or {}
     if not isinstance(nested, dict):
         raise KvbenchError(f"{key.where}: rope_parameters must be an object, got {nested!r:.80}")

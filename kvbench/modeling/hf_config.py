@@ -20,7 +20,7 @@ from kvbench.kvspec.config_json import ConfigKeys as _Keys
 from kvbench.kvspec.config_json import json_kind as _json_kind
 from kvbench.kvspec.config_json import read_config_json
 from kvbench.kvspec.hf import FAMILIES as SIZED_FAMILIES
-from kvbench.kvspec.hf import spec_from_config
+from kvbench.kvspec.hf import rope_bases, spec_from_config
 from kvbench.modeling.rope_config import ROPE_TYPES, read_rope_scaling
 from kvbench.models import ModelSpec
 
@@ -82,11 +82,7 @@ def spec_from_hf_config(config: object, name: str) -> ModelSpec:
     for bias in ("attention_bias", "mlp_bias"):
         if key.flag(bias, False):
             key.unsupported(bias, "Llama with biases")
-    nested = config.get("rope_parameters") or {}  # where newer configs keep rope_theta
-    if not isinstance(nested, dict):
-        raise KvbenchError(f"{where}: rope_parameters must be an object, got {nested!r}")
-    # as transformers reads it: the nested base wins, a top-level one fills in where it is absent
-    theta = _Keys(nested, f"{where}: rope_parameters").number("rope_theta", key.number("rope_theta", 10000.0))
+    theta, _ = rope_bases(key, "llama")  # as the sizing reader and transformers read it
     return ModelSpec(
         name, "llama", layers, hidden, heads, kv_heads, key.count("intermediate_size"), vocab,
         max_len, norm_eps=key.number("rms_norm_eps", 1e-6), rope_theta=theta,

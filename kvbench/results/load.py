@@ -106,8 +106,7 @@ def _check_lines(path: Path, content: str) -> list[str] | None:
         if header is None:
             return None
         line = reader.line_num
-        named = [name for name in header if name]
-        if len(named) != len(header):  # pandas would name it "Unnamed: i", and no reader asks for that
+        if "" in header:  # pandas would name it "Unnamed: i", and no reader asks for that
             raise KvbenchError(f"{path}: line 1: a column without a name: not a table kvbench wrote")
         twice = next((name for name in header if header.count(name) > 1), None)
         if twice is not None:  # pandas would read the second as "name.1", unchecked

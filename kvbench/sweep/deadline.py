@@ -11,13 +11,15 @@ baselines apart from loaded cells: a baseline of 5 requests is far shorter; and 
 on Figure 13's Alpaca cells at OPT-13B a paged cell lasts 22-30 s and a static one 190-196 s, so
 judging paged by static stopped calls with a third of their time unused), with a margin. An
 engine with no timed cell of its kind is judged by the longest cell of that kind of any engine
-(nothing closer to judge it by, and too long errs safe); a cell of a kind no finished cell has
+(nothing closer to judge it by; it errs long only where a slower engine was timed, so order a
+sweep's engines slowest first where that is known); a cell of a kind no finished cell has
 timed is started (nothing to judge it by), so a deadline never stops a sweep before its first
 cell of each kind. A reproduction runs one sweep after another (a seed, a
 preemption mode) under one `Deadline`, which keeps the longest wall time of each kind seen by any
 of them: a sweep's first cell is judged by the sweeps before it, not started blind with seconds
-left (at OPT-13B that lost the cell in progress of every Figure 19 call). The estimate errs long:
-a sweep of short cells after one of long cells may stop with time to spare, never mid-cell.
+left (at OPT-13B that lost the cell in progress of every Figure 19 call). Once an engine has a
+cell of the kind timed, the estimate errs long: a sweep may stop with time to spare, not mid-cell;
+an engine's first cell, judged by another engine's, may be cut where that engine was faster.
 """
 
 from __future__ import annotations
