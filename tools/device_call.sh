@@ -14,7 +14,8 @@
 #                    (results/reproduce/opt-13b-h200)
 #   fig2-13-x6       Figures 2 and 13 at OPT-13B at the paper's rates x 6 (`--rate-scale 6`; x 3, the
 #                    setting's own, leaves paged arrival-limited), seeds 0-2, resumed as fig2-13 is
-#                    (results/reproduce/opt-13b-h200-x6: a folder of its own, the x 3 figures stay)
+#                    (results/reproduce/opt-13b-<card>-x6, h100 or h200 by the card that came: a folder
+#                    of its own, the x 3 figures stay; keep it, made empty, before the first call)
 #   fig13-alpaca-x6  Figure 13's Alpaca runs at x 6 (180 req/s) with 1,000 requests, the five engines at
 #                    the paper's 15,728 slots, seeds $SEEDS (default 0,1,2): 200 requests arrive in 1.1 s
 #                    and never queue for paged; simulated (results/reference/fig2-13-x6-sim), 1,000 fill
@@ -162,7 +163,9 @@ for job in "$@"; do
       timeout $left "${KVBENCH[@]}" reproduce --deadline-s $((left - 15)) fig2 fig13 --mode real --model opt-13b \
         --num-requests 200 --repeats 3 --out $folder ;;
     fig2-13-x6)
-      folder=results/reproduce/opt-13b-h200-x6
+      # a folder per card model: the x 6 figures are one card's, whichever came (H100 or H200)
+      card=$(sed -n '1s/.*\(H[0-9]00\).*/\1/p' "$OUT/gpu.txt" | tr H h)
+      folder=results/reproduce/opt-13b-${card:-gpu}-x6
       timeout $left "${KVBENCH[@]}" reproduce --deadline-s $((left - 15)) fig2 fig13 --mode real --model opt-13b \
         --rate-scale 6 --num-requests 200 --repeats 3 --out $folder ;;
     fig13-alpaca-x6)
