@@ -1,0 +1,363 @@
+"""Figures 12, 14, 17, 18b and 19 of `kvbench reproduce`, run in this process, each of their rows
+read again from the sweep files the figure wrote: the latency at each rate, the shared bound,
+every sustained rate with its bracket, capacity, the ratios and their intervals, the
+sensitivity to the bound, the best block size, and the milliseconds a preemption costs, counted
+from the cell's own steps and cost constants.
+
+`tests/test_reproduce.py` runs the same figures through the CLI as a user does (a subprocess);
+these check what each number is, and run where a mutation test can see them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from kvbench.cost_model import CostModel
+from kvbench.paper import (
+    FIG12_SUSTAINED,
+    FIG12_THRESHOLD_S,
+    FIG14_BEAM6_RATIO,
+    FIG17_RATIO,
+    FIG19_RECOMPUTE_MS,
+    FIG19_SWAP_MS,
+    RATIO_BASELINES,
+)
+from kvbench.report.figures import PlotSkipped
+from kvbench.reproduce.rows import Options, Row, Setting
+from kvbench.reproduce.sharing import (
+    FIG14_SEQUENCE_RATES,
+    WIDTHS,
+    _widths,
+    fig14,
+    fig14_verdict,
+    fig17,
+    fig17_verdict,
+)
+from kvbench.reproduce.sweeps import (
+    BOUND,
+    FIG12_RATES,
+    FIG18B_RATE,
+    FIG19_BUDGET_SHARE,
+    FIG19_RATE,
+    SENSITIVITY,
+    _plot_overheads,
+    fig12,
+    fig12_verdict,
+    fig18b,
+    fig19,
+)
+from kvbench.sweep.grid import PAPER_ENGINES
+
+QUICK = Options(quick=True, setting=Setting(), num_requests=200)
+SHARING = Options(quick=True, setting=Setting(), num_requests=30)
+NUMBERS = {"rate", "normalized_latency_s", "request_throughput", "num_preemptions", "block_size"}
+
+
+def _number(text: str) -> float | None:
+    return None if text == "" else float(text)
+
+
+def cells_of(sweep: Path) -> list[dict]:
+    """sweep.csv's cells but the baselines, their numbers as floats (None where empty)."""
+    with open(sweep / "sweep.csv", newline="", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if r["role"] != "baseline"]
+    return [{k: _number(v) if k in NUMBERS else v for k, v in r.items()} for r in rows]
+
+
+def sustained_of(sweep: Path) -> dict[str, dict]:
+    """sustained.csv by engine, its rates and bound as floats (None where empty)."""
+    with open(sweep / "sustained.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    keys = ("last_pass_rate", "first_fail_rate", "latency_threshold_s")
+    return {r["engine"]: {k: _number(r[k]) for k in keys} for r in rows}
+
+
+def keyed(rows) -> dict[tuple[str, str, str], Row]:
+    """A figure's rows by (engine, workload, metric), each key once."""
+    out = {(r.engine, r.workload, r.metric): r for r in rows}
+    assert len(out) == len(rows), "two rows of one engine, workload and metric"
+    return out
+
+
+def same(a: float | None, b: float | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and a == pytest.approx(b, rel=1e-12))
+
+
+def bracket_under(cells: list[dict], engine: str, bound: float) -> tuple[float, float] | None:
+    """The figure's reading, done here again: the rates in order, each its repeats' mean latency
+    (a failed repeat fails the rate), the last rate before the first over the bound."""
+    by_rate: dict[float, list] = {}
+    for c in cells:
+        if c["engine"] == engine:
+            ok = c["status"] == "ok" and c["normalized_latency_s"] is not None
+            by_rate.setdefault(c["rate"], []).append(c["normalized_latency_s"] if ok else None)
+    last = None
+    for rate in sorted(by_rate):
+        values = by_rate[rate]
+        if None in values or not sum(values) / len(values) < bound:
+            return None if last is None else (last, rate)
+        last = rate
+    return None if last is None else (last, math.inf)
+
+
+def check_rate_rows(rows: dict, label: str, sweep: Path, engines, ratios: dict, numerator: str = "paged",
+                    absolute: dict | None = None) -> dict[str, float | None]:  # fmt: skip
+    """A rate sweep's rows (`rate_rows`) against its files; each engine's capacity."""
+    cells, sustained = cells_of(sweep), sustained_of(sweep)
+    ok = [c for c in cells if c["status"] == "ok"]
+    latency = {k: r for k, r in rows.items() if k[1] == label and k[2].startswith("normalized_latency_s@")}
+    assert len(latency) == len(ok)
+    for c in ok:
+        assert same(
+            rows[c["engine"], label, f"normalized_latency_s@{c['rate']:g}"].kvbench, c["normalized_latency_s"]
+        )
+    (bound,) = {s["latency_threshold_s"] for s in sustained.values()}
+    assert same(rows["all", label, BOUND].kvbench, bound)
+    brackets, capacity = {}, {}
+    for engine in engines:
+        found = sustained[engine]
+        last, fail = found["last_pass_rate"], found["first_fail_rate"]
+        brackets[engine] = None if last is None else (last, math.inf if fail is None else fail)
+        row = rows[engine, label, "sustained_rate_req_s"]
+        assert same(row.kvbench, last) and same(row.paper, (absolute or {}).get(engine))
+        assert (row.low, row.high) == (brackets[engine] or (None, None))
+        capacity[engine] = max((c["request_throughput"] for c in ok if c["engine"] == engine), default=None)
+        assert same(rows[engine, label, "capacity_req_s"].kvbench, capacity[engine])
+    for other, paper in ratios.items():
+        pair = f"{numerator}/{other}"
+        row = rows[pair, label, "sustained_ratio"]
+        a, b = brackets[numerator], brackets[other]
+        assert same(row.paper, paper)
+        if a is None or b is None:
+            assert row.kvbench is None and row.low is None and row.high is None
+        else:
+            assert same(row.kvbench, a[0] / b[0])
+            assert same(row.low, a[0] / b[1]) and same(row.high, a[1] / b[0])
+        expected = capacity[numerator] / capacity[other] if capacity[other] else None
+        assert same(rows[pair, label, "capacity_ratio"].kvbench, expected)
+    return capacity
+
+
+def unsaturated_note(label: str, sweep: Path, engines, capacity: dict) -> list[str]:
+    """The note naming the engines whose capacity is only a lower bound, recomputed."""
+    ok = [c for c in cells_of(sweep) if c["status"] == "ok"]
+    top = {e: max((c["rate"] for c in ok if c["engine"] == e), default=None) for e in engines}
+    kept = [e for e in engines if capacity[e] and top[e] and capacity[e] >= 0.9 * top[e]]
+    return (
+        [f"{label}: {', '.join(kept)} kept up with the highest rate: capacity a lower bound"] if kept else []
+    )
+
+
+def test_figure_12s_rows_are_its_sweeps_read_back(tmp_path):
+    result = fig12(QUICK, tmp_path)
+    rows = keyed(result.rows)
+    for trace in FIG12_RATES:
+        paper = FIG12_SUSTAINED[trace]
+        ratios = {other: paper["paged"] / paper[other] for other in RATIO_BASELINES}
+        sweep = tmp_path / trace
+        capacity = check_rate_rows(rows, trace, sweep, PAPER_ENGINES, ratios, absolute=paper)
+        assert set(unsaturated_note(trace, sweep, PAPER_ENGINES, capacity)) <= set(result.notes)
+        # the ratios read again at each multiple of the bound, from the cells already run
+        cells = cells_of(sweep)
+        for multiple in SENSITIVITY:
+            bound = multiple * FIG12_THRESHOLD_S
+            for other, ratio in ratios.items():
+                row = rows[
+                    f"paged/{other}", trace, f"sustained_ratio@bound x {multiple:g} ({bound:.3g} s/token)"
+                ]
+                a, b = bracket_under(cells, "paged", bound), bracket_under(cells, other, bound)
+                assert same(row.paper, ratio)
+                if a is None or b is None:
+                    assert row.kvbench is None
+                else:
+                    assert same(row.kvbench, a[0] / b[0]) and same(row.low, a[0] / b[1])
+                    assert same(row.high, a[1] / b[0])
+        per_trace = [k for k in rows if k[1] == trace]
+        cells_ok = sum(c["status"] == "ok" for c in cells)
+        # latency rows, the bound, rate and capacity per engine, two ratios per baseline, the sensitivity
+        expected = cells_ok + 1 + 2 * len(PAPER_ENGINES) + len(ratios) * (2 + len(SENSITIVITY))
+        assert len(per_trace) == expected
+        assert f"{trace}/latency_vs_rate.png" in result.plots and (sweep / "latency_vs_rate.png").is_file()
+    assert not [k for k in rows if k[1] not in FIG12_RATES]
+    assert result.name == "fig12" and result.verdict == fig12_verdict(result.rows, QUICK)
+    assert any(f"the paper's {FIG12_THRESHOLD_S:g} s/token, unchanged" in note for note in result.notes)
+    assert any(
+        "sustained_ratio@bound x m" in note and "(0.5, 0.75, 1.0, 1.25, 2.0, 4.0)" in note
+        for note in result.notes
+    )
+
+
+def test_figure_12_compares_absolute_rates_only_at_the_papers_own_rates(tmp_path):
+    """Rates scaled by anything but 1 are not the paper's: no engine's rate is held against its
+    number, while the ratios still are."""
+    scaled = Options(quick=True, setting=Setting(rate_scale=2.0), num_requests=40)
+    rows = fig12(scaled, tmp_path).rows
+    rates = [r for r in rows if r.metric == "sustained_rate_req_s"]
+    assert len(rates) == 2 * len(PAPER_ENGINES) and all(r.paper is None for r in rates)
+    assert all(r.paper for r in rows if r.metric == "sustained_ratio")
+    cells = cells_of(tmp_path / "alpaca-paper")
+    assert {c["rate"] for c in cells if c["role"] == "grid"} == {
+        2 * r for r in FIG12_RATES["alpaca-paper"]["quick"]
+    }
+
+
+def test_figure_18bs_rows_are_each_block_sizes_latency_and_the_best(tmp_path):
+    result = fig18b(QUICK, tmp_path)
+    rows = keyed(result.rows)
+    for trace, rate in FIG18B_RATE.items():
+        cells = [c for c in cells_of(tmp_path / trace) if c["status"] == "ok"]
+        assert {c["rate"] for c in cells} == {rate} and len(cells) == 7  # the quick grid's block sizes
+        latency = {int(c["block_size"]): c["normalized_latency_s"] for c in cells}
+        for bs, value in latency.items():
+            assert same(rows["paged", trace, f"normalized_latency_s@bs{bs}"].kvbench, value)
+        assert rows["paged", trace, "best_block_size"].kvbench == min(latency, key=latency.get)
+        assert len([k for k in rows if k[1] == trace]) == len(latency) + 1
+        assert f"{trace} at {rate:g} req/s" in result.notes
+        assert f"{trace}/block_size.png" in result.plots
+    assert len(rows) == sum(len([k for k in rows if k[1] == t]) for t in FIG18B_RATE)
+
+
+def overhead_ms(cell: Path, how: str) -> float | None:
+    """A cell's milliseconds per preemption from its own files: blocks swapped, or prefilled
+    tokens beyond the prompts, times the cell's cost constant for one, over its preemptions."""
+    summary = json.loads((cell / "summary.json").read_text())
+    count = summary["num_preemptions"]
+    if not count:
+        return None
+    cost = CostModel(**json.loads((cell / "config.json").read_text())["cost_model_constants"])
+    with open(cell / "steps.csv", newline="") as f:
+        steps = list(csv.DictReader(f))
+    if how == "swap":
+        units, constant = sum(float(s["swapped_blocks"]) for s in steps), cost.per_swap_block_s
+    else:
+        with open(cell / "requests.csv", newline="") as f:
+            prompts = sum(float(r["prompt_len"]) for r in csv.DictReader(f))
+        prefilled = sum(float(s["num_tokens"]) for s in steps if s["kind"] == "prefill")
+        units, constant = max(prefilled - prompts, 0.0), cost.per_token(prefill=True)
+    return 1e3 * units * constant / count if constant > 0 else None
+
+
+def test_figure_19s_overheads_are_counted_from_each_cells_steps(tmp_path):
+    result = fig19(QUICK, tmp_path)
+    rows = keyed(result.rows)
+    preempted = 0
+    for how in ("recompute", "swap"):
+        cells = [c for c in cells_of(tmp_path / how) if c["status"] == "ok"]
+        assert {c["rate"] for c in cells} == {FIG19_RATE} and len(cells) == 5
+        for c in cells:
+            bs = int(c["block_size"])
+            config = json.loads((tmp_path / how / "cells" / c["cell_id"] / "config.json").read_text())
+            assert config["preemption"] == how and config["kv_cache_gib"] == 12.0 * FIG19_BUDGET_SHARE
+            ms = overhead_ms(tmp_path / how / "cells" / c["cell_id"], how)
+            row = rows[f"paged-{how}", "sharegpt-paper", f"overhead_ms_per_preemption@bs{bs}"]
+            paper = FIG19_SWAP_MS.get(bs) if how == "swap" else FIG19_RECOMPUTE_MS
+            assert same(row.kvbench, ms) and same(row.paper, paper)
+            assert (
+                rows[f"paged-{how}", "sharegpt-paper", f"preemptions@bs{bs}"].kvbench == c["num_preemptions"]
+            )
+            latency = rows[f"paged-{how}", "sharegpt-paper", f"normalized_latency_s@bs{bs}"].kvbench
+            assert same(latency, c["normalized_latency_s"])
+            preempted += bool(c["num_preemptions"])
+        assert f"{how}/block_size.png" in result.plots
+    assert len(rows) == 3 * 10 and preempted >= 8  # the quarter budget makes paged preempt
+    assert "overhead.png" in result.plots and (tmp_path / "overhead.png").is_file()
+    assert any(note.startswith(f"{12.0 * FIG19_BUDGET_SHARE:g} GiB of KV (0.25 of the setting's) at 2 req/s")
+               for note in result.notes)  # fmt: skip
+
+
+def test_the_overhead_plot_needs_two_block_sizes_that_preempted(tmp_path):
+    one = {"swap": {1: 100.0, 16: None}, "recompute": {1: None, 4: 30.0}}
+    with pytest.raises(PlotSkipped, match="fewer than two block sizes preempted"):
+        _plot_overheads(one, tmp_path / "one")
+    two = {"swap": {1: 100.0, 16: 40.0}, "recompute": {}}
+    assert [p.name for p in _plot_overheads(two, tmp_path / "two")] == ["two.png", "two.svg"]
+
+
+def test_figure_14s_widths_and_rows(tmp_path):
+    assert _widths(SHARING, "n") == (6,) and _widths(SHARING, "k") == (2, 6)
+    full = Options(quick=False, setting=Setting())
+    assert _widths(full, "n") == WIDTHS == _widths(full, "k")
+    real = Options(quick=True, setting=Setting(real=True))
+    assert (_widths(real, "n"), _widths(real, "k")) == ((4,), (6,))
+    result = fig14(SHARING, tmp_path)
+    rows = keyed(result.rows)
+    engines = ("orca-max", "orca-oracle", "paged")
+    for name, width, field in (("n6", 6, "n"), ("k2", 2, "beam_width"), ("k6", 6, "beam_width")):
+        label, sweep = f"alpaca-paper {name[0]}={width}", tmp_path / name
+        cells = cells_of(sweep)
+        grid = {c["rate"] for c in cells if c["role"] == "grid"}
+        assert grid == {r / width for r in FIG14_SEQUENCE_RATES["quick"]}
+        assert {c["engine"] for c in cells} == set(engines)
+        config = json.loads((sweep / "cells" / cells[0]["cell_id"] / "config.json").read_text())
+        assert config["workload"][field] == width
+        paper = FIG14_BEAM6_RATIO if name == "k6" else None
+        capacity = check_rate_rows(rows, label, sweep, engines, {"orca-oracle": paper})
+        assert set(unsaturated_note(label, sweep, engines, capacity)) <= set(result.notes)
+        assert f"{name}/latency_vs_rate.png" in result.plots
+    assert {k[1] for k in rows} == {"alpaca-paper n=6", "alpaca-paper k=2", "alpaca-paper k=6"}
+    assert result.verdict == fig14_verdict(result.rows, SHARING)
+    assert "alpaca-paper k=6 paged/orca-oracle sustained rate" in result.verdict
+    assert result.notes[-1].startswith("paper: paged over Orca (Oracle) grows from 1.3x")
+
+
+def test_figure_17s_rows_hold_every_orca_baseline_and_the_prefix_caches_capacity(tmp_path):
+    result = fig17(SHARING, tmp_path)
+    rows = keyed(result.rows)
+    engines = ("orca-max", "orca-oracle", "paged", "paged-prefix")
+    label, sweep = "sharegpt-paper chat", tmp_path / "chat"
+    cells = cells_of(sweep)
+    config = json.loads((sweep / "cells" / cells[0]["cell_id"] / "config.json").read_text())
+    assert (config["workload"]["chat_turns"], config["workload"]["max_history"]) == (4, 1024)
+    ratios = {"orca-max": FIG17_RATIO, "orca-oracle": FIG17_RATIO}
+    capacity = check_rate_rows(rows, label, sweep, engines, ratios)
+    reuse = capacity["paged-prefix"] / capacity["paged"]
+    assert same(rows["paged-prefix/paged", label, "capacity_ratio"].kvbench, reuse)
+    assert f"paged-prefix/paged capacity {reuse:.2f}x (beyond the paper)" in result.notes
+    assert not [
+        k for k in rows if k[0].startswith("paged/") and k[0] not in {"paged/orca-max", "paged/orca-oracle"}
+    ]
+    assert set(unsaturated_note(label, sweep, engines, capacity)) <= set(result.notes)
+    assert result.plots == ("chat/latency_vs_rate.png", "chat/latency_vs_rate.svg")
+    assert result.verdict == fig17_verdict(result.rows, SHARING)
+
+
+def _ratio(figure: str, pair: str, label: str, value: float, low: float, high: float) -> Row:
+    return Row(figure, pair, label, "sustained_ratio", value, None, low, high)
+
+
+def test_figure_17s_verdict_judges_every_paged_over_orca_pair_and_no_other():
+    label = "sharegpt-paper chat"
+    near = [_ratio("fig17", "paged/orca-max", label, 2.1, 1.9, 2.3),
+            _ratio("fig17", "paged/orca-oracle", label, 1.95, 1.8, 2.2)]  # fmt: skip
+    assert fig17_verdict(near, SHARING).startswith("matches: ")
+    others = [
+        _ratio("fig17", "paged-prefix/orca-oracle", label, 9.0, 9.0, 9.0),  # beyond the paper
+        _ratio("fig17", "paged/orca-pow2", "sharegpt-paper", 9.0, 9.0, 9.0),  # another label
+        _ratio("fig12", "paged/orca-pow2", label, 9.0, 9.0, 9.0),  # another figure
+        Row("fig17", "paged/orca-pow2", label, "capacity_ratio", 9.0),  # capacity is not judged
+    ]
+    verdict = fig17_verdict(near + others, SHARING)
+    assert verdict.startswith("matches: ") and verdict.count("sustained rate") == 2
+    far = [near[0], _ratio("fig17", "paged/orca-oracle", label, 1.2, 1.1, 1.3)]
+    verdict = fig17_verdict(far, SHARING)
+    assert verdict.startswith("differs: ") and verdict.index("paged/orca-max") < verdict.index(
+        "paged/orca-oracle"
+    )
+    assert fig17_verdict([], SHARING) == "not measured: "
+
+
+def test_figure_14s_verdict_is_beam_width_6s_ratio_against_the_papers():
+    def rows(value, low, high, label="alpaca-paper k=6"):
+        return [_ratio("fig14", "paged/orca-oracle", label, value, low, high)]
+
+    assert fig14_verdict(rows(2.3, 2.2, 2.4), SHARING).startswith(
+        "matches: matches: alpaca-paper k=6 paged/orca-oracle"
+    )
+    assert fig14_verdict(rows(1.3, 1.2, 1.4), SHARING).startswith("differs: ")
+    other_width = fig14_verdict(rows(2.3, 2.2, 2.4, "alpaca-paper k=2"), SHARING)  # k=6 itself missing
+    assert other_width.startswith("differs: ") and other_width.endswith("an engine sustained no rate swept")
