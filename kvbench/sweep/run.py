@@ -10,14 +10,13 @@ The phases: the unloaded baseline cells (when the latency threshold is not given
 grid, one batch, then bisection between each engine's last passing and first failing rate, one
 batch per round (`kvbench.sweep.rounds`). An executor (`kvbench.sweep.executor`: this machine,
 or `kvbench.sweep.ray_executor`: a Ray cluster) runs each batch and hands cells back as they finish; this
-process alone writes sweep.csv. A cell whose folder holds a summary.json is finished;
+process alone writes sweep.csv. A cell whose folder holds an intact summary.json is finished;
 `--resume` skips it (after checking it ran the same settings), so a sweep killed at any point
 loses at most the cells it was running. See docs/SWEEPS.md.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from contextlib import closing
@@ -27,8 +26,11 @@ from pathlib import Path
 
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
+from kvbench.results.checks import check_run_summary
+from kvbench.results.files import read_json
 from kvbench.results.outputs import prepare_out
 from kvbench.results.ownership import is_temp, remove_owned
+from kvbench.results.shape import check_summary
 from kvbench.sweep.cell import Outcome, config_differences
 from kvbench.sweep.deadline import Deadline
 from kvbench.sweep.executor import CellJob, Executor, LocalExecutor
@@ -104,8 +106,11 @@ class _Sweep:
             if cell.id in self.finished:
                 continue
             config, folder = self.plan.config(cell), self.out / "cells" / cell.id
-            if self.resume and (folder / "summary.json").is_file():
-                self._found(cell, config, folder)
+            summary, damage = read_finished(folder) if self.resume else (None, "")
+            if damage:
+                print(f"sweep: running {cell.id} again: {damage}", file=sys.stderr)
+            if summary is not None:
+                self._found(cell, config, folder, summary)
             else:
                 jobs.append(CellJob(cell.id, config, folder, self.plan.run))
         if not jobs:
@@ -124,11 +129,10 @@ class _Sweep:
             self.deadline.check(job.cell_id, self.deadline.expected_s(baseline, row["engine"]))
         self.progress.begin(job.cell_id)
 
-    def _found(self, cell: Cell, config: RunConfig, folder: Path) -> None:
+    def _found(self, cell: Cell, config: RunConfig, folder: Path, summary: dict) -> None:
         """A cell a previous invocation finished (after checking it ran these settings)."""
         _check_same_settings(config, folder)
         self.progress.begin(cell.id)
-        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
         wall = self.previous.get(cell.id, {}).get("wall_s") or None
         self.resumed += 1
         self.progress.finish(True, None)
@@ -182,13 +186,33 @@ def _check_same_settings(config: RunConfig, folder: Path) -> None:
         raise OtherSettings(folder, differs)
 
 
+def read_finished(folder: Path) -> tuple[dict | None, str]:
+    """(summary.json, "") of a cell a previous invocation finished; (None, "") where the cell
+    has no summary.json; (None, what is wrong) where its summary.json or config.json is damaged
+    (not JSON, not an object, a metric that is not a number, a key kvbench always writes missing).
+
+    A damaged cell counts as unfinished and runs again rather than stopping the resume: its
+    folder is kvbench's own (<out>/cells/<id>, replaced whole when the cell ends), so running it
+    again loses nothing the user wrote, where a refusal would leave them to delete it by hand.
+    """
+    if not (folder / "summary.json").is_file():
+        return None, ""
+    try:
+        summary = check_summary(folder / "summary.json", read_json(folder / "summary.json"))
+        check_run_summary(folder / "summary.json", summary)
+        read_json(folder / "config.json")
+    except KvbenchError as damage:
+        return None, str(damage)
+    return summary, ""
+
+
 def _check_resumable(plan: SweepPlan, out: Path, cells: list[Cell]) -> None:
     """Refuse a resume whose finished cells ran other settings, or whose sweep is not the one
     sweep.json saved (`kvbench.sweep.saved`: other values on an axis, another bound, ...),
     before anything is written: a refused resume leaves sweep.json and sweep.csv as they were."""
     for cell in cells:
         folder = out / "cells" / cell.id
-        if (folder / "summary.json").is_file():
+        if read_finished(folder)[0] is not None:
             _check_same_settings(plan.config(cell), folder)
     difference = resume_difference(plan, out / "sweep.json")
     if difference is not None:
