@@ -127,8 +127,11 @@ def run_cell(cell: Cell, config: BenchConfig, context: Context, read_bw: float) 
     device = context.device
     rng = np.random.default_rng([config.seed, cell.batch, cell.context])
     input_seed = int(rng.integers(2**62))
-    layout = make_layout(cell, rng, device)
     elt = DTYPES[cell.dtype].itemsize
+    too_big = _skipped_unseen(cell, config, elt)
+    if too_big:
+        return too_big
+    layout = make_layout(cell, rng, device)
     qo_bytes = cell.qo_bytes(elt)
     attended = layout.lens.clamp(max=cell.window) if cell.window else layout.lens  # [B] positions read
     useful = int(attended.sum()) * cell.kv_values_per_token * elt + qo_bytes  # MLA: one vector a token
@@ -253,6 +256,26 @@ def _mla_reference(q, k, v, lens, *, latent: int, **kwargs) -> torch.Tensor:
     from kernels.reference import mla_decode_attention_ref
 
     return mla_decode_attention_ref(q, k, lens, latent=latent, **kwargs)
+
+
+def _skipped_unseen(cell: Cell, config: BenchConfig, elt: int) -> list[Row]:
+    """The cell's skipped rows where even its least input copy is over --max-gib, else []."""
+    least = _least_copy_bytes(cell, elt)
+    if least <= config.max_gib * GIB:
+        return []
+    note = f"skipped: one input copy needs at least {least / GIB:.1f} GiB > --max-gib {config.max_gib:g}"
+    base = dict(useful_bytes=least, moved_bytes=least, atol=ATOL[cell.dtype], copies=0)
+    return [_row(cell, b, "skipped", note=note, **base) for b in config.backends]
+
+
+def _least_copy_bytes(cell: Cell, elt: int) -> int:
+    """What one input copy needs at the least, known before the layout is drawn: q and out, the
+    block table (padded to the longest sequence, which a ragged draw of a large batch reaches) and,
+    where every sequence holds `context` tokens, the whole arena. Drawing the layout of a cell far
+    over --max-gib would itself exhaust the host's memory before the copy's size could be checked."""
+    blocks = -(-cell.context // cell.block_size)
+    arena = 0 if cell.ragged else cell.batch * blocks * cell.block_size * cell.kv_values_per_token * elt
+    return cell.qo_bytes(elt) + cell.batch * blocks * 4 + arena
 
 
 def _copies(arena_bytes: int, per_copy: int, max_gib: float, l2_bytes: int, device: torch.device) -> int:

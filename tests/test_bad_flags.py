@@ -99,7 +99,8 @@ BAD_FLAGS = [
     (("demo", "--mode", "simulate"), ("--seed", "-1"), "--seed"),
     *[(("kernels",), (flag, v), flag) for flag, v in (
         ("--max-gib", "nan"), ("--max-gib", "-1"), ("--repeats", "0"), ("--warmup", "-1"),
-        ("--kv-heads", "0"), ("--seed", "-3"))],
+        ("--kv-heads", "0"), ("--seed", "-3"), ("--batch", "²"), ("--context", "8,²"), ("--block-size", "²"),
+        ("--gqa", "²"), ("--window", "0,²"), ("--cells", "8x²"))],
     *[(SWEEP, (flag, v), flag) for flag, v in (
         ("--cell-timeout", "nan"), ("--cell-timeout", "-1"), ("--cell-timeout", "0"), ("--bisect", "1000"),
         ("--baseline-rate", "nan"), ("--latency-threshold", "-1"), ("--threshold-multiple", "nan"),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_bad_flags import kvbench
+from tests.test_bad_flags import assert_one_error, kvbench
 
 SWEEP = ("sweep", "--engines", "paged", "--model", "tiny-opt", "--kv-cache-gib", "0.002",
          "--trace", "fixed:prompt=4,output=4", "--num-requests", "5")  # fmt: skip
@@ -54,3 +54,27 @@ def test_a_resumed_sweep_runs_a_damaged_cell_again(tmp_path, capsys, monkeypatch
     assert "(1 run, 2 resumed, 0 failed)" in stdout
     summary = json.loads((_cell(out, "1") / "summary.json").read_text(encoding="utf-8"))
     assert isinstance(summary["normalized_latency_s"], float)
+
+
+def test_a_kernel_cell_far_over_the_memory_cap_is_skipped_before_its_layout_is_drawn():
+    """Its block table alone would be petabytes: drawing it raised MemoryError (and left the
+    run's bandwidth.json behind) before the cell's size was compared with --max-gib."""
+    import torch
+
+    from kernels import bench
+
+    cell = bench.Cell(
+        batch=10**6, context=10**12, block_size=16, kv_heads=8, gqa=4, head_dim=128, dtype="float16"
+    )
+    config = bench.BenchConfig(cells=(cell,), backends=("kvbench-paged",), device="cpu", max_gib=64)
+    context = bench.Context.create(torch.device("cpu"), config.backends)
+    (row,) = bench.run_cell(cell, config, context, read_bw=1e9)
+    assert row.status == "skipped" and "needs at least" in row.note and "--max-gib 64" in row.note
+
+
+def test_a_kernel_size_of_thousands_of_digits_is_one_line(tmp_path, capsys, monkeypatch):
+    """`int` refuses a string of more than 4300 digits with its own ValueError."""
+    out = tmp_path / "k"
+    done = kvbench(capsys, monkeypatch, "kernels", "--batch", "1" + "0" * 5000, "--out", str(out))
+    assert_one_error(*done, "--batch")
+    assert not out.exists()

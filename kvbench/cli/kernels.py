@@ -9,6 +9,7 @@ DeepSeek-V2-Lite's absorbed MLA decode (`kernels/mla_decode.py`) beside the K/V 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -28,13 +29,19 @@ _CPU_BACKENDS = ("kvbench-paged", "kvbench-contiguous", "torch-sdpa")
 _DTYPES = ("bfloat16", "float16")
 
 
+def _is_count(item: str) -> bool:
+    """ASCII digits only, at most 18 of them: `str.isdigit` also accepts '²' and other digits
+    `int` rejects, and `int` refuses a string of more than 4300 digits; no size here needs 19."""
+    return re.fullmatch(r"[0-9]{1,18}", item) is not None
+
+
 def positive_ints(option: str, text: str) -> list[int]:
     """`"8,32"` -> `[8, 32]`; anything else, or a value given twice, is a one-line error naming
     `option`."""
     items = [item.strip() for item in text.split(",")]
     for item in items:
-        if not item.isdigit() or int(item) < 1:
-            raise KvbenchError(f"{option}: {item!r} is not a positive integer")
+        if not _is_count(item) or int(item) < 1:
+            raise KvbenchError(f"{option}: {item!r} is not a positive integer (digits 0-9, at most 18)")
     check_distinct(option, items, int)
     return [int(item) for item in items]
 
@@ -43,7 +50,7 @@ def window_sizes(text: str) -> list[int]:
     """`"0,4096"` -> `[0, 4096]`: sliding windows, 0 for full attention (the row windows compare with)."""
     items = [item.strip() for item in text.split(",")]
     for item in items:
-        if not item.isdigit():
+        if not _is_count(item):
             raise KvbenchError(f"--window: {item!r} is not 0 (full attention) or a positive integer")
     check_distinct("--window", items, int)
     return [int(item) for item in items]
