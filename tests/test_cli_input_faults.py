@@ -78,3 +78,17 @@ def test_a_kernel_size_of_thousands_of_digits_is_one_line(tmp_path, capsys, monk
     done = kvbench(capsys, monkeypatch, "kernels", "--batch", "1" + "0" * 5000, "--out", str(out))
     assert_one_error(*done, "--batch")
     assert not out.exists()
+
+
+def test_an_hf_memory_fraction_too_small_for_one_block_is_one_line(tmp_path, capsys, monkeypatch):
+    """transformers sizes its cache from the memory it finds free and refuses a fraction that
+    leaves no block with its own ValueError; the line names the flag, and nothing is written."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "h"
+    done = kvbench(
+        capsys, monkeypatch, "run", "--engine", "hf-cb", "--model", "tiny-opt", "--num-requests", "3",
+        "--trace", "fixed:prompt=16,output=4", "--arrivals", "all", "--kv-cache-gib", "0.01",
+        "--device", "cpu", "--hf-memory", "1e-9", "--out", str(out),
+    )  # fmt: skip
+    assert_one_error(*done, "--hf-memory 1e-09")
+    assert not out.exists()

@@ -124,6 +124,7 @@ def run_cb(config: RunConfig, prepared: Prepared | None = None) -> RunResult:
             generation_config=generation, continuous_batching_config=api.config_class(**sizes)
         )
         hook = model.register_forward_pre_hook(_cache_length_hook, with_kwargs=True)
+        started = False  # an unstarted manager's stop only logs warnings beside a refusal's one line
         try:
             reset_peak_memory(device)
             try:
@@ -133,13 +134,17 @@ def run_cb(config: RunConfig, prepared: Prepared | None = None) -> RunResult:
                     f"--engine hf-cb: transformers' KV cache does not fit ({str(error).strip()[:120]}); "
                     + _cache_hint(device)
                 ) from None
+            except ValueError as error:
+                raise _sizing_error(config, error) from None
             with gc_paused(collect=True):  # as kvbench's own engines run (kvbench.gc_pause)
+                started = True  # before start(): one that fails half way is stopped too
                 manager.start()
                 observed = _feed(manager, requests, setup.prompts())
             cache = getattr(manager.batch_processor, "cache", None)
             num_blocks = getattr(cache, "num_blocks", sizes.get("num_blocks"))
         finally:
-            manager.stop(block=True)
+            if started:
+                manager.stop(block=True)
             hook.remove()
     extra = setup.summary() | peak_memory(device)
     extra |= {"hf_block_size": block, "hf_num_blocks": num_blocks, "hf_memory": config.hf_memory,
@@ -150,6 +155,19 @@ def run_cb(config: RunConfig, prepared: Prepared | None = None) -> RunResult:
         prepared, observed, num_slots=num_slots, kv_source=f"transformers cache sized by {source}",
         preemptions_observed=False, extra=extra,
     )  # fmt: skip
+
+
+def _sizing_error(config: RunConfig, error: ValueError) -> Exception:
+    """transformers' refusal of the cache it sized, as the flag that sized it; any other
+    ValueError as it was. A --hf-memory fraction that passes kvbench's (0, 1] can still leave
+    transformers no room for one block of the batch (`Invalid values: ..., num_sectors = -8`),
+    which only its own sizing, from the memory it finds free, can tell."""
+    if "Invalid values" not in str(error):
+        return error
+    flag = f"--hf-memory {config.hf_memory:g}" if config.hf_memory is not None else "--kv-cache-gib"
+    return KvbenchError(
+        f"{flag}: transformers finds no room for its KV cache in it ({str(error).strip()[:80]}); give more"
+    )
 
 
 def _cache_hint(device: torch.device) -> str:
