@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from kvbench.cli.app import app
 from kvbench.errors import KvbenchError
 from kvbench.results.files import atomic_open, remove_stale_temps, write_text
-from kvbench.results.outputs import MARKER, prepare_out
+from kvbench.results.outputs import MARKER, NAME_MAX, TEMP_EXTRA, prepare_out
 
 ROOT = Path(__file__).resolve().parent.parent
 SIMULATE = ("simulate", "--engine", "paged", "--num-requests", "20", "--rate", "5", "--kv-cache-gib", "2")
@@ -394,3 +394,55 @@ def test_a_marker_nested_too_deeply_lists_nothing(tmp_path):
     assert listed(tmp_path) == frozenset()
     (tmp_path / MARKER).write_text('{"kind": "demo", "files": ["a.csv", 3]}')
     assert listed(tmp_path) == frozenset({"a.csv"})
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("notes.csv", "My notes on the kvbench-trace format\nimportant stuff\n"),
+        ("log.jsonl", '{"run": "x", "comment": "converted with kvbench-trace tools"}\n'),
+        ("head.csv", '# {"format": "not-kvbench-trace", "version": 1}\nrequest_id\n'),
+        (
+            "plot.svg",
+            '<?xml version="1.0"?>\n<svg><title>Notes on the kvbench trace plot: draft</title></svg>\n',
+        ),
+        ("plot.png", "\x89PNG\r\n\x1a\n tEXtTitle\x00kvbench trace plot: mine, drawn by hand\n"),
+    ],
+)
+def test_a_users_file_that_mentions_kvbenchs_formats_is_not_taken_for_one(name, text, tmp_path):
+    """A trace file is kvbench's by its header object naming the format, a plot by the title
+    matplotlib wrote for kvbench: a file that only mentions the words is the user's, refused."""
+    mine = tmp_path / name
+    mine.write_bytes(text.encode("utf-8"))
+    before = snapshot(mine)
+    if name.endswith((".png", ".svg")):
+        result = kvbench("trace", "plot", "sharegpt-paper", "--out", str(mine.with_suffix(".png")))
+    else:
+        result = kvbench(
+            "trace",
+            "make",
+            "fixed:prompt=8,output=4",
+            "--num-requests",
+            "3",
+            "--rate",
+            "1",
+            "--out",
+            str(mine),
+        )
+    one_line_error(result, name, "did not write")
+    assert snapshot(mine) == before and list(tmp_path.iterdir()) == [mine]
+
+
+@pytest.mark.parametrize(
+    "command", [SIMULATE, ("trace", "make", "fixed:prompt=8,output=4", "--num-requests", "3", "--rate", "1")]
+)
+def test_a_name_too_long_for_the_temporary_copy_is_refused_before_any_work(command, tmp_path):
+    """A name the file system takes but not with the temporary copy's additions (kvbench writes
+    beside the output, then renames) is refused up front, not after the work."""
+    for length in (NAME_MAX - TEMP_EXTRA + 1, NAME_MAX):
+        out = tmp_path / ("u" * (length - 4) + ".csv")
+        one_line_error(kvbench(*command, "--out", str(out)), f"at most {NAME_MAX - TEMP_EXTRA} bytes")
+        assert list(tmp_path.iterdir()) == []
+    fits = tmp_path / ("u" * (NAME_MAX - TEMP_EXTRA - 4) + ".csv")
+    assert kvbench(*command, "--out", str(fits)).exit_code == 0
+    assert [p.name for p in tmp_path.iterdir()] == [fits.name]

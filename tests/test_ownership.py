@@ -149,3 +149,47 @@ def test_a_real_demo_without_a_gpu_leaves_nothing_behind(tmp_path):
     out = tmp_path / "demo"
     one_line_error(kvbench("demo", "--mode", "real", "--out", str(out)), "--mode real")
     assert not out.exists()
+
+
+def copied_run(source: Path, into: Path) -> dict[str, str]:
+    """A run folder a user copied to `into` (their own copy, as `cp -r` makes it): its files."""
+    files = {p.relative_to(source).as_posix(): p.read_text() for p in source.rglob("*") if p.is_file()}
+    plant(into, files)
+    assert {"summary.json", "config.json", "steps.csv", "requests.csv"} <= set(files)
+    return files
+
+
+@pytest.mark.parametrize("where", ["run", "report", "demo"])
+def test_a_run_a_user_copied_into_a_result_is_theirs_when_the_result_is_rewritten(where, tmp_path):
+    """Only the folder kvbench replaces is a run of its own: a run folder below it (a copy a user
+    keeps beside their notes) holds the user's files, whatever their names, and stays whole."""
+    source = tmp_path / "source"
+    assert kvbench(*SIMULATE, "--out", str(source)).exit_code == 0
+    rewrite = {
+        "run": (tmp_path / "run", (*SIMULATE, "--overwrite", "--out", str(tmp_path / "run"))),
+        "report": (tmp_path / "report", ("report", str(source), "--out", str(tmp_path / "report"))),
+        "demo": (
+            tmp_path / "demo" / "paged",
+            ("demo", "--mode", "simulate", "--num-requests", "20", "--out", str(tmp_path / "demo")),
+        ),
+    }
+    folder, args = rewrite[where]
+    assert kvbench(*args).exit_code == 0
+    files = copied_run(source, folder / "kept")
+    result = kvbench(*args)
+    assert result.exit_code == 0, result.output
+    still_there(folder / "kept", files)
+    assert sorted(p.relative_to(folder / "kept").as_posix() for p in (folder / "kept").rglob("*")) == sorted(
+        {*files, *(str(Path(f).parent) for f in files if "/" in f)}
+    )
+
+
+def test_ownership_of_nested_runs_is_the_callers_to_say(tmp_path):
+    """`foreign` counts a run's files as kvbench's in the folder replaced; below it only where the
+    caller says kvbench writes runs there (a sweep's cells/, through `remove_owned`)."""
+    old = tmp_path / "old"
+    plant(old, {"summary.json": "{}", "config.json": "{}", "steps.csv": "",
+                "copy/summary.json": "{}", "copy/config.json": "{}", "copy/steps.csv": ""})  # fmt: skip
+    assert foreign(old) == ["copy/config.json", "copy/steps.csv", "copy/summary.json"]
+    assert foreign(old, nested_runs=True) == []
+    assert foreign(old / "copy") == []

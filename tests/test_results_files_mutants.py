@@ -661,23 +661,27 @@ def test_a_file_that_mentions_the_trace_format_after_its_first_line_is_a_users(t
 
 
 def test_a_trace_or_plot_is_recognised_only_within_the_bytes_read(tmp_path: Path) -> None:
-    """The recognisers read a bounded part of a file: a trace's first line within its first
-    4096 bytes, a Parquet footer within the last MiB, a plot's tag within its first 4096 bytes,
-    a report's title within its first 4096 characters. A tag one byte past that is not seen."""
-    late = b"x" * (4097 - len(b"kvbench-trace")) + b"kvbench-trace\n"
-    (tmp_path / "late.jsonl").write_bytes(late)
-    assert refusal(prepare_out, tmp_path / "late.jsonl", "trace") == users(tmp_path / "late.jsonl")
-    (tmp_path / "edge.jsonl").write_bytes(late[1:])
+    """The recognisers read a bounded part of a file: a trace's header line within its first MiB,
+    a Parquet footer within the last MiB, a plot's title and maker within its first 4096 bytes,
+    a report's title within its first 4096 characters. A header, footer or tag ending one byte
+    past that is not seen."""
+    mib = 1 << 20
+    header = b'{"format": "kvbench-trace", "version": 1, "pad": "'
+    fits = header + b"x" * (mib - len(header) - 3) + b'"}\n'  # the line's newline is byte mib
+    (tmp_path / "edge.jsonl").write_bytes(fits)
     assert prepare_out(tmp_path / "edge.jsonl", "trace") == tmp_path / "edge.jsonl"
-    tag, mib = b"kvbench-trace", 1 << 20
+    (tmp_path / "late.jsonl").write_bytes(fits[:-3] + b'xx"}\n')  # its closing brace: byte mib + 1
+    assert refusal(prepare_out, tmp_path / "late.jsonl", "trace") == users(tmp_path / "late.jsonl")
+    tag = b"kvbench-trace"
     (tmp_path / "far.parquet").write_bytes(b"PAR1\n" + tag + b"\0" * (mib - 3) + b"PAR1")
     assert refusal(prepare_out, tmp_path / "far.parquet", "trace") == users(tmp_path / "far.parquet")
     (tmp_path / "near.parquet").write_bytes(b"PAR1\n" + tag + b"\0" * (mib - 4 - len(tag)) + b"PAR1")
     assert prepare_out(tmp_path / "near.parquet", "trace") == tmp_path / "near.parquet"
-    tag = b"kvbench trace plot"
-    (tmp_path / "late.png").write_bytes(b"\x89PNG" + b"\0" * (4097 - 4 - len(tag)) + tag)
+    png = b"\x89PNG\r\n\x1a\n"
+    chunks = b"tEXtTitle\x00kvbench trace plot: t" + b"tEXtSoftware\x00Matplotlib"
+    (tmp_path / "late.png").write_bytes(png + b"\0" * (4097 - len(png) - len(chunks)) + chunks)
     assert refusal(prepare_out, tmp_path / "late.png", "plot") == users(tmp_path / "late.png")
-    (tmp_path / "edge.png").write_bytes(b"\x89PNG" + b"\0" * (4096 - 4 - len(tag)) + tag)
+    (tmp_path / "edge.png").write_bytes(png + b"\0" * (4096 - len(png) - len(chunks)) + chunks)
     assert prepare_out(tmp_path / "edge.png", "plot") == tmp_path / "edge.png"
     title = "<title>kvbench report</title>"
     write(tmp_path / "late", {"report.html": " " * (4097 - len(title)) + title, "report.md": ""})

@@ -109,27 +109,39 @@ def _is_calibration(path: Path) -> bool:
 
 
 def _is_plot(path: Path) -> bool:
-    """A PNG or SVG that kvbench's trace plot wrote (it carries PLOT_TAG in its metadata)."""
+    """A PNG or SVG that kvbench's trace plot wrote: matplotlib's, titled `PLOT_TAG: <trace>` in its
+    metadata (a PNG text chunk, an SVG's first <title>). The phrase elsewhere in a user's image, or
+    a title of their own that merely contains it, is not kvbench's."""
     try:
         with open(path, "rb") as f:
             head = f.read(4096)
     except OSError:
         return False
-    return PLOT_TAG.encode() in head
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return b"tEXtTitle\x00" + PLOT_TAG.encode() + b": " in head and b"Software\x00Matplotlib" in head
+    title = head.find(b"<title>")  # the first one: the document's
+    svg = head.startswith(b"<?xml") and b"<svg" in head and b"matplotlib" in head.lower()
+    return svg and title >= 0 and head.startswith(b"<title>" + PLOT_TAG.encode() + b": ", title)
 
 
 def _is_trace(path: Path) -> bool:
-    """A trace file in kvbench's format (`workloads.tracefile`): its header names the format in
-    the first line (JSONL, CSV) or in the Parquet footer's schema metadata."""
+    """A trace file in kvbench's format (`workloads.tracefile`): its first line is the header object
+    naming the format (JSONL; CSV after `# `), or a Parquet file's footer holds the header under the
+    format's key. A line that only mentions the format's name is a user's file."""
     try:
         with open(path, "rb") as f:
-            head = f.read(4096)
+            head = f.readline(1 << 20)
             f.seek(max(0, path.stat().st_size - (1 << 20)))
             tail = f.read()
     except OSError:
         return False
-    in_footer = tail.endswith(b"PAR1") and b"kvbench-trace" in tail
-    return b"kvbench-trace" in head.split(b"\n", 1)[0] or in_footer
+    if head.startswith(b"PAR1"):
+        return tail.endswith(b"PAR1") and b"kvbench-trace" in tail
+    try:
+        header = json.loads(head.removeprefix(b"# ").decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(header, dict) and header.get("format") == "kvbench-trace"
 
 
 def _is_kernels(folder: Path) -> bool:
@@ -203,9 +215,22 @@ def prepare_outs(*outs: tuple[Path, str, bool]) -> list[Path]:
     return [prepare_out(path, kind, overwrite) for path, kind, overwrite in outs]
 
 
+NAME_MAX = 255  # bytes in one file name (Linux and macOS file systems)
+# what `files.temp_path` adds to a name: "." before, ".kvbench-<pid>-<token>" after (a 7-digit pid,
+# Linux's most, and an 8-character token)
+TEMP_EXTRA = len(".") + len(".kvbench-") + 7 + len("-") + 8
+
+
 def _named(path: Path, noun: str, where: str) -> None:
     if path.name in ("", ".", ".."):  # typer reads `--out ''` as "."
         raise KvbenchError(f"{where}: name a new {noun}, not the current or a parent folder")
+    # a name the file system takes, but not with the temporary copy's additions: else the work is
+    # done, then not written (a longer name is refused by the probes, with the system's reason)
+    if NAME_MAX - TEMP_EXTRA < len(os.fsencode(path.name)) <= NAME_MAX:
+        raise KvbenchError(
+            f"{where}: a {noun} name of at most {NAME_MAX - TEMP_EXTRA} bytes (kvbench writes it first "
+            f"under a temporary name {TEMP_EXTRA} bytes longer)"
+        )
 
 
 def _check(path: Path, spec: Kind, overwrite: bool, where: str) -> None:

@@ -5,8 +5,10 @@ kvbench replaces a run, a report or a sweep's cells whole (a new copy swapped in
 a run, a figure in a report's plots/, a spreadsheet in a sweep's cells/. Those are not kvbench's to
 delete. kvbench's own files are known by name:
 
-- a run's tables (`RUN_FILES`, packed or not) in a folder holding a run's summary.json and
-  config.json, at any depth (a sweep's cells);
+- a run's tables (`RUN_FILES`, packed or not) in the folder replaced, where it holds a run's
+  summary.json and config.json, and in the runs below it only where kvbench writes runs there (a
+  sweep's cells/: `remove_owned`): a run a user copied into a report, a demo's engine folder or
+  another run is theirs, whatever files it holds;
 - whatever the replacing copy writes: a file at a path kvbench writes now is an older copy of its
   own;
 - the files a folder's marker (`kvbench.json`) lists under "files" (a report's figures, so that a
@@ -57,9 +59,10 @@ def files_under(folder: Path) -> list[str]:
     return sorted(found)
 
 
-def foreign(old: Path, new: Path | None = None) -> list[str]:
+def foreign(old: Path, new: Path | None = None, *, nested_runs: bool = False) -> list[str]:
     """The entries of `old` kvbench did not write (see the module docstring), relative to it: files
-    and links, and folders holding nothing at all. `new`: the copy about to replace `old`."""
+    and links, and folders holding nothing at all. `new`: the copy about to replace `old`.
+    `nested_runs`: the run folders below `old` are kvbench's (a sweep's cells/), not only `old`."""
     old = Path(old)
     ours = listed(old) | {MARKER}
     found = []
@@ -68,7 +71,8 @@ def foreign(old: Path, new: Path | None = None) -> list[str]:
         links = [name for name in dirs if (Path(root) / name).is_symlink()]
         dirs[:] = [name for name in dirs if name not in links and not is_temp(name)]
         empty = [name for name in dirs if not any((Path(root) / name).iterdir())]
-        run = {"summary.json", "config.json"} <= set(files)  # a run folder, at any depth (a sweep's cells)
+        where = nested_runs or base == Path(".")
+        run = where and {"summary.json", "config.json"} <= set(files)  # a run folder kvbench writes
         for name in [*files, *links, *empty]:
             relative = (base / name).as_posix()
             if is_temp(name) or relative in ours or (run and name in RUN_FILES):
@@ -91,12 +95,13 @@ def carry_foreign(old: Path, new: Path) -> list[str]:
 
 def remove_owned(path: Path) -> None:
     """Remove `path` as far as kvbench wrote it: a file, or a folder's own files and the folders they
-    leave empty; whatever else it holds stays where it is."""
+    leave empty; whatever else it holds stays where it is. A sweep removes its cells/ so: the run
+    folders below `path` are kvbench's."""
     path = Path(path)
     if not path.is_dir() or path.is_symlink():
         path.unlink(missing_ok=True)
         return
-    kept = set(foreign(path))
+    kept = set(foreign(path, nested_runs=True))
     for root, dirs, files in os.walk(path, topdown=False):
         base = Path(root).relative_to(path)
         for name in files + [d for d in dirs if (Path(root) / d).is_symlink()]:
