@@ -23,6 +23,14 @@ OPTIONAL_TEXT = ("prefix_group", "conversation_id")
 OPTIONAL_LISTS = ("prompt_ids", "block_hashes")
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 EXACT_FLOAT = 2.0**53  # above it, float64 skips integers
+MAX_ARRIVAL_S = 10**9
+"""The latest arrival time a trace may hold, in seconds (about 31.7 years).
+
+The simulator keeps time as float64 seconds and adds step times of microseconds to milliseconds
+to it. float64 carries 53 bits, so at t seconds it resolves t * 2**-52: 1.2e-7 s at 1e9 s, still
+finer than a microsecond, but 0.25 s at 1e15 s, where a step added to the clock vanishes and
+latencies read 0. A trace whose arrivals pass this bound would be replayed silently wrong.
+"""
 
 
 @dataclass
@@ -81,7 +89,7 @@ def _fail(where: Where, cols: Columns, bad: np.ndarray, column: str, why: str, v
     row = int(np.flatnonzero(bad)[0])
     line = int(cols.lines[row]) if cols.lines is not None else row + 1
     value = values[row].item() if isinstance(values[row], np.generic) else values[row]
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e18:  # not 1e308's 309 digits
         value = int(value)
     raise KvbenchError(
         f"{where.source}: {where.unit} {line}, column {where.column(column)}: {why}, got {value!r}"
@@ -101,6 +109,8 @@ def to_trace(cols: Columns, name: str, where: str | Where, *, hash_block_size: i
         raise KvbenchError(f"{where.source}: the trace has no requests")
     arrival = np.asarray(cols.arrival_s, dtype=np.float64)
     _fail_if(~np.isfinite(arrival) | (arrival < 0), where, cols, "arrival_s", "must be a time >= 0", arrival)
+    late = f"must be at most {MAX_ARRIVAL_S:,} s (about 31 years): later, float64 time cannot resolve a step"
+    _fail_if(arrival > MAX_ARRIVAL_S, where, cols, "arrival_s", late, arrival)
     if count > 1:
         back = np.concatenate([[False], np.diff(arrival) < 0])
         _fail_if(back, where, cols, "arrival_s", "arrival times must not decrease", arrival)

@@ -49,10 +49,12 @@ Encodings:
   for none), and the header JSON in the schema metadata under the key `kvbench-trace`.
 
 Every value is validated on reading (`workloads.columns.to_trace`): errors name the file, the
-line (the row, for Parquet) and the column. Floats are written as the shortest text that reads
-back to the same value, so every field round-trips exactly; integers are read as integers (an id
-above 2**53 stays itself). Only a blank cell, a JSON null or a Parquet null means "the default":
-a `nan` written there is refused, as NaN and infinity are in every numeric column.
+line (the row, for Parquet) and the column. `arrival_s` is at most 10**9 s (about 31 years),
+where float64 seconds still resolve a simulator step (`workloads.columns.MAX_ARRIVAL_S`). Floats
+are written as the shortest text that reads back to the same value, so every field round-trips
+exactly; integers are read as integers (an id above 2**53 stays itself). Only a blank cell, a
+JSON null or a Parquet null means "the default": a `nan` written there is refused, as NaN and
+infinity are in every numeric column.
 """
 
 from __future__ import annotations

@@ -1,0 +1,97 @@
+"""Trace files that were once read into a silently wrong trace, or crashed a command: each is now
+refused in one line naming the file, the line (or Parquet row) and the column, with the value as
+the file wrote it; `kvbench` itself exits with code 2.
+
+Files are written into `tmp_path` and read through `read_trace` or the CLI in this process.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support import error_of, write
+from tests.test_bad_flags import assert_one_error, kvbench
+from workloads.columns import MAX_ARRIVAL_S
+
+KVBENCH_CSV = "request_id,arrival_s,prompt_len,output_len"
+AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens"
+
+
+def mooncake(timestamp, input_length: int = 600) -> str:
+    """One Mooncake row; `timestamp` as JSON writes it (NaN included)."""
+    row = {"timestamp": timestamp, "input_length": input_length, "output_length": 4, "hash_ids": [1, 2]}
+    return json.dumps(row)
+
+
+@pytest.fixture
+def pa():
+    return pytest.importorskip("pyarrow")
+
+
+def parquet_with(pa, tmp_path: Path, **extra) -> Path:
+    import pyarrow.parquet
+
+    columns = {"request_id": [0, 1], "arrival_s": [0.0, 1.0], "prompt_len": [2, 2], "output_len": [1, 1]}
+    path = tmp_path / "t.parquet"
+    pyarrow.parquet.write_table(pa.table({**columns, **extra}), path)
+    return path
+
+
+# arrival times past MAX_ARRIVAL_S
+
+
+@pytest.mark.parametrize(
+    ("command", "late", "shown"),
+    [
+        (("trace", "stats"), "1700000000000000", "1700000000000000"),  # 1.7e15 s: steps vanish
+        (("trace", "stats"), "1e20", "1e+20"),  # once a RuntimeWarning from the 1 s buckets
+        (("trace", "plot"), "1.7e308", "1.7e+308"),  # once a traceback from numpy's arange
+    ],
+)
+def test_arrivals_past_the_bound_are_one_error(tmp_path, capsys, monkeypatch, command, late, shown):
+    path = write(tmp_path / "far.csv", KVBENCH_CSV, "0,0,10,10", f"1,{late},10,10")
+    extra = ("--out", str(tmp_path / "plot.png")) if command[1] == "plot" else ()
+    code, out, err = kvbench(capsys, monkeypatch, *command, str(path), *extra)
+    line = assert_one_error(code, out, err, str(path), "line 3, column arrival_s", "1,000,000,000 s")
+    assert line.endswith(f"got {shown}")
+    assert not (tmp_path / "plot.png").exists()
+
+
+def test_simulate_refuses_a_trace_whose_steps_would_round_to_zero(tmp_path, capsys, monkeypatch):
+    """At 1.7e15 s float64 resolves 0.25 s: the run once reported 0-second latencies."""
+    path = write(tmp_path / "far.csv", KVBENCH_CSV, "0,0,10,10", "1,1700000000000000,10,10")
+    args = ("simulate", "--engine", "paged", "--out", str(tmp_path / "run"), "--trace", str(path))
+    assert_one_error(*kvbench(capsys, monkeypatch, *args), str(path), "line 3, column arrival_s")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_last_arrival_allowed_still_resolves_a_step(tmp_path, capsys, monkeypatch):
+    """Just under the bound, a request's latencies match the same request's at t = 0 to a
+    microsecond: the bound keeps the simulator's clock exact enough to add a step."""
+    late = MAX_ARRIVAL_S - 0.5
+    path = write(tmp_path / "edge.csv", KVBENCH_CSV, "0,0,10,10", f"1,{late!r},10,10")
+    run = tmp_path / "run"
+    code, _, err = kvbench(capsys, monkeypatch, "simulate", "--engine", "paged", "--out", str(run),
+                             "--trace", str(path))  # fmt: skip
+    assert code == 0, err
+    with open(run / "requests.csv", newline="", encoding="utf-8") as f:
+        early, last = csv.DictReader(f)
+    assert float(last["arrival_s"]) == late
+    for metric in ("ttft_s", "tpot_s", "e2el_s"):
+        assert float(early[metric]) > 0
+        assert float(last[metric]) == pytest.approx(float(early[metric]), abs=1e-6)
+    one_more = write(tmp_path / "over.csv", KVBENCH_CSV, "0,0,10,10", f"1,{MAX_ARRIVAL_S + 1},10,10")
+    assert "line 3, column arrival_s: must be at most 1,000,000,000 s" in error_of(one_more)
+
+
+def test_jsonl_and_parquet_arrivals_past_the_bound_are_refused(tmp_path, pa):
+    jsonl = tmp_path / "far.jsonl"
+    header = json.dumps({"format": "kvbench-trace", "version": 1})
+    write(jsonl, header, json.dumps({"request_id": 0, "arrival_s": 2e9, "prompt_len": 3, "output_len": 4}))
+    assert "line 2, column arrival_s: must be at most" in error_of(jsonl)
+    parquet = parquet_with(pa, tmp_path, arrival_s=[0.0, 3e9])
+    assert "row 2, column arrival_s: must be at most" in error_of(parquet)
