@@ -16,6 +16,7 @@ import pytest
 from tests.support import error_of, write
 from tests.test_bad_flags import assert_one_error, kvbench
 from workloads.columns import MAX_ARRIVAL_S
+from workloads.tracefile import read_trace
 
 KVBENCH_CSV = "request_id,arrival_s,prompt_len,output_len"
 AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens"
@@ -95,3 +96,23 @@ def test_jsonl_and_parquet_arrivals_past_the_bound_are_refused(tmp_path, pa):
     assert "line 2, column arrival_s: must be at most" in error_of(jsonl)
     parquet = parquet_with(pa, tmp_path, arrival_s=[0.0, 3e9])
     assert "row 2, column arrival_s: must be at most" in error_of(parquet)
+
+
+# block_hashes need hash_block_size
+
+
+def test_jsonl_block_hashes_without_hash_block_size_are_refused(tmp_path):
+    """The prefix cache ignored them: 0 hit tokens, where hash_block_size 16 gives 48."""
+    request = {"request_id": 0, "arrival_s": 0.0, "prompt_len": 64, "output_len": 10}
+    rows = [json.dumps(request), json.dumps({**request, "request_id": 1, "block_hashes": [1, 2, 3, 4]})]
+    path = write(tmp_path / "bh.jsonl", json.dumps({"format": "kvbench-trace", "version": 1}), *rows)
+    assert "line 3, column block_hashes: needs the header's hash_block_size" in error_of(path)
+    sized = json.dumps({"format": "kvbench-trace", "version": 1, "hash_block_size": 16})
+    trace = read_trace(write(tmp_path / "sized.jsonl", sized, *rows))
+    assert (trace.hash_block_size, trace.requests[1].block_hashes) == (16, (1, 2, 3, 4))
+
+
+def test_header_less_csv_block_hashes_are_refused(tmp_path, capsys, monkeypatch):
+    path = write(tmp_path / "bh.csv", f"{KVBENCH_CSV},block_hashes", "0,0.0,64,10,1 2 3 4", "1,5.0,64,10,")
+    args = ("simulate", "--engine", "paged-prefix", "--out", str(tmp_path / "run"), "--trace", str(path))
+    assert_one_error(*kvbench(capsys, monkeypatch, *args), str(path), "line 2, column block_hashes")

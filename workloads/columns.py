@@ -143,6 +143,8 @@ def to_trace(cols: Columns, name: str, where: str | Where, *, hash_block_size: i
     lists = {k: getattr(cols, k) or [None] * count for k in OPTIONAL_LISTS}
     if cols.prompt_ids is not None:
         _check_prompt_ids(cols.prompt_ids, prompt, where, cols)
+    if cols.block_hashes is not None and hash_block_size is None:
+        _check_hashes_have_a_size(cols.block_hashes, where, cols)
     requests = tuple(
         Request(
             request_id=rid, arrival_s=t, prompt_len=p, output_len=o, prompt_ids=pids,
@@ -188,6 +190,15 @@ def _check_prompt_ids(prompt_ids: list, prompt: np.ndarray, where: Where, cols: 
         first = np.zeros(len(prompt_ids), dtype=np.int64)
         first[rows[::-1]] = flat[negative[::-1]]  # each row's first negative id
         _fail_if(bad, where, cols, "prompt_ids", "token ids must be >= 0", first)
+
+
+def _check_hashes_have_a_size(block_hashes: list, where: Where, cols: Columns) -> None:
+    """Refuse block hashes without the header's `hash_block_size`: the prefix cache keys blocks
+    by hash only at a known number of tokens per hash, so it would silently ignore them."""
+    hashed = np.array([hashes is not None for hashes in block_hashes], dtype=bool)  # (N,)
+    why = "needs the header's hash_block_size (tokens per hash), which is missing"
+    values = np.fromiter(block_hashes, dtype=object, count=len(block_hashes))  # (N,) tuples kept whole
+    _fail_if(hashed, where, cols, "block_hashes", why, values)
 
 
 def flat_ids(prompt_ids: list) -> tuple[np.ndarray, np.ndarray]:
