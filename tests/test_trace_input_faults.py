@@ -98,6 +98,39 @@ def test_jsonl_and_parquet_arrivals_past_the_bound_are_refused(tmp_path, pa):
     assert "row 2, column arrival_s: must be at most" in error_of(parquet)
 
 
+# Azure TIMESTAMP cells that numpy reads as something else
+
+
+@pytest.mark.parametrize(
+    ("cell", "why"),
+    [
+        ("1700000000", "an epoch second, once read as the year 1,700,000,000"),
+        ("2023", "a bare year, once read as 2023-01-01"),
+        ("2023-11-16", "a date without a time"),
+        ("now", "numpy's current time"),
+        ("0001-01-01 00:00:00", "before 1678: int64 nanoseconds once wrapped it to 1754"),
+        ("2262-04-12 00:00:00", "after 2261: once wrapped to 1677"),
+    ],
+)
+def test_azure_timestamps_must_be_dates_and_times(tmp_path, cell, why):
+    path = write(tmp_path / "az.csv", AZURE, "2023-11-16 18:15:46.6805900,374,4", f"{cell},374,4")
+    message = error_of(path)
+    assert f"line 3, column TIMESTAMP: not a date and time, got {cell!r}" in message, why
+    assert "YYYY-MM-DD HH:MM:SS.fraction" in message
+
+
+def test_azure_epoch_seconds_in_every_row_are_refused_on_the_first(tmp_path):
+    """The whole column as epoch seconds once loaded as a 31,622,400 s (one leap year) trace."""
+    path = write(tmp_path / "epoch.csv", AZURE, "1700000000,374,4", "1700000001,374,4")
+    assert "line 2, column TIMESTAMP: not a date and time, got '1700000000'" in error_of(path)
+
+
+def test_azure_timestamps_in_iso_forms_still_load(tmp_path):
+    rows = ["2023-11-16T18:15:46Z,5,6", " 2023-11-16 18:15:47.5 ,7,8", "2023-11-16 18:16,9,1"]
+    trace = read_trace(write(tmp_path / "iso.csv", AZURE, *rows))
+    assert [r.arrival_s for r in trace.requests] == [0.0, 1.5, 14.0]
+
+
 # block_hashes need hash_block_size
 
 
