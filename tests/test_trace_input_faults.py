@@ -131,6 +131,53 @@ def test_azure_timestamps_in_iso_forms_still_load(tmp_path):
     assert [r.arrival_s for r in trace.requests] == [0.0, 1.5, 14.0]
 
 
+# Azure and Mooncake stamps checked as written, before they are shifted to start at 0
+
+
+def test_mooncake_nan_timestamp_is_named_on_its_own_line(tmp_path):
+    path = write(tmp_path / "nan.jsonl", mooncake(0), mooncake(1), mooncake(float("nan")))
+    message = error_of(path)
+    assert "line 3, column timestamp: must be a finite time, got nan" in message
+
+
+def test_mooncake_infinite_timestamp_on_the_first_line(tmp_path):
+    path = write(tmp_path / "inf.jsonl", mooncake(float("inf")), mooncake(1))
+    assert "line 1, column timestamp: must be a finite time, got inf" in error_of(path)
+
+
+def test_mooncake_decrease_shows_the_timestamp_as_written(tmp_path):
+    path = write(tmp_path / "back.jsonl", mooncake(1000), mooncake(1020), mooncake(1019))
+    message = error_of(path)
+    assert message.endswith("line 3, column timestamp: arrival times must not decrease, got 1019")
+
+
+def test_azure_decrease_shows_the_cell_as_written(tmp_path):
+    rows = ["2023-11-16 18:15:46.0,1,1", "2023-11-16 18:15:47.0,1,1", "2023-11-16 18:15:45.0,1,1"]
+    message = error_of(write(tmp_path / "back.csv", AZURE, *rows))
+    assert message.endswith(
+        "line 4, column TIMESTAMP: arrival times must not decrease, got '2023-11-16 18:15:45.0'"
+    )
+
+
+def test_real_trace_spans_past_the_bound_name_the_cell(tmp_path):
+    azure = write(tmp_path / "span.csv", AZURE, "1990-01-01 00:00:00,1,1", "2023-01-01 00:00:00,1,1")
+    assert error_of(azure).endswith(
+        "line 3, column TIMESTAMP: must be at most 1,000,000,000 s after the first row's (about 31 years), "
+        "got '2023-01-01 00:00:00'"
+    )
+    path = write(tmp_path / "span.jsonl", mooncake(5), mooncake(10**12 + 6))
+    assert error_of(path).endswith(f"line 2, column timestamp: must be at most 1,000,000,000 s after the "
+                                   f"first row's (about 31 years), got {10**12 + 6}")  # fmt: skip
+
+
+def test_mooncake_int64_extremes_do_not_overflow_the_checks(tmp_path):
+    """A subtraction of int64 stamps would wrap; the order and span checks compare instead."""
+    path = write(tmp_path / "wide.jsonl", mooncake(2**63 - 1), mooncake(-(2**63)))
+    assert "line 2, column timestamp: arrival times must not decrease" in error_of(path)
+    path = write(tmp_path / "wide2.jsonl", mooncake(-(2**63)), mooncake(2**63 - 1))
+    assert "line 2, column timestamp: must be at most" in error_of(path)
+
+
 # block_hashes need hash_block_size
 
 

@@ -12,12 +12,15 @@
   Many rows share a millisecond: equal times are legal, decreasing ones are not.
 
 A loader gets the open file positioned after what detection (`tracedetect`) consumed and the line
-number reached, so each file is opened and read once. Range and order checks are `to_trace`'s;
-its messages are rewritten to name the file's own columns.
+number reached, so each file is opened and read once. Timestamps are checked as written (finite,
+never decreasing, spanning at most `MAX_ARRIVAL_S`) before they are shifted to start at 0, so an
+error names the culprit's line and cell; the other range checks are `to_trace`'s, its messages
+rewritten to name the file's own columns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TextIO
 
 import numpy as np
@@ -25,7 +28,7 @@ import numpy as np
 from kvbench.errors import KvbenchError
 from kvbench.requests import Trace
 from workloads.cells import datetimes_ns, json_numbers, numbers
-from workloads.columns import Columns
+from workloads.columns import MAX_ARRIVAL_S, Columns
 from workloads.textcols import (
     csv_chunks,
     fail,
@@ -47,7 +50,9 @@ def read_azure(f: TextIO, where: str, names: list[str], line: int, name: str) ->
     parts: dict[str, list] = {"stamp": [], "prompt_len": [], "output_len": [], "lines": []}
     for cells, lines in csv_chunks(f, where, line, names):
         parts["lines"].append(lines)
-        parts["stamp"].append(datetimes_ns(cells[at[0]], lines, where, AZURE_COLUMNS[0]))
+        stamp = datetimes_ns(cells[at[0]], lines, where, AZURE_COLUMNS[0])
+        _check_stamps(stamp, cells[at[0]], lines, parts["stamp"], where, AZURE_COLUMNS[0], per_second=1e9)
+        parts["stamp"].append(stamp)
         parts["prompt_len"].append(numbers(cells[at[1]], lines, where, AZURE_COLUMNS[1]))
         parts["output_len"].append(numbers(cells[at[2]], lines, where, AZURE_COLUMNS[2]))
     joined = join_chunks(parts, where)
@@ -85,7 +90,10 @@ def read_mooncake(f: TextIO, where: str, line: int, name: str) -> Trace:
     }
     for records, lines in json_chunks(f, where, line):
         parts["lines"].append(lines)
-        parts["stamp"].append(json_numbers(values_of(records, "timestamp"), lines, where, "timestamp"))
+        written = values_of(records, "timestamp")
+        stamp = json_numbers(written, lines, where, "timestamp")
+        _check_stamps(stamp, written, lines, parts["stamp"], where, "timestamp", per_second=1e3)
+        parts["stamp"].append(stamp)
         for field, key in (("prompt_len", "input_length"), ("output_len", "output_length")):
             parts[field].append(json_numbers(values_of(records, key), lines, where, key))
         parts["block_hashes"].append(_hash_ids(values_of(records, "hash_ids"), lines, where))
@@ -107,6 +115,37 @@ def read_mooncake(f: TextIO, where: str, line: int, name: str) -> Trace:
     if has_hashes:
         _check_hash_counts(trace, cols.lines, where)
     return trace
+
+
+def _check_stamps(
+    stamp: np.ndarray,
+    written: Sequence,
+    lines: np.ndarray,
+    before: list,
+    where: str,
+    column: str,
+    per_second: float,
+) -> None:
+    """One chunk's stamps (n,), in the file's unit (`per_second` a second), before they are shifted
+    to start at 0: finite, never below the stamp before, and at most `MAX_ARRIVAL_S` after the
+    first row's. `before` holds the earlier chunks' stamps. Checked here, not after the shift,
+    so an error names the culprit's own line and the value as written (`written`, (n,)).
+    """
+    previous = before[-1][-1:] if before else stamp[:1]
+    first = before[0][0] if before else stamp[0]
+    with np.errstate(invalid="ignore"):
+        bad = [
+            (~np.isfinite(stamp.astype(np.float64)), "must be a finite time"),
+            (stamp < np.concatenate([previous, stamp[:-1]]), "arrival times must not decrease"),
+            (stamp.astype(np.float64) - float(first) > MAX_ARRIVAL_S * per_second, _LATE),
+        ]
+    for rows, why in bad:  # in this order: a NaN first row would pass the other two checks
+        if rows.any():
+            row = int(np.flatnonzero(rows)[0])
+            fail(where, int(lines[row]), column, f"{why}, got {written[row]!r}")
+
+
+_LATE = f"must be at most {MAX_ARRIVAL_S:,} s after the first row's (about 31 years)"
 
 
 def _hash_ids(values: list, lines: np.ndarray, where: str) -> list[tuple[int, ...] | None]:
