@@ -196,3 +196,27 @@ def test_header_less_csv_block_hashes_are_refused(tmp_path, capsys, monkeypatch)
     path = write(tmp_path / "bh.csv", f"{KVBENCH_CSV},block_hashes", "0,0.0,64,10,1 2 3 4", "1,5.0,64,10,")
     args = ("simulate", "--engine", "paged-prefix", "--out", str(tmp_path / "run"), "--trace", str(path))
     assert_one_error(*kvbench(capsys, monkeypatch, *args), str(path), "line 2, column block_hashes")
+
+
+# Parquet
+
+
+@pytest.mark.parametrize("column", ["prompt_ids", "block_hashes"])
+def test_parquet_null_inside_a_list_is_refused(tmp_path, pa, column):
+    """prompt_ids once crashed with a TypeError; block_hashes once loaded with a None hash."""
+    path = parquet_with(pa, tmp_path, **{column: pa.array([[1, 2], [1, None]], pa.list_(pa.int64()))})
+    assert f"row 2, column {column}: must be a list of integers, got [1, None]" in error_of(path)
+
+
+def test_parquet_null_list_is_still_the_default(tmp_path, pa):
+    path = parquet_with(pa, tmp_path, prompt_ids=pa.array([None, [5, 6]], pa.list_(pa.int64())))
+    trace = read_trace(path)
+    assert [r.prompt_ids for r in trace.requests] == [None, (5, 6)]
+
+
+def test_unreadable_parquet_is_one_line(tmp_path, capsys, monkeypatch, pa):
+    path = tmp_path / "bad.parquet"
+    path.write_bytes(b"PAR1" + bytes(64) + b"PAR1")
+    assert "not a readable Parquet file (" in error_of(path)  # error_of: one line
+    code, out, err = kvbench(capsys, monkeypatch, "trace", "stats", str(path))
+    assert_one_error(code, out, err, str(path), "not a readable Parquet file")

@@ -71,7 +71,8 @@ def read_parquet(f: BinaryIO, where: str, stem: str) -> Trace:
     try:
         table = pa.parquet.read_table(f)
     except (pa.ArrowException, OSError) as error:
-        raise KvbenchError(f"{where}: not a readable Parquet file ({error})") from None
+        reason = " ".join(str(error).split())  # pyarrow's messages may end in, or hold, line breaks
+        raise KvbenchError(f"{where}: not a readable Parquet file ({reason})") from None
     metadata = table.schema.metadata or {}
     if METADATA_KEY in metadata:
         try:
@@ -113,7 +114,7 @@ def _column(pa: pyarrow, table: pyarrow.Table, name: str, where: str) -> np.ndar
     if name in OPTIONAL_TEXT:
         return column.to_pylist()
     if name in OPTIONAL_LISTS:
-        return [None if v is None else tuple(v) for v in column.to_pylist()]
+        return _int_lists(column, name, where)
     if column.null_count and name in REQUIRED:
         row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0]) + 1
         raise KvbenchError(f"{where}: row {row}, column {name}: missing value")
@@ -124,3 +125,15 @@ def _column(pa: pyarrow, table: pyarrow.Table, name: str, where: str) -> np.ndar
             row = int(np.flatnonzero(stored_nan)[0]) + 1
             raise KvbenchError(f"{where}: row {row}, column {name}: must be a number, got nan")
     return values.astype(np.float64) if column.null_count else values
+
+
+def _int_lists(column: pyarrow.ChunkedArray, name: str, where: str) -> list:
+    """A list column as tuples (None where the row is null), refusing a null inside a list: JSONL
+    and CSV cannot write one, and as a token id or a block hash it has no meaning."""
+    rows = column.to_pylist()
+    if any(chunk.flatten().null_count for chunk in column.chunks):  # a null element, in C
+        row = next(i for i, value in enumerate(rows) if value is not None and None in value)
+        raise KvbenchError(
+            f"{where}: row {row + 1}, column {name}: must be a list of integers, got {rows[row]!r}"
+        )
+    return [None if value is None else tuple(value) for value in rows]
