@@ -15,6 +15,10 @@ so one table serves them all. Upper bounds are sanity limits, documented here:
 - `MAX_SEED`: seeds are 32-bit (numpy and torch both take them; larger ones only alias).
 - `MAX_WIDTH`: 1,024 parallel samples or beams per request.
 - `MAX_INT`: every other count stays below 2**31.
+- `MAX_STEP_COST_S`: a cost-model constant (a step's fixed cost, its cost per token, per KV
+  token, ...) of at most an hour. The slowest real step is seconds; far beyond, a run's
+  latencies overflow float64 to Infinity (their variance squares them) and `report` refuses
+  the summary.json the simulation wrote. A cost file's constants (`--cost-model`) share it.
 
 `check_workload` adds the combinations of workload flags that one flag would silently undo, and
 `check_distinct` refuses a list flag that names a value twice (`--rates 1,1`).
@@ -33,6 +37,7 @@ MAX_REQUESTS = 10_000_000
 MAX_SEED = 2**32 - 1
 MAX_WIDTH = 1024
 MAX_INT = 2**31 - 1
+MAX_STEP_COST_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ NON_NEGATIVE = Range(0)
 FRACTION = Range(0, 1, low_open=True)  # (0, 1]: a share of memory
 COUNT = Range(1, MAX_INT)
 SEED = Range(0, MAX_SEED)
+STEP_COST = Range(0, MAX_STEP_COST_S)
 
 # parameter name (the flag without its dashes, `-` as `_`) -> its range
 RANGES: dict[str, Range] = {
@@ -98,10 +104,10 @@ RANGES: dict[str, Range] = {
     "watermark": Range(0, 1, high_open=True),
     "swap_space_gib": NON_NEGATIVE,
     "vmm_page_kib": Range(4, MAX_INT),  # and a multiple of 4 (kvbench.vmm.pages)
-    "cost_fixed_s": NON_NEGATIVE,
+    "cost_fixed_s": STEP_COST,
     "knee_gain": FRACTION,  # a share of the linear fit's error: 0 would keep no knee
-    "cost_per_token_s": NON_NEGATIVE,
-    "cost_per_kv_token_s": NON_NEGATIVE,
+    "cost_per_token_s": STEP_COST,
+    "cost_per_kv_token_s": STEP_COST,
     # run: real decoding (below 1e-4 a temperature divides float32 logits into inf and NaN)
     "temperature": Range(1e-4, 100, zero_ok=True),
     "weights_seed": SEED,

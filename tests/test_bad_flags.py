@@ -80,7 +80,7 @@ BAD_FLAGS = [
     *[(SIMULATE, ("--watermark", v), "--watermark") for v in ("1", "nan", "-0.1")],
     *[(SIMULATE, ("--swap-space-gib", v), "--swap-space-gib") for v in ("-1", "nan")],
     (SIMULATE, ("--preemption", "swap", "--swap-space-gib", "1e9"), "--swap-space-gib"),
-    *[(SIMULATE, (flag, v), flag) for flag in COST_FLAGS for v in ("nan", "-1", "inf")],
+    *[(SIMULATE, (flag, v), flag) for flag in COST_FLAGS for v in ("nan", "-1", "inf", "3601", "1e200")],
     (SIMULATE, ("--bogus", "3"), "--bogus"),
     (("simulate", "--out", "x"), (), "--engine"),
     # real runs (refused before a model is loaded)

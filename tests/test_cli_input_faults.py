@@ -92,3 +92,29 @@ def test_an_hf_memory_fraction_too_small_for_one_block_is_one_line(tmp_path, cap
     )  # fmt: skip
     assert_one_error(*done, "--hf-memory 1e-09")
     assert not out.exists()
+
+
+SIZES = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 2048,
+         "intermediate_size": 128, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "hidden_act": "silu",
+         "tie_word_embeddings": False}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (json.dumps({**SIZES, "intermediate_size": 10**300}), "intermediate_size is over 2147483647"),
+        (json.dumps({**SIZES, "vocab_size": 2**31}), "vocab_size is over 2147483647"),
+        (json.dumps(SIZES).replace("1000", "1" + "0" * 5000), "an integer too long to read"),
+    ],
+    ids=["1e300", "2**31", "5001 digits"],
+)
+def test_a_config_json_size_beyond_any_model_is_one_line(tmp_path, capsys, monkeypatch, text, says):
+    """Such sizes once simulated to latencies of inf (or hit Python's limit on integer digits)."""
+    model, out = tmp_path / "model", tmp_path / "o"
+    model.mkdir()
+    (model / "config.json").write_text(text, encoding="utf-8")
+    done = kvbench(capsys, monkeypatch, "simulate", "--engine", "paged", "--model", str(model),
+                   "--num-requests", "5", "--kv-cache-gib", "0.01", "--out", str(out))  # fmt: skip
+    assert_one_error(*done, f"--model {model}", says)
+    assert not out.exists()

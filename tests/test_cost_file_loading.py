@@ -85,6 +85,14 @@ def test_a_cost_that_is_not_a_finite_number_at_least_zero_is_refused(tmp_path, t
     assert message.endswith(json.dumps(bad))
 
 
+@pytest.mark.parametrize("term", TERMS)
+def test_a_cost_over_an_hour_a_step_is_refused(tmp_path, term):
+    """1e300 s a step is finite, but a run's latencies then overflow to inf (their variance
+    squares them), and report refuses the summary.json the simulation wrote."""
+    _refused(_file(tmp_path, **{term: 1e300}), f"{term!r} is 1e+300 s, over a step's most (3600 s)")
+    assert getattr(load_cost_model(_file(tmp_path, **{term: 3600}), "opt-13b"), term) == 3600.0
+
+
 def test_a_file_of_another_model_or_of_none_is_refused(tmp_path):
     _refused(_file(tmp_path, model="llama-3.1-8b"), "fitted on llama-3.1-8b, not on --model opt-13b")
     path = _file(tmp_path)

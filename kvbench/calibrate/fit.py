@@ -110,6 +110,7 @@ import numpy as np
 
 from kvbench.cost_model import CostModel, graph_rows
 from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import MAX_STEP_COST_S
 from kvbench.results.files import read_json
 from kvbench.results.packed import table_path
 from kvbench.results.shape import STEP_TEXT, check_summary
@@ -581,11 +582,12 @@ def engine_section(data: dict, engine: str | None, where: str) -> dict:
 
 def load_cost_model(path: str, model: str, engine: str | None = None) -> CostModel:
     """The cost model of a `kvbench calibrate` file, checked against the run's model: every
-    constant a finite number >= 0 (NaN, inf or a negative cost would give NaN or negative
-    latencies that look like results), the knee a whole batch >= 1 or null, `assumed` a list of
-    cost terms. A file written before `assumed` existed assumed what it lacks or left at 0: the
-    swap, copy and page-map costs. A file fitted by engine (`engines`) prices `engine` with its
-    own fit where it has one, any other engine with the fit of every run."""
+    constant a number in [0, MAX_STEP_COST_S] (NaN, inf or a negative cost would give NaN or
+    negative latencies that look like results, a huge one latencies that overflow to inf), the
+    knee a whole batch >= 1 or null, `assumed` a list of cost terms. A file written before
+    `assumed` existed assumed what it lacks or left at 0: the swap, copy and page-map costs. A
+    file fitted by engine (`engines`) prices `engine` with its own fit where it has one, any
+    other engine with the fit of every run."""
     where = f"--cost-model {path}"
     top = read_cost_file(path, "--cost-model")
     data = engine_section(top, engine, where)
@@ -609,6 +611,8 @@ def load_cost_model(path: str, model: str, engine: str | None = None) -> CostMod
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
             raise KvbenchError(f"{where}: {key!r} must be a finite number >= 0, got {json.dumps(value)}")
+        if value > MAX_STEP_COST_S:
+            raise KvbenchError(f"{where}: {key!r} is {value:g} s, over a step's most ({MAX_STEP_COST_S:g} s)")
         values[key] = float(value)
     knee = data.get("knee_batch")
     if knee is not None and (isinstance(knee, bool) or not isinstance(knee, int) or knee < 1):
