@@ -19,6 +19,13 @@ so one table serves them all. Upper bounds are sanity limits, documented here:
   token, ...) of at most an hour. The slowest real step is seconds; far beyond, a run's
   latencies overflow float64 to Infinity (their variance squares them) and `report` refuses
   the summary.json the simulation wrote. A cost file's constants (`--cost-model`) share it.
+- `MAX_ARRIVAL_SPAN_S`: a run's arrivals span at most 1e9 s (about 32 years), where float64
+  still resolves a tenth of a microsecond; far past it, arrival and finish times round to the
+  same value and latencies read 0. Arrivals span about num_requests / rate seconds, so:
+  `MIN_RATE`, 1e-6 req/s (one request in 11.6 days: no serving workload), and, with
+  --num-requests given, num_requests / rate <= MAX_ARRIVAL_SPAN_S (`check_arrival_span`);
+  `MIN_TIME_SCALE`, 1e-3: a real trace spans days (~1e6 s), its replay stretched 1000-fold
+  stays within the span.
 
 `check_workload` adds the combinations of workload flags that one flag would silently undo, and
 `check_distinct` refuses a list flag that names a value twice (`--rates 1,1`).
@@ -38,6 +45,9 @@ MAX_SEED = 2**32 - 1
 MAX_WIDTH = 1024
 MAX_INT = 2**31 - 1
 MAX_STEP_COST_S = 3600.0
+MAX_ARRIVAL_SPAN_S = 1e9
+MIN_RATE = 1e-6
+MIN_TIME_SCALE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -118,9 +128,9 @@ RANGES: dict[str, Range] = {
     # the workload (simulate, run, sweep, trace make, demo, reproduce)
     "num_requests": Range(1, MAX_REQUESTS),
     "seed": SEED,
-    "rate": Range(0, low_open=True, allow_inf=True),
+    "rate": Range(MIN_RATE, allow_inf=True),
     "burstiness": POSITIVE,
-    "time_scale": POSITIVE,
+    "time_scale": Range(MIN_TIME_SCALE),
     "window_start": NON_NEGATIVE,
     "window_duration": POSITIVE,
     "max_total_len": Range(2, MAX_INT),
@@ -143,9 +153,9 @@ RANGES: dict[str, Range] = {
     "threshold_multiple": Range(1, low_open=True),
     "bisect": Range(0, 64),  # each round is one more rate per engine
     "bracket": POSITIVE,  # relative width (first fail - last pass) / last pass
-    "baseline_rate": POSITIVE,
+    "baseline_rate": Range(MIN_RATE),
     "baseline_requests": Range(1, MAX_REQUESTS),
-    "duration": POSITIVE,  # seconds of arrivals per loaded cell
+    "duration": Range(0, MAX_ARRIVAL_SPAN_S, low_open=True),  # seconds of arrivals per loaded cell
     "parallel_gpus": COUNT,
     "ray_retries": Range(0, 1000),
     # reproduce
@@ -234,11 +244,24 @@ def check_workload(spec) -> None:
         "num_requests", "seed", "rate", "burstiness", "time_scale", "max_total_len", "n", "beam_width",
         "prefix_groups", "chat_turns", "max_history")}  # fmt: skip
     check_flags({name: value for name, value in fields.items() if value is not None})
+    if spec.num_requests is not None and spec.rate is not None:
+        check_arrival_span(spec.num_requests, spec.rate, "--num-requests", "--rate")
     arrivals = spec.arrivals
     if spec.rate is not None and arrivals in ("all", "replay"):
         raise KvbenchError(
             f"--rate {spec.rate:g} and --arrivals {arrivals} contradict each other: --arrivals {arrivals} "
             "uses no rate; give only one of them"
+        )
+
+
+def check_arrival_span(count: int, rate: float, count_flag: str, rate_flag: str) -> None:
+    """Refuse `count` requests at `rate` whose arrivals would span more than MAX_ARRIVAL_SPAN_S
+    (the module docstring says why), naming the two flags that set them."""
+    if count / rate > MAX_ARRIVAL_SPAN_S:
+        raise KvbenchError(
+            f"{count_flag} {count} at {rate_flag} {rate:g} spreads arrivals over {count / rate:.3g} s, "
+            f"past {MAX_ARRIVAL_SPAN_S:g} s, where float64 times lose their microseconds: raise the rate "
+            "or lower the count"
         )
 
 

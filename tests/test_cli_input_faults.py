@@ -118,3 +118,17 @@ def test_a_config_json_size_beyond_any_model_is_one_line(tmp_path, capsys, monke
                    "--num-requests", "5", "--kv-cache-gib", "0.01", "--out", str(out))  # fmt: skip
     assert_one_error(*done, f"--model {model}", says)
     assert not out.exists()
+
+
+def test_a_sweep_whose_arrivals_would_outrun_float64_names_count_and_rates(tmp_path, capsys, monkeypatch):
+    """10**5 requests at 1e-5 req/s arrive over 1e10 s, where float64 times lose their
+    microseconds; --duration gives no count, the baseline cells theirs."""
+    out = tmp_path / "sw"
+    base = ("sweep", "--engines", "paged", "--model", "tiny-opt", "--kv-cache-gib", "0.002",
+            "--trace", "fixed:prompt=4,output=4", "--out", str(out))  # fmt: skip
+    done = kvbench(capsys, monkeypatch, *base, "--num-requests", "100000", "--rates", "1e-5,1")
+    assert_one_error(*done, "--num-requests 100000 at --rates 1e-05")
+    done = kvbench(capsys, monkeypatch, *base, "--rates", "1", "--baseline-requests", "2000",
+                   "--baseline-rate", "1e-6")  # fmt: skip
+    assert_one_error(*done, "--baseline-requests 2000 at --baseline-rate 1e-06")
+    assert not out.exists()

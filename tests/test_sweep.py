@@ -466,8 +466,14 @@ def test_an_isolated_cell_runs_exactly_its_config(tmp_path):
             "error: --bisect, --bracket and --latency-threshold find a sustained rate: give --rates",
         ),
         (("--resume", "--overwrite"), "error: --resume and --overwrite contradict each other"),
-        (("--rates", "2", "--duration", "0"), "error: --duration must be positive, got 0.0"),
-        (("--rates", "2", "--duration", "nan"), "error: --duration must be positive, got nan"),
+        (
+            ("--rates", "2", "--duration", "0"),
+            "error: --duration must be a finite number in (0, 1000000000], got 0.0",
+        ),
+        (
+            ("--rates", "2", "--duration", "nan"),
+            "error: --duration must be a finite number in (0, 1000000000], got nan",
+        ),
         (("--duration", "30"), "error: --duration sets each rate's request count: give --rates"),
     ],
 )

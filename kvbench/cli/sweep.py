@@ -20,6 +20,7 @@ import typer
 
 from kvbench.cli import options as opt
 from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import check_arrival_span
 from kvbench.flags import REAL_FLAGS, RealOptions
 from kvbench.report.format import significant
 from kvbench.sweep.grid import DURATION_MIN_REQUESTS, PAPER_ENGINES
@@ -124,6 +125,7 @@ def _sweep(
     )  # fmt: skip
     multiple = SustainedOptions().multiple if threshold_multiple is None else threshold_multiple
     _check_counts(repeats, bisect, multiple, latency_threshold, baseline_rate, baseline_requests)
+    _check_spans(axes.swept_rates, workload.num_requests, baseline_rate, baseline_requests)
     if duration is not None and not axes.swept_rates:
         raise KvbenchError("--duration sets each rate's request count: give --rates")
     if not axes.swept_rates and (bisect or latency_threshold is not None or bracket is not None):
@@ -260,6 +262,14 @@ def _check_counts(repeats, bisect, multiple, threshold, baseline_rate, baseline_
     ):
         if not ok:
             raise KvbenchError(f"{flag} must be {what}, got {value}")
+
+
+def _check_spans(rates, num_requests, baseline_rate, baseline_requests) -> None:
+    """Every cell's arrivals within `flag_ranges.MAX_ARRIVAL_SPAN_S`, named by the flags that
+    set its count and rate (--duration has its own bound)."""
+    check_arrival_span(baseline_requests, baseline_rate, "--baseline-requests", "--baseline-rate")
+    if num_requests is not None and rates:
+        check_arrival_span(num_requests, min(rates), "--num-requests", "--rates")
 
 
 def command(job):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from engines import ENGINES
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import MIN_RATE
 from kvbench.plugins import EXTERNAL
 from workloads.presets import PRESETS
 from workloads.spec import file_rows
@@ -211,7 +212,8 @@ def _number(flag: str, kind: type, what: str, ok: Callable[[float], bool]):
 def parse_rates(text: str | None) -> tuple[float | None, ...]:
     if text is None:
         return (None,)
-    ok = _number("--rates", float, "a positive number of requests/s", lambda v: math.isfinite(v) and v > 0)
+    what = f"a positive number of requests/s (at least {MIN_RATE:g})"  # flag_ranges.MIN_RATE says why
+    ok = _number("--rates", float, what, lambda v: math.isfinite(v) and v >= MIN_RATE)
     return tuple(sorted(_each("--rates", text, ok)))
 
 
