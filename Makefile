@@ -47,7 +47,7 @@ clean:
 # host collector and prefill graphs, then chunked prefill, the outside-window terms and the arena copies,
 # then the prefix-caching page pools, the calibration fit, the claims table, the step pricing and the KV
 # budget, the calibration's held-out check, and the trace files, the public traces' loaders, the arrival
-# processes and the vmm page geometry; reports land in results/mutation/<scope>/
+# processes and the vmm page geometry, the reproduction's figures; reports land in results/mutation/<scope>/
 .PHONY: mutation
 # the shared trace copies the workloads scope's tests read (mutmut's copy of the tree has no
 # ../shared beside it): KVBENCH_TRACE_DIR where set, else ../shared/traces beside the clone
@@ -163,3 +163,8 @@ mutation: $(VENV)/.dev
 		tests/test_results_load.py::test_every_key_and_column_kvbench_always_writes_is_required \
 		tests/test_results_load.py::test_the_required_columns_are_the_row_types_fields \
 		tests/test_results_load.py::test_a_damaged_header_is_one_line_naming_its_line
+	nice $(PY) tools/mutation.py --scope reproduce-figures --paths kvbench/reproduce/rows.py \
+		kvbench/reproduce/engines.py kvbench/reproduce/sweeps.py kvbench/reproduce/sharing.py \
+		--tests tests/test_reproduce_figures.py tests/test_reproduce.py tests/test_reproduce_verdicts.py \
+		tests/test_reproduce_seeds.py tests/test_verdict_mutants.py tests/test_claims.py \
+		tests/test_reproduce_prefill_graphs.py
