@@ -265,6 +265,14 @@ def check_arrival_span(count: int, rate: float, count_flag: str, rate_flag: str)
         )
 
 
+def check_seed_span(largest: int, flags: str) -> None:
+    """Refuse a command whose repeats would derive a seed past MAX_SEED (`largest`, from the
+    `flags` named), before its first run: otherwise the runs of the lower seeds are written, then
+    the command fails on a --seed the user never typed."""
+    if largest > MAX_SEED:
+        raise KvbenchError(f"{flags} derive seeds up to {largest}, past the largest seed ({MAX_SEED})")
+
+
 def check_burstiness(spec) -> None:
     """`--burstiness` without `--arrivals gamma` would be ignored. Checked on the command line
     only: a sweep's baseline cells replace gamma arrivals by sparse constant ones on purpose."""

@@ -107,11 +107,14 @@ BAD_FLAGS = [
         ("--baseline-rate", "nan"), ("--latency-threshold", "-1"), ("--threshold-multiple", "nan"),
         ("--parallel-gpus", "0"), ("--ray-retries", "-1"), ("--repeats", "0"), ("--num-requests", "0"),
         ("--threshold-multiple", "1"), ("--threshold-multiple", "0.5"), ("--rates", "1e-300"),
-        ("--baseline-rate", "1e-9"), ("--duration", "1e12"))],
+        ("--baseline-rate", "1e-9"), ("--duration", "1e12"), ("--seeds", "1,4294967296"))],
+    (SWEEP, ("--seeds", "4294967295", "--repeats", "2"), "--seeds 4294967295 and --repeats 2"),
     (("trace", "make", "fixed:prompt=4,output=4"), ("--arrivals", "all", "--rate", "3"), "--arrivals all"),
     (("trace", "make", "fixed:prompt=4,output=4"), ("--rate", "nan"), "--rate"),
     (("reproduce", "--quick"), ("--num-requests", "0"), "--num-requests"),
     (("reproduce", "--quick"), ("--seed", "-1"), "--seed"),
+    (("reproduce", "fig2", "--quick", "--mode", "simulate", "--num-requests", "5"),
+     ("--seed", "4294967295", "--repeats", "2"), "--seed 4294967295 and --repeats 2"),
     *[(("reproduce", "--quick"), ("--rate-scale", v), "--rate-scale") for v in ("0", "-2", "nan", "inf")],
 ]  # fmt: skip
 

@@ -12,6 +12,7 @@ import typer
 
 from kvbench.cli import options as opt
 from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import check_seed_span
 
 SHORT_HELP = "Run the paper's figures (2, 12-19) and its claims, every number beside the paper's."
 
@@ -109,6 +110,7 @@ def reproduce(
         raise KvbenchError(f"--num-requests must be at least 1, got {num_requests}")
     if repeats < 1:
         raise KvbenchError(f"--repeats must be at least 1, got {repeats}")
+    check_seed_span(seed + repeats - 1, f"--seed {seed} and --repeats {repeats}")  # seeds seed .. seed+N-1
     real = mode == "real" or (mode == "auto" and cost_model is None and opt.has_cuda())
     setting = setting_for(real, cost_model, quick=quick, model=model)
     if rate_scale is not None:

@@ -20,10 +20,10 @@ import typer
 
 from kvbench.cli import options as opt
 from kvbench.errors import KvbenchError
-from kvbench.flag_ranges import check_arrival_span
+from kvbench.flag_ranges import check_arrival_span, check_seed_span
 from kvbench.flags import REAL_FLAGS, RealOptions
 from kvbench.report.format import significant
-from kvbench.sweep.grid import DURATION_MIN_REQUESTS, PAPER_ENGINES
+from kvbench.sweep.grid import DURATION_MIN_REQUESTS, PAPER_ENGINES, REPEAT_SEED_STRIDE
 from workloads.spec import WorkloadSpec
 
 SHORT_HELP = "Sweep engines x rates x block sizes x budgets x seeds x traces; find sustained rates."
@@ -126,6 +126,8 @@ def _sweep(
     multiple = SustainedOptions().multiple if threshold_multiple is None else threshold_multiple
     _check_counts(repeats, bisect, multiple, latency_threshold, baseline_rate, baseline_requests)
     _check_spans(axes.swept_rates, workload.num_requests, baseline_rate, baseline_requests)
+    last_repeat = REPEAT_SEED_STRIDE * (repeats - 1)  # repeat r of seed s draws with seed s + 1000 r
+    check_seed_span(max(axes.seeds) + last_repeat, f"--seeds {seeds} and --repeats {repeats}")
     if duration is not None and not axes.swept_rates:
         raise KvbenchError("--duration sets each rate's request count: give --rates")
     if not axes.swept_rates and (bisect or latency_threshold is not None or bracket is not None):

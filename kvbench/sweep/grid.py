@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from engines import ENGINES
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
-from kvbench.flag_ranges import MIN_RATE
+from kvbench.flag_ranges import MAX_SEED, MIN_RATE
 from kvbench.plugins import EXTERNAL
 from workloads.presets import PRESETS
 from workloads.spec import file_rows
@@ -230,7 +230,8 @@ def parse_budgets(text: str | None) -> tuple[float | None, ...]:
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
-    return _each("--seeds", text, _number("--seeds", int, "an integer >= 0", lambda v: v >= 0))
+    ok = _number("--seeds", int, f"an integer >= 0 (at most {MAX_SEED})", lambda v: 0 <= v <= MAX_SEED)
+    return _each("--seeds", text, ok)
 
 
 def parse_traces(specs: list[str] | None) -> tuple[str, ...]:
