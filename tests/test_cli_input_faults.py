@@ -132,3 +132,49 @@ def test_a_sweep_whose_arrivals_would_outrun_float64_names_count_and_rates(tmp_p
                    "--baseline-rate", "1e-6")  # fmt: skip
     assert_one_error(*done, "--baseline-requests 2000 at --baseline-rate 1e-06")
     assert not out.exists()
+
+
+def _real_run(out: Path, model: str, seed: int) -> Path:
+    """A real run of a tiny model on the CPU (as tests/test_calibrate_held_out.py makes them)."""
+    from kvbench.config import RunConfig
+    from kvbench.real.run import run_real
+    from kvbench.simulate import write_result
+    from workloads.spec import WorkloadSpec
+
+    workload = WorkloadSpec("uniform:prompt=8..24,output=4..12", num_requests=6, rate=1e4, seed=seed)
+    config = RunConfig(engine="paged", model=model, workload=workload, kv_cache_gib=0.01, block_size=4,
+                       attention="torch", max_num_seqs=2)  # fmt: skip
+    write_result(run_real(config), out)
+    return out
+
+
+def test_calibrate_refuses_a_held_out_run_of_another_model_before_writing(tmp_path, capsys, monkeypatch):
+    """It was refused only when replayed against the file already written, naming a --cost-model
+    that calibrate has no flag for."""
+    fit, held = _real_run(tmp_path / "fit", "tiny-opt", 1), _real_run(tmp_path / "held", "tiny-llama", 2)
+    cost = tmp_path / "cost.json"
+    done = kvbench(capsys, monkeypatch, "calibrate", str(fit), "--held-out", str(held), "--out", str(cost))
+    line = assert_one_error(*done, f"--held-out {held}", "tiny-llama", "tiny-opt")
+    assert "--cost-model" not in line
+    assert not cost.exists()
+
+
+def test_reproduce_mode_real_without_cuda_names_the_mode_before_writing(tmp_path, capsys, monkeypatch):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "rp"
+    done = kvbench(capsys, monkeypatch, "reproduce", "fig2", "--out", str(out), "--mode", "real")
+    line = assert_one_error(*done, "--mode real")
+    assert "--device" not in line
+    assert not out.exists()
+
+
+def test_a_sweep_duration_past_a_traces_size_names_duration_and_rates(tmp_path, capsys, monkeypatch):
+    """1e6 req/s for 1e6 s is 1e12 requests: once refused as a --num-requests never typed."""
+    out = tmp_path / "sw"
+    done = kvbench(capsys, monkeypatch, "sweep", "--engines", "paged", "--rates", "1e6", "--duration", "1e6",
+                   "--out", str(out))  # fmt: skip
+    line = assert_one_error(*done, "--duration 1e+06", "--rates")
+    assert "--num-requests" not in line
+    assert not out.exists()

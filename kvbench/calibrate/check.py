@@ -293,6 +293,7 @@ def fit_and_check(
     for run in held_out:  # before fitting: a bad held-out run fails fast, writing nothing
         _real_summary(run)
     _same_prefills(fit, held_out)
+    _same_model(fit, held_out)
     dropped = shared_draw(fit, held_out)
     held_out = [run for run in held_out if run not in {run for run, _ in dropped}]
 
@@ -345,6 +346,19 @@ def _same_prefills(fit: list[Path], held_out: list[Path]) -> None:
                 f"--held-out {run}: its short prefills ran {ran} and the fitted runs' {fit_ran} "
                 "(--prefill-graphs); hold out runs of the fit's kind"
             )
+
+
+def _same_model(fit: list[Path], held_out: list[Path]) -> None:
+    """Refuse, before the fit is written, a held-out run of another model than the fitted runs':
+    its replay would refuse the fitted file later, naming a --cost-model the user never typed."""
+    fitted = {_config(run).get("model") for run in fit}
+    if len(fitted) != 1:
+        return  # several models (or none named): the fit itself says so
+    (model,) = fitted
+    for run in held_out:
+        held = _config(run).get("model")
+        if held != model:
+            raise KvbenchError(f"--held-out {run}: a run of {held}, and the fitted runs are of {model}")
 
 
 def _config(run: Path) -> dict:

@@ -124,6 +124,9 @@ def reproduce(
             "--prefill-graphs replays real runs' prefills: use it with --mode real (or auto on a GPU)"
         )
     setting = replace(setting, prefill_graphs=prefill_graphs)
+    if mode == "real" and not rejudge and setting.device.startswith("cuda") and not opt.has_cuda():
+        # else the first real run refuses, naming a --device this command has no flag for
+        raise KvbenchError("--mode real: no CUDA device is available here (--mode simulate needs none)")
     options = Options(quick, setting, num_requests, seed, repeats, opt.deadline(deadline_s))
     if rejudge:
         judge_again(names, options, out, functools.partial(print, flush=True), named=bool(figures))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from engines import ENGINES
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
-from kvbench.flag_ranges import MAX_SEED, MIN_RATE
+from kvbench.flag_ranges import MAX_REQUESTS, MAX_SEED, MIN_RATE
 from kvbench.plugins import EXTERNAL
 from workloads.presets import PRESETS
 from workloads.spec import file_rows
@@ -141,6 +141,12 @@ def cell_config(
     workload = replace(base.workload, source=cell.trace, seed=cell.workload_seed, rate=cell.rate)
     if duration_s is not None and cell.rate is not None and cell.role != BASELINE:
         count = max(DURATION_MIN_REQUESTS, math.ceil(cell.rate * duration_s))
+        if count > MAX_REQUESTS:  # else refused later as a --num-requests the user never typed
+            raise KvbenchError(
+                f"--duration {duration_s:g} at {cell.rate:g} req/s (--rates): {count:,} requests (rate x "
+                f"duration), more than a trace may hold ({MAX_REQUESTS:,}); give a shorter --duration or "
+                "lower --rates"
+            )
         rows = file_rows(workload)
         if rows is not None and count > rows:  # fewer would shorten the overload the rate is judged on
             raise KvbenchError(
