@@ -133,7 +133,7 @@ def test_block_hash_prefixes_on_a_hand_example():
     assert out.prefix_len.tolist() == [0, 8, 9, 0, 0, 0, 0]
     assert out.prefix_group == ["1", "1", "1", None, "5", "2", "1"]
     assert same(cols, before)
-    to_trace(out, "t", "test")
+    to_trace(out, "t", "test", hash_block_size=4)
 
 
 @pytest.mark.parametrize(

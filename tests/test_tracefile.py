@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from kvbench.errors import KvbenchError
 from kvbench.requests import Request, Trace
 from tests.support import error_of, examples, write
+from workloads.columns import MAX_ARRIVAL_S
 from workloads.tracefile import read_trace, write_trace
 
 HAVE_PYARROW = importlib.util.find_spec("pyarrow") is not None
@@ -47,7 +48,7 @@ JSON_VALUES = st.one_of(
 
 
 @st.composite
-def requests(draw: st.DrawFn, request_id: int, arrival_s: float) -> Request:
+def requests(draw: st.DrawFn, request_id: int, arrival_s: float, hashed: bool) -> Request:
     prompt_len = draw(st.integers(1, 20))
     return Request(
         request_id=request_id,
@@ -57,7 +58,7 @@ def requests(draw: st.DrawFn, request_id: int, arrival_s: float) -> Request:
         prompt_ids=draw(st.none() | st.tuples(*[TOKEN_IDS] * prompt_len)),
         prefix_group=draw(st.none() | TEXT),
         prefix_len=draw(st.integers(0, prompt_len)),
-        block_hashes=draw(st.none() | st.lists(INT64, max_size=4).map(tuple)),
+        block_hashes=draw(st.none() | st.lists(INT64, max_size=4).map(tuple)) if hashed else None,
         conversation_id=draw(st.none() | TEXT),
         turn=draw(st.none() | st.integers(0, 1000)),
         n=draw(st.integers(1, 8)),
@@ -69,12 +70,15 @@ def requests(draw: st.DrawFn, request_id: int, arrival_s: float) -> Request:
 def traces(draw: st.DrawFn) -> Trace:
     count = draw(st.integers(1, 6))
     ids = draw(st.lists(st.integers(0, 2**53), min_size=count, max_size=count, unique=True))
-    times = sorted(draw(st.lists(st.floats(0, 1e12).map(lambda x: x + 0.0), min_size=count, max_size=count)))
+    times = sorted(
+        draw(st.lists(st.floats(0, MAX_ARRIVAL_S).map(lambda x: x + 0.0), min_size=count, max_size=count))
+    )
+    block = draw(st.none() | st.integers(1, 4096))  # block_hashes need it
     return Trace(
         name=draw(st.text(st.characters(exclude_categories=("Cs",)), max_size=10)),
-        requests=tuple(draw(requests(rid, t)) for rid, t in zip(ids, times, strict=True)),
+        requests=tuple(draw(requests(rid, t, block is not None)) for rid, t in zip(ids, times, strict=True)),
         source=draw(st.text(st.characters(exclude_categories=("Cs",)), max_size=10)),
-        hash_block_size=draw(st.none() | st.integers(1, 4096)),
+        hash_block_size=block,
         meta=draw(st.dictionaries(TEXT, JSON_VALUES, max_size=3)),
     )
 
