@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kvbench.errors import KvbenchError
@@ -202,10 +203,13 @@ REPEATED = ("trace",)  # options given once per value (`sweep --trace A --trace 
 def check_distinct(flag: str, items: Sequence[str], read: Callable[[str], object] = str) -> None:
     """Refuse a list that names one value twice (`--rates 1,1`, `--engines paged,paged`): the
     repeat would be dropped silently, so the command would run fewer cells than its line reads,
-    or run one twice. Items compare as `read` makes them; an item `read` refuses is left to the
-    flag's own parser, whose message says what it expects."""
+    or run one twice. Items compare as `read` makes them; an item `read` refuses, or an empty
+    one (`--engines paged,,`), is left to the flag's own parser, whose message says what it
+    expects."""
     seen: dict[object, str] = {}
     for item in items:
+        if not item:
+            continue
         try:
             value = read(item)
         except ValueError:
@@ -222,7 +226,14 @@ def check_list(name: str, value: Any) -> None:
     if isinstance(value, str) and name in LISTS:
         check_distinct(flag_name(name), [item.strip() for item in value.split(",")], LISTS[name])
     elif isinstance(value, list) and name in REPEATED:
-        check_distinct(flag_name(name), [str(item).strip() for item in value])
+        check_distinct(flag_name(name), [str(item).strip() for item in value], _same_file)
+
+
+def _same_file(spec: str) -> str:
+    """A trace spec as it compares: a file by its resolved path (`tr/a.csv` and `./tr/a.csv`
+    are one trace), anything else (a preset, `fixed:...`) as written."""
+    path = Path(spec)
+    return str(path.resolve()) if path.is_file() else spec
 
 
 def check_flags(values: dict[str, Any]) -> None:

@@ -178,3 +178,13 @@ def test_a_sweep_duration_past_a_traces_size_names_duration_and_rates(tmp_path, 
     line = assert_one_error(*done, "--duration 1e+06", "--rates")
     assert "--num-requests" not in line
     assert not out.exists()
+
+
+def test_one_trace_file_spelled_two_ways_is_given_twice(tmp_path, capsys, monkeypatch):
+    (tmp_path / "tr").mkdir()
+    (tmp_path / "tr" / "good.csv").write_text("prompt_len,output_len\n4,4\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    done = kvbench(capsys, monkeypatch, *SWEEP, "--rates", "1", "--trace", "tr/good.csv",
+                   "--trace", "./tr/good.csv", "--out", "sw")  # fmt: skip
+    assert_one_error(*done, "--trace: ./tr/good.csv (the same as tr/good.csv) is given twice")
+    assert not (tmp_path / "sw").exists()

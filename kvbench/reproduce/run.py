@@ -93,10 +93,15 @@ NAMES = (*FIGURES, CLAIMS)
 
 
 def parse_figures(names: Sequence[str]) -> tuple[str, ...]:
-    """The figures asked for, in the registry's order; none named: all of them."""
+    """The figures asked for, in the registry's order; none named: all of them. A figure named
+    twice is refused, as a flag's value given twice is (`flag_ranges.check_distinct`): it runs
+    once, so the command would do less than its line reads."""
     unknown = [n for n in names if n not in NAMES]
     if unknown:
         raise KvbenchError(f"unknown figure {unknown[0]!r}; choose from {', '.join(NAMES)}")
+    twice = [n for i, n in enumerate(names) if n in names[:i]]
+    if twice:
+        raise KvbenchError(f"figure {twice[0]} is given twice: each figure runs once")
     wanted = set(names) or set(FIGURES)
     return tuple(n for n in FIGURES if n in wanted)
 
