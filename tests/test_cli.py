@@ -87,7 +87,7 @@ def test_rerun_replaces_the_results_folder_whole(tmp_path):
         (("--engine", "paged", "--block-size", "12"), "--block-size must be a positive power of two, got 12"),
         (("--engine", "paged", "--block-size", "0"), "--block-size must be a positive power of two, got 0"),
         (("--engine", "paged", "--block-size", "-16"), "--block-size must be a positive power of two"),
-        (("--engine", "paged", "--rate", "-1"), "--rate must be positive"),
+        (("--engine", "paged", "--rate", "-1"), "--rate must be a finite number >= 1e-06 (or inf), got -1"),
         (("--engine", "paged", "--num-requests", "0"), "--num-requests"),
         (("--engine", "paged", "--kv-cache-gib", "0"), "--kv-cache-gib must be a positive number"),
         (("--engine", "orca-max", "--kv-cache-gib", "1"), "cannot fit the KV arena of 1310 slots"),
