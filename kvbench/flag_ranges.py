@@ -284,6 +284,22 @@ def check_seed_span(largest: int, flags: str) -> None:
         raise KvbenchError(f"{flags} derive seeds up to {largest}, past the largest seed ({MAX_SEED})")
 
 
+def check_dependents(spec) -> None:
+    """Refuse a workload flag given without the flag whose feature it shapes, which would
+    ignore it (compared with the defaults, as `check_burstiness`; command line only)."""
+    defaults = type(spec)()
+    if spec.prefix_groups != defaults.prefix_groups and spec.prefix is None:
+        raise KvbenchError(
+            f"--prefix-groups {spec.prefix_groups} splits the requests sharing --prefix among groups: "
+            "give --prefix, or leave it out"
+        )
+    if spec.max_history != defaults.max_history and spec.chat_turns is None:
+        raise KvbenchError(
+            f"--max-history {spec.max_history} cuts a conversation's history (--chat-turns): give "
+            "--chat-turns, or leave it out"
+        )
+
+
 def check_burstiness(spec) -> None:
     """`--burstiness` without `--arrivals gamma` would be ignored. Checked on the command line
     only: a sweep's baseline cells replace gamma arrivals by sparse constant ones on purpose."""

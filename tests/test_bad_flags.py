@@ -69,6 +69,8 @@ BAD_FLAGS = [
     (SIMULATE, ("--max-total-len", "1"), "--max-total-len"),
     *[(SIMULATE, (flag, v), flag) for flag in ("--n", "--beam-width") for v in ("0", "5000")],
     (SIMULATE, ("--prefix-groups", "0"), "--prefix-groups"),
+    (SIMULATE, ("--prefix-groups", "5"), "--prefix-groups 5"),  # without --prefix: ignored
+    (SIMULATE, ("--max-history", "5"), "--max-history 5"),  # without --chat-turns: ignored
     (SIMULATE, ("--chat-turns", "0"), "--chat-turns"),
     (SIMULATE, ("--chat-turns", "2", "--max-history", "0"), "--max-history"),
     # the budget, scheduler and cost model
@@ -94,6 +96,8 @@ BAD_FLAGS = [
     (RUN, ("--hf-batch-size", "0"), "--hf-batch-size"),
     (RUN, ("--hf-memory", "2"), "--hf-memory"),
     (RUN, ("--hf-block-size", "2"), "--hf-block-size"),
+    *[(RUN, (flag, v), f"{flag} {v}") for flag, v in (  # kvbench's own engine ignores them
+        ("--hf-attn", "foo"), ("--hf-batch-size", "4"), ("--hf-memory", "0.5"), ("--hf-block-size", "64"))],
     (RUN, ("--kv-cache-gib", "1000"), "--kv-cache-gib"),
     # demo, kernels, sweep, trace make, reproduce
     (("demo", "--mode", "simulate"), ("--num-requests", "0"), "--num-requests"),
@@ -210,6 +214,7 @@ GOOD = [
     ("--rate", "5", "--watermark", "0", "--swap-space-gib", "0", "--cost-fixed-s", "0"),
     ("--rate", "5", "--preemption", "swap", "--swap-space-gib", "0.001"),
     ("--rate", "5", "--chat-turns", "2", "--max-history", "1"),
+    ("--rate", "5", "--prefix", "16", "--prefix-groups", "2"),
     ("--rate", "5", "--n", "2", "--max-num-seqs", "2"),
     ("--rate", "5", "--max-num-seqs", "1", "--max-total-len", "2048"),
     ("--rate", "5", "--gpu-memory-utilization", "1.0"),

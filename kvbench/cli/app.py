@@ -25,7 +25,7 @@ from kvbench.cli import sweep as cli_sweep
 from kvbench.cli import trace as cli_trace
 from kvbench.config import DEFAULT_GPU, RunConfig, check_real_options, with_expert_dispatch
 from kvbench.errors import KvbenchError
-from kvbench.flags import RealOptions
+from kvbench.flags import REAL_FLAGS, RealOptions
 from kvbench.models import MODELS
 from kvbench.plugins import EXTERNAL
 from kvbench.report.format import aligned, count, percent, show, significant
@@ -136,6 +136,8 @@ def _job(
 
     if real is None and engine in EXTERNAL:
         raise KvbenchError(f"--engine {engine}: external engines only run for real (kvbench run)")
+    if real is not None and engine not in EXTERNAL:
+        _refuse_hf_flags(engine, real)
     if workload.rate is None and workload.arrivals is None and workload.source in PRESETS:
         workload = replace(workload, rate=1.0)  # presets have no timestamps; 1 req/s unless told
     config = RunConfig(
@@ -173,6 +175,20 @@ def _job(
         typer.echo(f"  goodput: {goodput} req/s ({met}% met {slo})")
     if dropped_line(s):
         typer.echo(f"  {dropped_line(s)}")
+
+
+def _refuse_hf_flags(engine: str, real: RealOptions) -> None:
+    """The --hf-* flags set up transformers' engines only: given to one of kvbench's, they
+    would be ignored (an --hf-attn kvbench does not know even unchecked), and the run's
+    config.json would record them as if they had shaped it."""
+    defaults = RealOptions()
+    for flag in REAL_FLAGS:
+        value = getattr(real, flag.field)
+        if flag.field.startswith("hf_") and value != getattr(defaults, flag.field):
+            raise KvbenchError(
+                f"{' '.join(flag.args(value))} sets up the external engines ({', '.join(EXTERNAL)}), "
+                f"which --engine {engine} is not: leave it out"
+            )
 
 
 def _occupancy_lines(summary: dict) -> str:

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from kvbench.errors import KvbenchError
-from kvbench.flag_ranges import check_burstiness, check_flags, check_workload
+from kvbench.flag_ranges import check_burstiness, check_dependents, check_flags, check_workload
 from kvbench.flags import REAL_FLAGS, WORKLOAD_FLAGS, Flag, RealOptions
 from workloads.spec import WorkloadSpec
 
@@ -62,6 +62,7 @@ def _with_group(command, name: str, cls: type, flags: tuple[Flag, ...], source_a
         if isinstance(group, WorkloadSpec):
             check_workload(group)  # flags one another would silently undo (--arrivals all --rate 5)
             check_burstiness(group)
+            check_dependents(group)
         return command(**{name: group}, **kwargs)
 
     kept = [p for p in own.parameters.values() if p.name != name]
