@@ -119,7 +119,8 @@ BAD_FLAGS = [
     (("reproduce", "--quick"), ("--seed", "-1"), "--seed"),
     (("reproduce", "fig2", "--quick", "--mode", "simulate", "--num-requests", "5"),
      ("--seed", "4294967295", "--repeats", "2"), "--seed 4294967295 and --repeats 2"),
-    *[(("reproduce", "--quick"), ("--rate-scale", v), "--rate-scale") for v in ("0", "-2", "nan", "inf", "1e-9")],
+    *[(("reproduce", "--quick"), ("--rate-scale", v), "--rate-scale")
+      for v in ("0", "-2", "nan", "inf", "1e-9")],
 ]  # fmt: skip
 
 
