@@ -18,9 +18,12 @@ from pathlib import Path
 import pytest
 
 from kvbench.cost_model import CostModel
+from kvbench.demo import DEMO_ENGINES
 from kvbench.paper import (
+    FIG2_OCCUPANCY,
     FIG12_SUSTAINED,
     FIG12_THRESHOLD_S,
+    FIG13_BATCHED,
     FIG14_BEAM6_RATIO,
     FIG17_RATIO,
     FIG19_RECOMPUTE_MS,
@@ -28,6 +31,7 @@ from kvbench.paper import (
     RATIO_BASELINES,
 )
 from kvbench.report.figures import PlotSkipped
+from kvbench.reproduce.engines import fig2, fig2_verdict, fig13, fig13_verdict
 from kvbench.reproduce.rows import Options, Row, Setting
 from kvbench.reproduce.sharing import (
     FIG14_SEQUENCE_RATES,
@@ -420,3 +424,78 @@ def test_figure_14s_verdict_is_beam_width_6s_ratio_against_the_papers():
     assert fig14_verdict(rows(1.3, 1.2, 1.4), SHARING).startswith("differs: ")
     other_width = fig14_verdict(rows(2.3, 2.2, 2.4, "alpaca-paper k=2"), SHARING)  # k=6 itself missing
     assert other_width.startswith("differs: ") and other_width.endswith("an engine sustained no rate swept")
+
+
+OTHER = (
+    "outside_window",
+    "allocator_overhead",
+    "mapped_idle",
+    "external_frag",
+    "free",
+)  # the paper's "other"
+
+
+def test_figures_2_and_13_are_each_runs_summary_beside_the_papers(tmp_path):
+    """Figure 2: each engine's KV share by category, weighted by the time requests wait (the
+    saturated occupancy), beside the paper's; Figure 13: each engine's busy-weighted batch on
+    both traces, its ShareGPT runs Figure 2's own."""
+    two = fig2(QUICK, tmp_path / "fig2")
+    # a number no run gives: Figure 13 must read Figure 2's run, not run it again
+    summary = tmp_path / "fig2" / "paged" / "summary.json"
+    kept = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**kept, "mean_batched_requests": 1234.5}))
+    thirteen = fig13(QUICK, tmp_path / "fig13")
+    summary.write_text(json.dumps(kept))
+    assert (two.name, thirteen.name) == ("fig2", "fig13")
+    rows = keyed(two.rows, "fig2")
+    assert len(rows) == len(DEMO_ENGINES) * 4
+    for engine in DEMO_ENGINES:
+        summary = json.loads((tmp_path / "fig2" / engine / "summary.json").read_text())
+        occupancy = summary["occupancy_saturated"]
+        expected = {c: 100 * occupancy[c] for c in ("token_states", "reservation", "internal_frag")}
+        expected["other"] = 100 * sum(occupancy.get(c, 0.0) for c in OTHER)
+        for category, value in expected.items():
+            row = rows[engine, "sharegpt-paper", f"{category}_%"]
+            assert same(row.kvbench, value) and same(row.paper, FIG2_OCCUPANCY.get(engine, {}).get(category))
+    assert two.title == "KV memory breakdown (%), time-weighted while requests wait"
+    assert two.verdict == fig2_verdict(two.rows, QUICK) and two.plots == ("occupancy.png", "occupancy.svg")
+    rows = keyed(thirteen.rows, "fig13")
+    assert len(rows) == len(DEMO_ENGINES) * len(FIG13_BATCHED)
+    for trace, paper in FIG13_BATCHED.items():
+        for engine in DEMO_ENGINES:
+            summary = json.loads((tmp_path / "fig13" / trace / engine / "summary.json").read_text())
+            row = rows[engine, trace, "mean_batched_requests"]
+            assert same(row.kvbench, summary["mean_batched_requests"]) and same(row.paper, paper.get(engine))
+    assert rows["paged", "sharegpt-paper", "mean_batched_requests"].kvbench == 1234.5
+    assert thirteen.title == "Mean batched requests (time-weighted over busy time)"
+    assert thirteen.verdict == fig13_verdict(thirteen.rows, QUICK)
+    assert thirteen.plots == tuple(f"{t}/batched.{s}" for t in FIG13_BATCHED for s in ("png", "svg"))
+
+
+def batched(values: dict[str, float | None], trace: str = "sharegpt-paper") -> list[Row]:
+    return [Row("fig13", e, trace, "mean_batched_requests", v) for e, v in values.items()]
+
+
+def test_figure_13s_verdict_reads_paged_over_oracle_and_says_why_it_cannot():
+    both = {"orca-max": 7.0, "orca-pow2": 9.8, "orca-oracle": 13.6, "paged": 30.4}
+    alpaca = batched(
+        {"orca-max": 7.0, "orca-pow2": 43.2, "orca-oracle": 72.8, "paged": 132.4}, "alpaca-paper"
+    )
+    verdict = fig13_verdict(batched(both) + alpaca, QUICK)
+    assert (
+        verdict.startswith("matches: ")
+        and "sharegpt-paper mean batched requests, busy-weighted, paged/orca-oracle" in verdict
+    )
+    assert "alpaca-paper paged mean batched requests, busy-weighted" in verdict and "differs" not in verdict
+    blank = fig13_verdict(batched({**both, "paged": math.nan}) + alpaca, QUICK)
+    pair = "sharegpt-paper mean batched requests, busy-weighted, paged/orca-oracle"
+    assert f"not measured: {pair}: no measurement: a run finished without a value" in blank
+    assert "a run did not finish" not in blank
+    assert (
+        "sharegpt-paper paged mean batched requests, busy-weighted: no measurement: the run finished" in blank
+    )
+    oracle = fig13_verdict(batched({**both, "orca-oracle": math.nan}) + alpaca, QUICK)
+    assert f"not measured: {pair}: no measurement: a run finished without a value" in oracle
+    gone = fig13_verdict(batched({e: v for e, v in both.items() if e != "orca-oracle"}) + alpaca, QUICK)
+    assert gone.startswith(f"differs: differs: {pair}: no measurement: a run did not finish; ")
+    assert "a run finished without a value" not in gone
