@@ -19,11 +19,12 @@ so one table serves them all. Upper bounds are sanity limits, documented here:
   token, ...) of at most an hour. The slowest real step is seconds; far beyond, a run's
   latencies overflow float64 to Infinity (their variance squares them) and `report` refuses
   the summary.json the simulation wrote. A cost file's constants (`--cost-model`) share it.
-- `MAX_ARRIVAL_SPAN_S`: a run's arrivals span at most 1e9 s (about 32 years), where float64
-  still resolves a tenth of a microsecond; far past it, arrival and finish times round to the
-  same value and latencies read 0. Arrivals span about num_requests / rate seconds, so:
+- `MAX_ARRIVAL_S` (`kvbench.requests`, a trace file's bound too): a run's arrivals span at most
+  1e9 s (about 31.7 years), where float64 still resolves a tenth of a microsecond; far past it,
+  arrival and finish times round to the same value and latencies read 0. Arrivals span about
+  num_requests / rate seconds, so:
   `MIN_RATE`, 1e-6 req/s (one request in 11.6 days: no serving workload), and, with
-  --num-requests given, num_requests / rate <= MAX_ARRIVAL_SPAN_S (`check_arrival_span`);
+  --num-requests given, num_requests / rate <= MAX_ARRIVAL_S (`check_arrival_span`);
   `MIN_TIME_SCALE`, 1e-3: a real trace spans days (~1e6 s), its replay stretched 1000-fold
   stays within the span.
 
@@ -40,13 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import KvbenchError
+from kvbench.requests import MAX_ARRIVAL_S
 
 MAX_REQUESTS = 10_000_000
 MAX_SEED = 2**32 - 1
 MAX_WIDTH = 1024
 MAX_INT = 2**31 - 1
 MAX_STEP_COST_S = 3600.0
-MAX_ARRIVAL_SPAN_S = 1e9
 MIN_RATE = 1e-6
 MIN_TIME_SCALE = 1e-3
 
@@ -156,7 +157,7 @@ RANGES: dict[str, Range] = {
     "bracket": POSITIVE,  # relative width (first fail - last pass) / last pass
     "baseline_rate": Range(MIN_RATE),
     "baseline_requests": Range(1, MAX_REQUESTS),
-    "duration": Range(0, MAX_ARRIVAL_SPAN_S, low_open=True),  # seconds of arrivals per loaded cell
+    "duration": Range(0, MAX_ARRIVAL_S, low_open=True),  # seconds of arrivals per loaded cell
     "parallel_gpus": COUNT,
     "ray_retries": Range(0, 1000),
     # reproduce
@@ -268,12 +269,12 @@ def check_workload(spec) -> None:
 
 
 def check_arrival_span(count: int, rate: float, count_flag: str, rate_flag: str) -> None:
-    """Refuse `count` requests at `rate` whose arrivals would span more than MAX_ARRIVAL_SPAN_S
+    """Refuse `count` requests at `rate` whose arrivals would span more than MAX_ARRIVAL_S
     (the module docstring says why), naming the two flags that set them."""
-    if count / rate > MAX_ARRIVAL_SPAN_S:
+    if count / rate > MAX_ARRIVAL_S:
         raise KvbenchError(
             f"{count_flag} {count} at {rate_flag} {rate:g} spreads arrivals over {count / rate:.3g} s, "
-            f"past {MAX_ARRIVAL_SPAN_S:g} s, where float64 times lose their microseconds: raise the rate "
+            f"past {MAX_ARRIVAL_S:g} s, where float64 times lose their microseconds: raise the rate "
             "or lower the count"
         )
 

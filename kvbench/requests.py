@@ -15,6 +15,15 @@ from dataclasses import dataclass, field
 from hashlib import blake2b
 from typing import NamedTuple
 
+MAX_ARRIVAL_S = 10**9
+"""The latest arrival time a trace may hold, in seconds (about 31.7 years).
+
+The simulator keeps time as float64 seconds and adds step times of microseconds to milliseconds
+to it. float64 carries 53 bits, so at t seconds it resolves t * 2**-52: 1.2e-7 s at 1e9 s, still
+finer than a microsecond, but 0.25 s at 1e15 s, where a step added to the clock vanishes and
+latencies read 0. A trace whose arrivals pass this bound would be replayed silently wrong.
+"""
+
 
 class Request(NamedTuple):
     """One request of a trace; immutable.

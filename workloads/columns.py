@@ -16,21 +16,13 @@ from itertools import chain
 import numpy as np
 
 from kvbench.errors import KvbenchError
-from kvbench.requests import Request, Trace
+from kvbench.requests import MAX_ARRIVAL_S, Request, Trace
 
 OPTIONAL_INT = ("prefix_len", "turn", "n", "beam_width")
 OPTIONAL_TEXT = ("prefix_group", "conversation_id")
 OPTIONAL_LISTS = ("prompt_ids", "block_hashes")
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 EXACT_FLOAT = 2.0**53  # above it, float64 skips integers
-MAX_ARRIVAL_S = 10**9
-"""The latest arrival time a trace may hold, in seconds (about 31.7 years).
-
-The simulator keeps time as float64 seconds and adds step times of microseconds to milliseconds
-to it. float64 carries 53 bits, so at t seconds it resolves t * 2**-52: 1.2e-7 s at 1e9 s, still
-finer than a microsecond, but 0.25 s at 1e15 s, where a step added to the clock vanishes and
-latencies read 0. A trace whose arrivals pass this bound would be replayed silently wrong.
-"""
 
 
 @dataclass

@@ -267,7 +267,7 @@ def _check_counts(repeats, bisect, multiple, threshold, baseline_rate, baseline_
 
 
 def _check_spans(rates, num_requests, baseline_rate, baseline_requests) -> None:
-    """Every cell's arrivals within `flag_ranges.MAX_ARRIVAL_SPAN_S`, named by the flags that
+    """Every cell's arrivals within `kvbench.requests.MAX_ARRIVAL_S`, named by the flags that
     set its count and rate (--duration has its own bound)."""
     check_arrival_span(baseline_requests, baseline_rate, "--baseline-requests", "--baseline-rate")
     if num_requests is not None and rates:
