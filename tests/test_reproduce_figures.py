@@ -38,6 +38,7 @@ from kvbench.reproduce.sharing import (
     WIDTHS,
     _widths,
     fig14,
+    fig14_engines,
     fig14_verdict,
     fig17,
     fig17_verdict,
@@ -191,7 +192,7 @@ def check_fig12(result, folder: Path, options: Options) -> None:
         assert len(per_trace) == ok + 1 + 2 * len(PAPER_ENGINES) + len(ratios) * (2 + len(SENSITIVITY))
         assert f"{trace}/latency_vs_rate.png" in result.plots and (sweep / "latency_vs_rate.png").is_file()
     assert not [k for k in rows if k[1] not in FIG12_RATES]
-    assert result.title == "Sustained request rate (normalized latency vs rate)"
+    assert (result.name, result.title) == ("fig12", "Sustained request rate (normalized latency vs rate)")
     assert result.verdict == fig12_verdict(result.rows, options)
     *kept_up, threshold, ratio = result.notes
     assert kept_up == [
@@ -267,7 +268,7 @@ def test_figure_18bs_rows_are_each_block_sizes_latency_and_the_best(scale, tmp_p
         assert f"{trace}/block_size.png" in result.plots
     assert result.notes == tuple(f"{trace} at {rate * scale:g} req/s" for trace, rate in FIG18B_RATE.items())
     assert len(rows) == sum(len([k for k in rows if k[1] == t]) for t in FIG18B_RATE)
-    assert result.title == "End-to-end normalized latency vs block size (paged)"
+    assert (result.name, result.title) == ("fig18b", "End-to-end normalized latency vs block size (paged)")
     assert result.verdict == fig18b_verdict(result.rows, options) and "best block size" in result.verdict
 
 
@@ -325,10 +326,14 @@ def test_figure_19s_overheads_are_counted_from_each_cells_steps(tmp_path):
         assert f"{how}/block_size.png" in result.plots
     assert len(rows) == 3 * 10 and preempted >= 8  # the quarter budget makes paged preempt
     assert "overhead.png" in result.plots and (tmp_path / "overhead.png").is_file()
+    assert result.name == "fig19"
     assert result.title == "Preemption: recompute vs swap, overhead per preemption vs block size"
     assert result.verdict == fig19_verdict(result.rows, QUICK)
-    assert any(note.startswith(f"{12.0 * FIG19_BUDGET_SHARE:g} GiB of KV (0.25 of the setting's) at 2 req/s")
-               for note in result.notes)  # fmt: skip
+    assert result.notes[-1] == (
+        f"{12.0 * FIG19_BUDGET_SHARE:g} GiB of KV (0.25 of the setting's) at 2 req/s so that paged preempts; "
+        "overheads: the blocks swapped / tokens recomputed times the cost model's constants (simulated) or "
+        "constants fitted to the cell's own step times (real)"
+    )
 
 
 def test_the_overhead_plot_needs_two_block_sizes_that_preempted(tmp_path):
@@ -341,6 +346,14 @@ def test_the_overhead_plot_needs_two_block_sizes_that_preempted(tmp_path):
 
 def test_figure_14s_widths_and_rows(tmp_path):
     assert _widths(SHARING, "n") == (6,) and _widths(SHARING, "k") == (2, 6)
+    assert fig14_engines(SHARING) == ("orca-max", "orca-oracle", "paged")
+    assert fig14_engines(Options(quick=False, setting=Setting())) == (
+        "orca-max",
+        "orca-pow2",
+        "orca-oracle",
+        "paged",
+    )
+    assert fig14_engines(Options(quick=True, setting=Setting(real=True))) == ("orca-oracle", "paged")
     full = Options(quick=False, setting=Setting())
     assert _widths(full, "n") == WIDTHS == _widths(full, "k")
     real = Options(quick=True, setting=Setting(real=True))
@@ -362,6 +375,7 @@ def test_figure_14s_widths_and_rows(tmp_path):
         assert f"{name}/latency_vs_rate.png" in result.plots
     assert {k[1] for k in rows} == {"alpaca-paper n=6", "alpaca-paper k=2", "alpaca-paper k=6"}
     assert result.verdict == fig14_verdict(result.rows, SHARING)
+    assert result.name == "fig14"
     assert result.title == "Parallel sampling and beam search: normalized latency vs rate (Alpaca)"
     assert "alpaca-paper k=6 paged/orca-oracle sustained rate" in result.verdict
     assert result.notes[-1].startswith("paper: paged over Orca (Oracle) grows from 1.3x")
@@ -386,6 +400,7 @@ def test_figure_17s_rows_hold_every_orca_baseline_and_the_prefix_caches_capacity
     assert set(unsaturated_note(label, sweep, engines, capacity)) <= set(result.notes)
     assert result.plots == ("chat/latency_vs_rate.png", "chat/latency_vs_rate.svg")
     assert result.verdict == fig17_verdict(result.rows, SHARING)
+    assert result.name == "fig17"
     assert result.title == "Chatbot: normalized latency vs rate (history cut to 1024 tokens)"
 
 
