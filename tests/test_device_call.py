@@ -45,6 +45,6 @@ def test_every_job_is_named_in_the_header_and_every_named_job_runs():
 def test_each_jobs_folder_is_the_one_its_entry_names():
     entries = documented()
     for job, folder in cases().items():
-        folder = folder.replace("$job", job).replace("${card:-gpu}", "<card>")  # the card that came: h100, h200
+        folder = folder.replace("$job", job).replace("${card:-gpu}", "<card>")  # h100 or h200: the card
         if folder:
             assert folder in re.sub(r"\s*\n#\s*", " ", entries[job]), f"{job}: writes {folder}"
