@@ -56,6 +56,36 @@ def test_a_resumed_sweep_runs_a_damaged_cell_again(tmp_path, capsys, monkeypatch
     assert isinstance(summary["normalized_latency_s"], float)
 
 
+def test_a_damaged_cell_of_an_isolated_sweep_runs_again_in_its_own_process(tmp_path, capsys, monkeypatch):
+    """--isolate runs a cell as `kvbench simulate --out <cell>`, which writes only into a folder
+    holding no older run: the damaged cell's own files go first, what a user put there stays."""
+    out = tmp_path / "sw"
+    args = (*SWEEP, "--rates", "1,2", "--isolate", "--out", str(out))
+    assert kvbench(capsys, monkeypatch, *args)[0] == 0
+    _latency_text(_cell(out, "1"))
+    code, stdout, err = kvbench(capsys, monkeypatch, *args, "--resume")
+    assert code == 0, err
+    assert "(1 run, 2 resumed, 0 failed)" in stdout
+    summary = json.loads((_cell(out, "1") / "summary.json").read_text(encoding="utf-8"))
+    assert isinstance(summary["normalized_latency_s"], float)
+
+
+def test_a_cell_written_before_a_newer_summary_key_is_still_finished(tmp_path, capsys, monkeypatch):
+    """A summary lacking a key kvbench added since (an older cell, hours of GPU time perhaps) is
+    resumed as it is; only what the sweep reads of it (latency, throughput) must be there."""
+    out = tmp_path / "sw"
+    args = (*SWEEP, "--rates", "1,2", "--out", str(out))
+    assert kvbench(capsys, monkeypatch, *args)[0] == 0
+    path = _cell(out, "1") / "summary.json"
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    del summary["std_ttft_s"], summary["peak_batched_requests"]
+    _damage_summary(path.parent, json.dumps(summary))
+    before = path.read_bytes()
+    code, stdout, err = kvbench(capsys, monkeypatch, *args, "--resume")
+    assert code == 0 and "again" not in err, err
+    assert "(0 run, 3 resumed, 0 failed)" in stdout and path.read_bytes() == before
+
+
 def test_a_kernel_cell_far_over_the_memory_cap_is_skipped_before_its_layout_is_drawn():
     """Its block table alone would be petabytes: drawing it raised MemoryError (and left the
     run's bandwidth.json behind) before the cell's size was compared with --max-gib."""

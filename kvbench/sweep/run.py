@@ -26,7 +26,6 @@ from pathlib import Path
 
 from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
-from kvbench.results.checks import check_run_summary
 from kvbench.results.files import read_json
 from kvbench.results.outputs import prepare_out
 from kvbench.results.ownership import is_temp, remove_owned
@@ -107,8 +106,10 @@ class _Sweep:
                 continue
             config, folder = self.plan.config(cell), self.out / "cells" / cell.id
             summary, damage = read_finished(folder) if self.resume else (None, "")
-            if damage:
+            if damage:  # its own files go first: a cell run in a process of its own (--isolate)
+                # writes into a folder holding no older run, as a new cell does
                 print(f"sweep: running {cell.id} again: {damage}", file=sys.stderr)
+                remove_owned(folder)
             if summary is not None:
                 self._found(cell, config, folder, summary)
             else:
@@ -186,20 +187,29 @@ def _check_same_settings(config: RunConfig, folder: Path) -> None:
         raise OtherSettings(folder, differs)
 
 
+# what a resumed sweep reads of a finished cell beyond its settings: the latency its search and
+# bounds judge, and the throughput its capacity is; a summary lacking a key kvbench added later is
+# an older cell, still finished (a resume must not rerun hours of GPU cells for a new column)
+RESUMED_KEYS = ("normalized_latency_s", "request_throughput")
+
+
 def read_finished(folder: Path) -> tuple[dict | None, str]:
     """(summary.json, "") of a cell a previous invocation finished; (None, "") where the cell
     has no summary.json; (None, what is wrong) where its summary.json or config.json is damaged
-    (not JSON, not an object, a metric that is not a number, a key kvbench always writes missing).
+    (not JSON, not an object, a metric that is not a number, one of `RESUMED_KEYS` missing).
 
     A damaged cell counts as unfinished and runs again rather than stopping the resume: its
     folder is kvbench's own (<out>/cells/<id>, replaced whole when the cell ends), so running it
     again loses nothing the user wrote, where a refusal would leave them to delete it by hand.
     """
-    if not (folder / "summary.json").is_file():
+    path = folder / "summary.json"
+    if not path.is_file():
         return None, ""
     try:
-        summary = check_summary(folder / "summary.json", read_json(folder / "summary.json"))
-        check_run_summary(folder / "summary.json", summary)
+        summary = check_summary(path, read_json(path))
+        lacking = [key for key in RESUMED_KEYS if key not in summary]
+        if lacking:
+            raise KvbenchError(f"{path}: no {lacking[0]!r}")
         read_json(folder / "config.json")
     except KvbenchError as damage:
         return None, str(damage)
