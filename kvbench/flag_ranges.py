@@ -273,8 +273,8 @@ def check_arrival_span(count: int, rate: float, count_flag: str, rate_flag: str)
     (the module docstring says why), naming the two flags that set them."""
     if count / rate > MAX_ARRIVAL_S:
         raise KvbenchError(
-            f"{count_flag} {count} at {rate_flag} {rate:g} spreads arrivals over {count / rate:.3g} s, "
-            f"past {MAX_ARRIVAL_S:g} s, where float64 times lose their microseconds: raise the rate "
+            f"{count_flag} {count} at {rate_flag} {rate:g} spreads arrivals over {count / rate:,.0f} s, "
+            f"past {MAX_ARRIVAL_S:,} s, where float64 times lose their microseconds: raise the rate "
             "or lower the count"
         )
 

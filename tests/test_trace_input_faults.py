@@ -89,6 +89,23 @@ def test_the_last_arrival_allowed_still_resolves_a_step(tmp_path, capsys, monkey
     assert "line 3, column arrival_s: must be at most 1,000,000,000 s" in error_of(one_more)
 
 
+def test_drawn_or_stretched_arrivals_past_the_bound_name_the_flag_that_put_them_there(
+    tmp_path, capsys, monkeypatch
+):
+    """A rate's expected span may pass the flag check while its drawn arrivals land past the
+    bound (seed 1 here), and --time-scale may stretch a file's times past it: each is one line
+    naming that flag, not a line of a file the user never wrote."""
+    made = ("trace", "make", "sharegpt-paper", "--rate", "1e-6", "--num-requests", "1000")
+    assert kvbench(capsys, monkeypatch, *made, "--seed", "0", "--out", str(tmp_path / "s0.jsonl"))[0] == 0
+    drawn = kvbench(capsys, monkeypatch, *made, "--seed", "1", "--out", str(tmp_path / "s1.jsonl"))
+    assert_one_error(*drawn, "--rate 1e-06 with 1000 requests: arrivals reach", "past 1,000,000,000 s")
+    path = write(tmp_path / "t.csv", KVBENCH_CSV, "0,0,10,10", f"1,{MAX_ARRIVAL_S},10,10")
+    args = ("simulate", "--engine", "paged", "--trace", str(path), "--time-scale", "0.001")
+    stretched = kvbench(capsys, monkeypatch, *args, "--out", str(tmp_path / "run"))
+    assert_one_error(*stretched, f"--time-scale 0.001: {path} replayed: arrivals reach 1,000,000,000,000 s")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s0.jsonl", "t.csv"]
+
+
 def test_jsonl_and_parquet_arrivals_past_the_bound_are_refused(tmp_path, pa):
     jsonl = tmp_path / "far.jsonl"
     header = json.dumps({"format": "kvbench-trace", "version": 1})

@@ -33,7 +33,7 @@ import numpy as np
 
 from kvbench.errors import KvbenchError
 from kvbench.flag_ranges import MAX_REQUESTS  # the CLI's bound: one limit, not two
-from kvbench.requests import Trace
+from kvbench.requests import MAX_ARRIVAL_S, Trace
 from workloads import arrivals, sharing, synthetic
 from workloads.columns import Columns, columns_of, to_trace
 from workloads.presets import PRESETS
@@ -323,6 +323,7 @@ def _arrivals(spec: WorkloadSpec, cols: Columns, timestamps: bool, rng: np.rando
         _check_enough_rows(spec, cols, len(index))
         if spec.num_requests is not None:
             index, times = index[: spec.num_requests], times[: spec.num_requests]
+        _check_span(times, f"--time-scale {spec.time_scale:g}: {spec.source} replayed")
         picked = cols.take(index)
         picked.arrival_s = times
         return picked
@@ -343,7 +344,20 @@ def _arrivals(spec: WorkloadSpec, cols: Columns, timestamps: bool, rng: np.rando
             "constant": lambda: arrivals.Constant(spec.rate),
         }[kind]()
     cols.arrival_s = process.times(len(cols), rng)
+    drawn = f"--rate {spec.rate:g} with {len(cols)} requests" if spec.rate else spec.source
+    _check_span(cols.arrival_s, drawn)
     return cols
+
+
+def _check_span(times: np.ndarray, what: str) -> None:
+    """Refuse arrivals past MAX_ARRIVAL_S, naming the flags that put them there: a rate's drawn
+    arrivals may pass it where their expected span did not (`flag_ranges.check_arrival_span`),
+    and a replay stretched by --time-scale may pass it where the file did not."""
+    if len(times) and times[-1] > MAX_ARRIVAL_S:
+        raise KvbenchError(
+            f"{what}: arrivals reach {times[-1]:,.0f} s, past {MAX_ARRIVAL_S:,} s (about 31.7 years), "
+            "where float64 time cannot resolve a step"
+        )
 
 
 def _check_enough_rows(spec: WorkloadSpec, cols: Columns, available: int) -> None:
