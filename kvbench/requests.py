@@ -25,6 +25,12 @@ latencies read 0. A trace whose arrivals pass this bound would be replayed silen
 """
 
 
+def too_late(after: str = "") -> str:
+    """The refusal of an arrival past MAX_ARRIVAL_S (`after`: what it is counted from)."""
+    years = "(about 31.7 years): later, float64 time cannot resolve a step"
+    return f"must be at most {MAX_ARRIVAL_S:,} s{after} {years}"
+
+
 class Request(NamedTuple):
     """One request of a trace; immutable.
 

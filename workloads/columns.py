@@ -16,7 +16,7 @@ from itertools import chain
 import numpy as np
 
 from kvbench.errors import KvbenchError
-from kvbench.requests import MAX_ARRIVAL_S, Request, Trace
+from kvbench.requests import MAX_ARRIVAL_S, Request, Trace, too_late
 
 OPTIONAL_INT = ("prefix_len", "turn", "n", "beam_width")
 OPTIONAL_TEXT = ("prefix_group", "conversation_id")
@@ -101,8 +101,7 @@ def to_trace(cols: Columns, name: str, where: str | Where, *, hash_block_size: i
         raise KvbenchError(f"{where.source}: the trace has no requests")
     arrival = np.asarray(cols.arrival_s, dtype=np.float64)
     _fail_if(~np.isfinite(arrival) | (arrival < 0), where, cols, "arrival_s", "must be a time >= 0", arrival)
-    late = f"must be at most {MAX_ARRIVAL_S:,} s (about 31 years): later, float64 time cannot resolve a step"
-    _fail_if(arrival > MAX_ARRIVAL_S, where, cols, "arrival_s", late, arrival)
+    _fail_if(arrival > MAX_ARRIVAL_S, where, cols, "arrival_s", too_late(), arrival)
     if count > 1:
         back = np.concatenate([[False], np.diff(arrival) < 0])
         _fail_if(back, where, cols, "arrival_s", "arrival times must not decrease", arrival)

@@ -26,7 +26,7 @@ from typing import TextIO
 import numpy as np
 
 from kvbench.errors import KvbenchError
-from kvbench.requests import Trace
+from kvbench.requests import Trace, too_late
 from workloads.cells import datetimes_ns, json_numbers, numbers
 from workloads.columns import MAX_ARRIVAL_S, Columns
 from workloads.textcols import (
@@ -145,7 +145,7 @@ def _check_stamps(
             fail(where, int(lines[row]), column, f"{why}, got {written[row]!r}")
 
 
-_LATE = f"must be at most {MAX_ARRIVAL_S:,} s after the first row's (about 31 years)"
+_LATE = too_late(" after the first row's")
 
 
 def _hash_ids(values: list, lines: np.ndarray, where: str) -> list[tuple[int, ...] | None]:

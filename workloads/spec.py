@@ -33,7 +33,7 @@ import numpy as np
 
 from kvbench.errors import KvbenchError
 from kvbench.flag_ranges import MAX_REQUESTS  # the CLI's bound: one limit, not two
-from kvbench.requests import MAX_ARRIVAL_S, Trace
+from kvbench.requests import MAX_ARRIVAL_S, Trace, too_late
 from workloads import arrivals, sharing, synthetic
 from workloads.columns import Columns, columns_of, to_trace
 from workloads.presets import PRESETS
@@ -354,10 +354,7 @@ def _check_span(times: np.ndarray, what: str) -> None:
     arrivals may pass it where their expected span did not (`flag_ranges.check_arrival_span`),
     and a replay stretched by --time-scale may pass it where the file did not."""
     if len(times) and times[-1] > MAX_ARRIVAL_S:
-        raise KvbenchError(
-            f"{what}: arrivals reach {times[-1]:,.0f} s, past {MAX_ARRIVAL_S:,} s (about 31.7 years), "
-            "where float64 time cannot resolve a step"
-        )
+        raise KvbenchError(f"{what}: arrivals reach {times[-1]:,.0f} s; they {too_late()}")
 
 
 def _check_enough_rows(spec: WorkloadSpec, cols: Columns, available: int) -> None:

@@ -11,12 +11,12 @@ import math
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import MAX_INT
 
 REQUIRED = object()  # a key without a default
 # the most a size may be: a real model's are far below (vocabularies ~256k tokens, contexts ~10M);
 # beyond, sizes multiplied together (a layer's weights, a step's cost) leave float64's range,
 # and a simulation on such a model reports latencies of inf
-MAX_COUNT = 2**31 - 1
 
 
 def read_config_json(path: Path) -> object:
@@ -59,13 +59,13 @@ class ConfigKeys:
         return self.config.get(key) is not None
 
     def count(self, key: str, default: object = REQUIRED) -> int:
-        """A size: an integer in 1..MAX_COUNT (2.0 or "2" is refused, not read as 2: a config is
+        """A size: an integer in 1..MAX_INT (2.0 or "2" is refused, not read as 2: a config is
         not a guess)."""
         value = self._get(key, default)
         if type(value) is not int or value < 1:
             raise KvbenchError(f"{self.where}: {key} must be an integer >= 1, got {value!r}")
-        if value > MAX_COUNT:  # not shown: it may have thousands of digits
-            raise KvbenchError(f"{self.where}: {key} is over {MAX_COUNT}, larger than any model's")
+        if value > MAX_INT:  # not shown: it may have thousands of digits
+            raise KvbenchError(f"{self.where}: {key} is over {MAX_INT}, larger than any model's")
         return value
 
     def number(self, key: str, default: float) -> float:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,12 @@ from kvbench.results.files import remove_stale_temps, temp_path, write_json
 from kvbench.results.ownership import MARKER  # a demo, report or reproduction folder's {"kind": ...}
 
 PLOT_TAG = "kvbench trace plot"  # in a trace plot's PNG and SVG metadata (kvbench/report/trace_plot.py)
+# a PNG's Title chunk holding the tag, then the trace's name: tEXt (Latin-1), or iTXt (any other
+# title: compression flag and method, language tag, translated keyword, then the text)
+_PNG_TITLE = re.compile(
+    rb"(tEXtTitle\x00|iTXtTitle\x00[\x00\x01]\x00[^\x00]*\x00[^\x00]*\x00)"
+    + re.escape(PLOT_TAG.encode() + b": ")
+)
 REPLACE, RESUME, REFUSE = "replace", "resume", "refuse"  # what becomes of an existing result
 
 
@@ -117,8 +124,8 @@ def _is_plot(path: Path) -> bool:
             head = f.read(4096)
     except OSError:
         return False
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return b"tEXtTitle\x00" + PLOT_TAG.encode() + b": " in head and b"Software\x00Matplotlib" in head
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):  # a Latin-1 title in a tEXt chunk, any other in iTXt
+        return _PNG_TITLE.search(head) is not None and b"Software\x00Matplotlib" in head
     title = head.find(b"<title>")  # the first one: the document's
     svg = head.startswith(b"<?xml") and b"<svg" in head and b"matplotlib" in head.lower()
     return svg and title >= 0 and head.startswith(b"<title>" + PLOT_TAG.encode() + b": ", title)
@@ -216,9 +223,9 @@ def prepare_outs(*outs: tuple[Path, str, bool]) -> list[Path]:
 
 
 NAME_MAX = 255  # bytes in one file name (Linux and macOS file systems)
-# what `files.temp_path` adds to a name: "." before, ".kvbench-<pid>-<token>" after (a 7-digit pid,
-# Linux's most, and an 8-character token)
-TEMP_EXTRA = len(".") + len(".kvbench-") + 7 + len("-") + 8
+# what `files.temp_path` adds to a name, at its longest: its own additions with a 7-digit pid
+# (Linux's most) in place of this process's
+TEMP_EXTRA = len(temp_path(Path("x")).name) - len("x") - len(str(os.getpid())) + 7
 
 
 def _named(path: Path, noun: str, where: str) -> None:
