@@ -16,7 +16,7 @@ Header (what the trace is, apart from its requests):
 | `version`         | int            | `1`; any other version is refused, naming file and version |
 | `name`            | str            | the trace's name, for reports                              |
 | `source`          | str            | where it came from (preset, file, spec)                    |
-| `hash_block_size` | int or null    | tokens per `block_hashes` entry (Mooncake: 512)            |
+| `hash_block_size` | int or null    | tokens per `block_hashes` entry, which need it (512)       |
 | `meta`            | object         | free-form provenance, e.g. `{"timestamps": false}`         |
 
 Requests, one per row, in arrival order:
@@ -44,7 +44,8 @@ Encodings:
   space-separated integers (`[]`: an empty list); a blank cell is the default. Text cells are
   quoted as the csv module does; an empty string cannot be written (it would read as none).
   Without the `#` line, a CSV whose columns include the four required ones is read as this
-  format too (name: the file's stem).
+  format too (name: the file's stem); it has no header to give `hash_block_size`, so it cannot
+  hold `block_hashes` (refused: hashes of blocks of unknown size would be read as no hits).
 - Parquet (needs pyarrow): the CSV's columns, typed (int64, float64, string, list<int64>; null
   for none), and the header JSON in the schema metadata under the key `kvbench-trace`.
 
