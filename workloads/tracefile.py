@@ -16,7 +16,7 @@ Header (what the trace is, apart from its requests):
 | `version`         | int            | `1`; any other version is refused, naming file and version |
 | `name`            | str            | the trace's name, for reports                              |
 | `source`          | str            | where it came from (preset, file, spec)                    |
-| `hash_block_size` | int or null    | tokens per `block_hashes` entry, which need it (512)       |
+| `hash_block_size` | int or null    | tokens per `block_hashes` entry (Mooncake: 512)            |
 | `meta`            | object         | free-form provenance, e.g. `{"timestamps": false}`         |
 
 Requests, one per row, in arrival order:
@@ -30,7 +30,7 @@ Requests, one per row, in arrival order:
 | `prompt_ids`      | list of int | no       | none    | real prompt token ids; length == `prompt_len`     |
 | `prefix_group`    | str         | no       | none    | requests of a group share a prompt prefix         |
 | `prefix_len`      | int >= 0    | no       | 0       | tokens of that shared prefix (<= `prompt_len`)    |
-| `block_hashes`    | list of int | no       | none    | content hashes of the prompt's hash blocks        |
+| `block_hashes`    | list of int | no       | none    | prompt block hashes (needs `hash_block_size`)     |
 | `conversation_id` | str         | no       | none    | multi-turn chat: which conversation               |
 | `turn`            | int >= 0    | no       | none    | and which turn of it (0-based)                    |
 | `n`               | int >= 1    | no       | 1       | parallel samples of the prompt                    |
