@@ -132,3 +132,14 @@ def group_args(value: WorkloadSpec | RealOptions) -> list[str]:
                 raise ValueError(f"{flag.field}=None cannot be given as a flag")  # a kvbench bug
             args += flag.args(setting)
     return args
+
+
+def first_set(real: RealOptions, prefix: str = "") -> str | None:
+    """The command-line words of the first real-run flag (of the fields starting with `prefix`)
+    set away from its default, None where none is: what a command that would ignore it names."""
+    defaults = RealOptions()
+    for flag in REAL_FLAGS:
+        value = getattr(real, flag.field)
+        if flag.field.startswith(prefix) and value != getattr(defaults, flag.field):
+            return " ".join(flag.args(value))
+    return None

@@ -218,3 +218,21 @@ def test_one_trace_file_spelled_two_ways_is_given_twice(tmp_path, capsys, monkey
                    "--trace", "./tr/good.csv", "--out", "sw")  # fmt: skip
     assert_one_error(*done, "--trace: ./tr/good.csv (the same as tr/good.csv) is given twice")
     assert not (tmp_path / "sw").exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("run", "--engine", "paged", "--model", "tiny-opt", "--device", "cpu", "--num-requests", "2"),
+        ("sweep", "--real", "--engines", "paged,orca-oracle", "--model", "tiny-opt", "--device", "cpu",
+         "--num-requests", "2"),
+    ],
+    ids=["run", "sweep"],
+)  # fmt: skip
+def test_an_hf_flag_for_kvbenchs_own_engines_is_refused(tmp_path, capsys, monkeypatch, command):
+    """The --hf-* flags set up transformers' engines: a run or a real sweep of kvbench's own
+    engines would ignore them while its config.json recorded them."""
+    out = tmp_path / "out"
+    done = kvbench(capsys, monkeypatch, *command, "--hf-memory", "0.5", "--out", str(out))
+    assert_one_error(*done, "--hf-memory 0.5 sets up the external engines", "leave it out")
+    assert not out.exists()

@@ -25,7 +25,7 @@ from kvbench.cli import sweep as cli_sweep
 from kvbench.cli import trace as cli_trace
 from kvbench.config import DEFAULT_GPU, RunConfig, check_real_options, with_expert_dispatch
 from kvbench.errors import KvbenchError
-from kvbench.flags import REAL_FLAGS, RealOptions
+from kvbench.flags import RealOptions, first_set
 from kvbench.models import MODELS
 from kvbench.plugins import EXTERNAL
 from kvbench.report.format import aligned, count, percent, show, significant
@@ -181,14 +181,12 @@ def _refuse_hf_flags(engine: str, real: RealOptions) -> None:
     """The --hf-* flags set up transformers' engines only: given to one of kvbench's, they
     would be ignored (an --hf-attn kvbench does not know even unchecked), and the run's
     config.json would record them as if they had shaped it."""
-    defaults = RealOptions()
-    for flag in REAL_FLAGS:
-        value = getattr(real, flag.field)
-        if flag.field.startswith("hf_") and value != getattr(defaults, flag.field):
-            raise KvbenchError(
-                f"{' '.join(flag.args(value))} sets up the external engines ({', '.join(EXTERNAL)}), "
-                f"which --engine {engine} is not: leave it out"
-            )
+    given = first_set(real, "hf_")
+    if given is not None:
+        raise KvbenchError(
+            f"{given} sets up the external engines ({', '.join(EXTERNAL)}), which --engine {engine} is not: "
+            "leave it out"
+        )
 
 
 def _occupancy_lines(summary: dict) -> str:

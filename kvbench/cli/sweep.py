@@ -21,7 +21,8 @@ import typer
 from kvbench.cli import options as opt
 from kvbench.errors import KvbenchError
 from kvbench.flag_ranges import check_arrival_span, check_seed_span
-from kvbench.flags import REAL_FLAGS, RealOptions
+from kvbench.flags import RealOptions, first_set
+from kvbench.plugins import EXTERNAL
 from kvbench.report.format import significant
 from kvbench.sweep.grid import DURATION_MIN_REQUESTS, PAPER_ENGINES, REPEAT_SEED_STRIDE
 from workloads.spec import WorkloadSpec
@@ -132,7 +133,7 @@ def _sweep(
         raise KvbenchError("--duration sets each rate's request count: give --rates")
     if not axes.swept_rates and (bisect or latency_threshold is not None or bracket is not None):
         raise KvbenchError("--bisect, --bracket and --latency-threshold find a sustained rate: give --rates")
-    _check_ignored(workload, real, real_mode, duration, latency_threshold, threshold_multiple)
+    _check_ignored(workload, real, real_mode, axes.engines, duration, latency_threshold, threshold_multiple)
     _check_timeout(cell_timeout, isolate or (executor == "local" and parallel_gpus > 1))
     options = dict(job_options)
     step_by_step = options.pop("step_by_step")
@@ -219,7 +220,7 @@ def _executor(name: str, parallel_gpus: int, ray_address: str | None, ray_retrie
     return RayExecutor(ray_address, ray_retries)
 
 
-def _check_ignored(workload, real, real_mode, duration, threshold, multiple) -> None:
+def _check_ignored(workload, real, real_mode, engines, duration, threshold, multiple) -> None:
     """Refuse a flag that another flag, or the mode, would silently ignore: the cells would
     record something other than what the command line asked for."""
     if duration is not None and workload.num_requests is not None:
@@ -233,15 +234,18 @@ def _check_ignored(workload, real, real_mode, duration, threshold, multiple) -> 
             f"--latency-threshold {threshold:g} and --threshold-multiple {multiple:g} contradict each other: "
             "a given threshold is used as it is, no multiple of a baseline; give one of them"
         )
-    if not real_mode:  # the simulator decodes no token: no device, no sampling, no batching of its own
-        defaults = RealOptions()
-        for flag in REAL_FLAGS:
-            value = getattr(real, flag.field)
-            if value != getattr(defaults, flag.field):
-                raise KvbenchError(
-                    f"{' '.join(flag.args(value))} is a setting of real runs, which simulated cells would "
-                    "ignore: add --real, or leave it out"
-                )
+    given = first_set(real)
+    if not real_mode and given is not None:  # the simulator decodes no token: no device, no sampling
+        raise KvbenchError(
+            f"{given} is a setting of real runs, which simulated cells would ignore: add --real, or leave "
+            "it out"
+        )
+    given = first_set(real, "hf_")
+    if real_mode and given is not None and not set(engines) & set(EXTERNAL):
+        raise KvbenchError(
+            f"{given} sets up the external engines ({', '.join(EXTERNAL)}), which none of --engines "
+            f"{','.join(engines)} is: leave it out"
+        )
 
 
 def _check_timeout(timeout: float | None, isolated: bool) -> None:
