@@ -41,10 +41,12 @@ from kvbench.reproduce.sharing import (
     fig14_engines,
     fig14_verdict,
     fig17,
+    fig17_engines,
     fig17_verdict,
 )
 from kvbench.reproduce.sweeps import (
     BOUND,
+    FIG12_BRACKET,
     FIG12_RATES,
     FIG18B_RATE,
     FIG19_BUDGET_SHARE,
@@ -115,10 +117,15 @@ def bracket_under(cells: list[dict], engine: str, bound: float) -> tuple[float, 
 
 
 def check_rate_rows(rows: dict, label: str, sweep: Path, engines, ratios: dict, numerator: str = "paged",
-                    absolute: dict | None = None) -> dict[str, float | None]:  # fmt: skip
+                    absolute: dict | None = None, paper_bound: bool = True) -> dict:  # fmt: skip
     """A rate sweep's rows (`rate_rows`) against its files; each engine's capacity."""
     cells, sustained = cells_of(sweep), sustained_of(sweep)
     ok = [c for c in cells if c["status"] == "ok"]
+    config = json.loads((sweep / "cells" / cells[0]["cell_id"] / "config.json").read_text())
+    assert config["kv_cache_gib"] == 12.0  # the setting's budget
+    # bisected: a bracket with a failing rate is at most FIG12_BRACKET wide
+    finite = [s for s in sustained.values() if s["last_pass_rate"] and s["first_fail_rate"]]
+    assert all(s["first_fail_rate"] <= (1 + FIG12_BRACKET) * s["last_pass_rate"] + 1e-9 for s in finite)
     latency = {k: r for k, r in rows.items() if k[1] == label and k[2].startswith("normalized_latency_s@")}
     assert len(latency) == len(ok)
     for c in ok:
@@ -127,6 +134,7 @@ def check_rate_rows(rows: dict, label: str, sweep: Path, engines, ratios: dict, 
         )
     (bound,) = {s["latency_threshold_s"] for s in sustained.values()}
     assert same(rows["all", label, BOUND].kvbench, bound)
+    assert bound == FIG12_THRESHOLD_S or not paper_bound  # the paper's setting: its 0.5 s/token
     brackets, capacity = {}, {}
     for engine in engines:
         found = sustained[engine]
@@ -170,7 +178,10 @@ def check_fig12(result, folder: Path, options: Options) -> None:
         ratios = {other: paper["paged"] / paper[other] for other in RATIO_BASELINES}
         sweep = folder / trace
         absolute = paper if options.setting.rate_scale == 1 else None  # the paper's rates, or none
-        capacity = check_rate_rows(rows, trace, sweep, PAPER_ENGINES, ratios, absolute=absolute)
+        paper_bound = options.setting.paper_threshold
+        capacity = check_rate_rows(
+            rows, trace, sweep, PAPER_ENGINES, ratios, absolute=absolute, paper_bound=paper_bound
+        )
         assert set(unsaturated_note(trace, sweep, PAPER_ENGINES, capacity)) <= set(result.notes)
         # the ratios read again at each multiple of the bound, from the cells already run
         cells = cells_of(sweep)
@@ -382,6 +393,9 @@ def test_figure_14s_widths_and_rows(tmp_path):
 
 
 def test_figure_17s_rows_hold_every_orca_baseline_and_the_prefix_caches_capacity(tmp_path):
+    full, real = Options(quick=False, setting=Setting()), Options(quick=True, setting=Setting(real=True))
+    assert fig17_engines(full) == ("orca-max", "orca-pow2", "orca-oracle", "paged", "paged-prefix")
+    assert fig17_engines(real) == ("orca-oracle", "paged", "paged-prefix")
     result = fig17(SHARING, tmp_path)
     rows = keyed(result.rows, "fig17")
     engines = ("orca-max", "orca-oracle", "paged", "paged-prefix")

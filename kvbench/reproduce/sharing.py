@@ -247,12 +247,18 @@ def fig16_verdict(rows: Sequence[Row], options: Options) -> str:
     ])  # fmt: skip
 
 
+def fig17_engines(options: Options) -> tuple[str, ...]:
+    """Figure 17's engines: the paper's Orca baselines, paged, and paged-prefix (beyond the paper);
+    a quick run leaves out Orca (Pow2), a quick real one Orca (Max) too (each cell a real run)."""
+    quick = ("orca-max", "orca-oracle", "paged", "paged-prefix")
+    full = ("orca-max", "orca-pow2", "orca-oracle", "paged", "paged-prefix")
+    return options.pick(quick, full, real=("orca-oracle", "paged", "paged-prefix"))
+
+
 def fig17(options: Options, folder: Path) -> FigureResult:
     s = options.setting
     trace = "sharegpt-paper"
-    engines = options.pick(("orca-max", "orca-oracle", "paged", "paged-prefix"),
-                           ("orca-max", "orca-pow2", "orca-oracle", "paged", "paged-prefix"),
-                           real=("orca-oracle", "paged", "paged-prefix"))  # fmt: skip
+    engines = fig17_engines(options)
     rates = options.pick(*(FIG17_RATES[k] for k in ("quick", "full", "real")))
     label = f"{trace} chat"
     result = sweep(options, folder / "chat", engines=engines, trace=trace, rates=rates, block_sizes=(16,),
