@@ -451,12 +451,12 @@ def test_a_name_too_long_for_the_temporary_copy_is_refused_before_any_work(comma
 def test_a_trace_plot_titled_beyond_latin1_is_still_kvbenchs(tmp_path):
     """A title outside Latin-1 goes into the PNG's iTXt chunk, not tEXt: kvbench's plot of a trace
     named so is still recognised, and replaced by the next plot."""
-    trace = tmp_path / "jp.jsonl"
-    header = {"format": "kvbench-trace", "version": 1, "name": "\u30c8\u30ec\u30fc\u30b9"}
+    trace = tmp_path / "cyrillic.jsonl"  # a name beyond Latin-1 whose glyphs the plot's font has
+    header = {"format": "kvbench-trace", "version": 1, "name": "\u0442\u0440\u0430\u0441\u0441\u0430"}
     trace.write_text(
         json.dumps(header) + '\n{"request_id": 0, "arrival_s": 0, "prompt_len": 4, "output_len": 4}\n'
     )
-    out = tmp_path / "jp.png"
+    out = tmp_path / "cyrillic.png"
     for _ in range(2):
         result = kvbench("trace", "plot", str(trace), "--out", str(out))
         assert result.exit_code == 0, result.output
