@@ -236,3 +236,21 @@ def test_an_hf_flag_for_kvbenchs_own_engines_is_refused(tmp_path, capsys, monkey
     done = kvbench(capsys, monkeypatch, *command, "--hf-memory", "0.5", "--out", str(out))
     assert_one_error(*done, "--hf-memory 0.5 sets up the external engines", "leave it out")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("engines", "flag"),
+    [("paged", ("--vmm-map", "ahead")), ("orca-oracle", ("--vmm-page-kib", "64")),
+     ("paged,orca-oracle", ("--vmm-layout", "per-request"))],
+)  # fmt: skip
+def test_a_vmm_flag_without_the_vmm_engine_is_refused(tmp_path, capsys, monkeypatch, engines, flag):
+    """The --vmm-* flags shape the vmm engine's arena alone: with no vmm engine they would be
+    ignored while config.json recorded them; with one among a sweep's engines they apply to it."""
+    out = tmp_path / "out"
+    command = ("simulate", "--engine", engines) if "," not in engines else ("sweep", "--engines", engines)
+    done = kvbench(capsys, monkeypatch, *command, *flag, "--num-requests", "3", "--out", str(out))
+    assert_one_error(*done, f"{' '.join(flag)} sets up the vmm engine's arena", "leave it out")
+    assert not out.exists()
+    mixed = ("sweep", "--engines", f"{engines},vmm", *flag, "--num-requests", "3", "--out", str(out))
+    code, _, err = kvbench(capsys, monkeypatch, *mixed)
+    assert code == 0, err

@@ -138,6 +138,9 @@ def _job(
         raise KvbenchError(f"--engine {engine}: external engines only run for real (kvbench run)")
     if real is not None and engine not in EXTERNAL:
         _refuse_hf_flags(engine, real)
+    opt.refuse_unused_vmm_flags(
+        (engine,), {"vmm_layout": vmm_layout, "vmm_page_kib": vmm_page_kib, "vmm_map": vmm_map}
+    )
     if workload.rate is None and workload.arrivals is None and workload.source in PRESETS:
         workload = replace(workload, rate=1.0)  # presets have no timestamps; 1 req/s unless told
     config = RunConfig(

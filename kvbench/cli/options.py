@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import typer
 
+from kvbench.config import RunConfig
 from kvbench.errors import KvbenchError
 from kvbench.flag_ranges import check_burstiness, check_dependents, check_flags, check_workload
 from kvbench.flags import REAL_FLAGS, WORKLOAD_FLAGS, Flag, RealOptions
@@ -155,3 +157,21 @@ def has_cuda() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+VMM_FIELDS = ("vmm_layout", "vmm_page_kib", "vmm_map")  # the vmm engine's arena, no other engine's
+
+
+def refuse_unused_vmm_flags(engines: Sequence[str], values: Mapping[str, object]) -> None:
+    """The --vmm-* flags shape the vmm engine's virtual arena only: given with no vmm engine among
+    `engines`, they would be ignored while config.json recorded them as if they had shaped the run."""
+    if "vmm" in engines:
+        return
+    defaults = RunConfig.__dataclass_fields__
+    for name in VMM_FIELDS:
+        value = values.get(name, defaults[name].default)
+        if value != defaults[name].default:
+            raise KvbenchError(
+                f"--{name.replace('_', '-')} {value} sets up the vmm engine's arena, which "
+                f"{', '.join(engines)} is not: leave it out"
+            )

@@ -136,6 +136,7 @@ def _sweep(
     _check_ignored(workload, real, real_mode, axes.engines, duration, latency_threshold, threshold_multiple)
     _check_timeout(cell_timeout, isolate or (executor == "local" and parallel_gpus > 1))
     options = dict(job_options)
+    opt.refuse_unused_vmm_flags(axes.engines, options)
     step_by_step = options.pop("step_by_step")
     percentiles, slo = parse_percentiles(options.pop("percentiles")), parse_slo(options.pop("slo"))
     real_fields = asdict(real) if real_mode else {}
