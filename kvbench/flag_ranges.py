@@ -25,8 +25,9 @@ so one table serves them all. Upper bounds are sanity limits, documented here:
   num_requests / rate seconds, so:
   `MIN_RATE`, 1e-6 req/s (one request in 11.6 days: no serving workload), and, with
   --num-requests given, num_requests / rate <= MAX_ARRIVAL_S (`check_arrival_span`);
-  `MIN_TIME_SCALE`, 1e-3: a real trace spans days (~1e6 s), its replay stretched 1000-fold
-  stays within the span.
+  `MIN_TIME_SCALE`, 1e-3: the public traces span days (~1e6 s), and a replay stretched 1000-fold
+  stays within the span; a file spanning more, stretched past it, is refused once its times are
+  replayed, naming --time-scale (`workloads.spec`), as a rate whose draw passes it is.
 
 `check_workload` adds the combinations of workload flags that one flag would silently undo, and
 `check_distinct` refuses a list flag that names a value twice (`--rates 1,1`).

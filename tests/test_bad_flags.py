@@ -486,7 +486,7 @@ REPEATS = [  # a list flag naming a value twice, and the line that must name the
     (SWEEP, ("--kv-cache-gib", "0.002,0.002"), "--kv-cache-gib: 0.002 is given twice"),
     (SWEEP, ("--trace", "fixed:prompt=4,output=4", "--trace", "fixed:prompt=4,output=4"), "--trace: fixed:"),
     (SWEEP, ("--engines", "paged,,"), "--engines: empty value in 'paged,,'"),
-    (("reproduce", "fig2", "--quick", "--mode", "simulate"), ("fig2",), "figure fig2 is given twice"),
+    (("reproduce", "fig2", "--quick", "--mode", "simulate"), ("fig2",), "figures: fig2 is given twice"),
     (SWEEP, ("--percentiles", "50,90,50"), "--percentiles: 50 is given twice"),
     (SIMULATE, ("--percentiles", "99,99.0"), "--percentiles: 99.0 (the same as 99) is given twice"),
     # two percentiles that one column name would hold: the second's values would overwrite the first's

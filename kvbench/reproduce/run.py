@@ -20,6 +20,7 @@ from pathlib import Path
 from kvbench.calibrate.fit import model_of, read_cost_file
 from kvbench.demo import REAL
 from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import check_distinct
 from kvbench.paper import FIG13_RATE
 from kvbench.reproduce.calibration import calibrate_reproduction, held_out_markdown, read_held_out
 from kvbench.reproduce.claims import claims_table
@@ -94,14 +95,12 @@ NAMES = (*FIGURES, CLAIMS)
 
 def parse_figures(names: Sequence[str]) -> tuple[str, ...]:
     """The figures asked for, in the registry's order; none named: all of them. A figure named
-    twice is refused, as a flag's value given twice is (`flag_ranges.check_distinct`): it runs
+    twice is refused as a flag's value given twice is (`flag_ranges.check_distinct`): it runs
     once, so the command would do less than its line reads."""
     unknown = [n for n in names if n not in NAMES]
     if unknown:
         raise KvbenchError(f"unknown figure {unknown[0]!r}; choose from {', '.join(NAMES)}")
-    twice = [n for i, n in enumerate(names) if n in names[:i]]
-    if twice:
-        raise KvbenchError(f"figure {twice[0]} is given twice: each figure runs once")
+    check_distinct("figures", list(names))
     wanted = set(names) or set(FIGURES)
     return tuple(n for n in FIGURES if n in wanted)
 
