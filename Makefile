@@ -167,4 +167,4 @@ mutation: $(VENV)/.dev
 		kvbench/reproduce/engines.py kvbench/reproduce/sweeps.py kvbench/reproduce/sharing.py \
 		--tests tests/test_reproduce_figures.py tests/test_reproduce.py tests/test_reproduce_verdicts.py \
 		tests/test_reproduce_seeds.py tests/test_verdict_mutants.py tests/test_claims.py \
-		tests/test_reproduce_prefill_graphs.py
+		tests/test_reproduce_prefill_graphs.py tests/test_reproduce_rows.py
