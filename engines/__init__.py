@@ -55,6 +55,15 @@ from kvbench.kvspec.layers import KVGroup
 
 ARENAS: dict[str, Callable[[int], SlotArena]] = {"buddy": BuddyArena, "first-fit": FirstFitArena}
 
+# The `EngineOptions` fields a user's flags set that only some engines read (`EngineSpec.reads`):
+# a flag no engine of a run reads would be ignored while config.json recorded it as if it had
+# shaped the run, so the CLI refuses it (`kvbench.cli.options.refuse_unread_engine_flags`)
+FIT = "contiguous_fit"  # contiguous engines' arena: buddy or first-fit
+BLOCKS = "block_size"  # block-table engines' slots per block
+WATERMARK = "watermark"  # free memory kept at admission
+SWAP = "host_blocks"  # host memory that preempted sequences' blocks are swapped to
+PAGES = "page_tokens"  # the vmm engine's virtual arena: its layout, page size and mapping
+
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -141,6 +150,7 @@ class EngineSpec:
     summary: str  # one line for --help and reports
     allocator: Callable[[EngineOptions], KVAllocator]
     scheduler: Callable[[KVAllocator, SchedulerConfig], Scheduler]
+    reads: frozenset[str]  # of FIT, BLOCKS, WATERMARK, SWAP, PAGES: those its allocator is built from
 
     def build(self, options: EngineOptions) -> Scheduler:
         scheduler = self.scheduler
@@ -155,6 +165,9 @@ class EngineSpec:
 
 
 _max = _contiguous(lambda o: MaxReservation(o.max_len))
+_CONTIGUOUS = frozenset({FIT})  # extents in an arena: no blocks, no watermark, never swapped
+_PAGED = frozenset({BLOCKS, WATERMARK, SWAP})
+_GROUPED = frozenset({BLOCKS, WATERMARK})  # a block table per KV group; victims are recomputed
 ENGINES: dict[str, EngineSpec] = {
     e.name: e
     for e in (
@@ -163,61 +176,76 @@ ENGINES: dict[str, EngineSpec] = {
             "FasterTransformer-style: static batches, max-length reservations",
             _max,
             RequestScheduler,
+            _CONTIGUOUS,
         ),
         EngineSpec(
-            "orca-max", "Orca: continuous batching, max-length reservations", _max, IterationScheduler
+            "orca-max",
+            "Orca: continuous batching, max-length reservations",
+            _max,
+            IterationScheduler,
+            _CONTIGUOUS,
         ),
         EngineSpec(
             "orca-pow2",
             "Orca: continuous batching, power-of-two reservations",
             _contiguous(lambda o: Pow2Reservation(o.max_len)),
             IterationScheduler,
+            _CONTIGUOUS,
         ),
         EngineSpec(
             "orca-oracle",
             "Orca: continuous batching, exact-length reservations",
             _contiguous(lambda o: OracleReservation()),
             IterationScheduler,
+            _CONTIGUOUS,
         ),
         EngineSpec(
-            "paged", "vLLM: continuous batching, paged blocks, preemption", _paged, IterationScheduler
+            "paged", "vLLM: continuous batching, paged blocks, preemption", _paged, IterationScheduler, _PAGED
         ),
-        EngineSpec("paged-static", "ablation: paged blocks with static batches", _paged, RequestScheduler),
+        EngineSpec(
+            "paged-static", "ablation: paged blocks with static batches", _paged, RequestScheduler, _PAGED
+        ),
         EngineSpec(
             "paged-prefix",
             "vLLM with prefix caching: computed prompt blocks shared by content, LRU eviction",
             _paged_prefix,
             IterationScheduler,
+            _PAGED,
         ),
         EngineSpec(
             "vmm",
             "vAttention: continuous batching, virtual ranges with physical pages mapped on demand",
             _vmm,
             IterationScheduler,
+            frozenset({WATERMARK, PAGES}),
         ),
         EngineSpec(
             "hybrid",
             "vLLM v1 hybrid: a block table per KV group, window blocks freed, equal-byte pages",
             _hybrid,
             IterationScheduler,
+            _GROUPED,
         ),
         EngineSpec(
             "jenga",
             "Jenga: a block table per KV group, window blocks freed, LCM pages shared by groups",
             _jenga,
             IterationScheduler,
+            _GROUPED,
         ),
         EngineSpec(
             "hybrid-prefix",
             "vLLM v1 hybrid with prefix caching: each KV group caches its prompt blocks, windows only theirs",
             _hybrid_prefix,
             IterationScheduler,
+            _GROUPED,
         ),
         EngineSpec(
             "jenga-prefix",
             "Jenga with prefix caching: each KV group caches its prompt blocks, windows only theirs",
             _jenga_prefix,
             IterationScheduler,
+            _GROUPED,
         ),
     )
 }

@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from engines import ARENAS, EngineOptions, get_engine
+from engines import ARENAS, BLOCKS, FIT, PAGES, SWAP, WATERMARK, EngineOptions, get_engine
 from engines.batch import DEFAULT_MAX_NUM_SEQS
 from engines.scheduler import SchedulerConfig
 from kvbench.budget import GIB, MAX_SLOTS, KVBudget, budget_emulating, budget_from_gib, get_gpu
@@ -73,6 +73,36 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# The fields that set what only some engines read (`engines.EngineSpec.reads`), each with the
+# engine option it sets: a flag no engine of a run reads is refused (kvbench.cli.options), and a
+# sweep cell's engine runs, and records, its defaults (`unread_at_defaults`)
+ENGINE_FIELDS: dict[str, str] = {
+    "block_size": BLOCKS,
+    "contiguous_fit": FIT,
+    "watermark": WATERMARK,
+    "preemption": SWAP,
+    "swap_space_gib": SWAP,
+    "vmm_layout": PAGES,
+    "vmm_page_kib": PAGES,
+    "vmm_map": PAGES,
+}
+
+
+def engine_reads(engine: str) -> frozenset[str]:
+    """The engine options `engine` is built from (none for an external engine: it keeps its own
+    cache); an unknown name is the one-line error that names --engine."""
+    return frozenset() if is_external(engine) else get_engine(engine).reads
+
+
+def unread_at_defaults(config: RunConfig) -> RunConfig:
+    """`config` with the `ENGINE_FIELDS` its engine does not read at their defaults: a sweep's
+    cell of an engine that ignores an axis or flag another of its engines reads (orca-oracle in
+    a sweep of --block-sizes 8,16) runs, and records in config.json, only what shaped it."""
+    reads, defaults = engine_reads(config.engine), RunConfig.__dataclass_fields__
+    unread = {name: defaults[name].default for name, option in ENGINE_FIELDS.items() if option not in reads}
+    return replace(config, **unread)
 
 
 @dataclass(frozen=True)

@@ -239,18 +239,53 @@ def test_an_hf_flag_for_kvbenchs_own_engines_is_refused(tmp_path, capsys, monkey
 
 
 @pytest.mark.parametrize(
-    ("engines", "flag"),
-    [("paged", ("--vmm-map", "ahead")), ("orca-oracle", ("--vmm-page-kib", "64")),
-     ("paged,orca-oracle", ("--vmm-layout", "per-request"))],
+    ("engines", "flag", "what", "reader"),
+    [("paged", ("--vmm-map", "ahead"), "sets up the vmm engine's arena", "vmm"),
+     ("orca-oracle", ("--vmm-page-kib", "64"), "sets up the vmm engine's arena", "vmm"),
+     ("paged,orca-oracle", ("--vmm-layout", "per-request"), "sets up the vmm engine's arena", "vmm"),
+     ("orca-oracle", ("--watermark", "0.05"), "keeps memory free at admission", "hybrid"),
+     ("paged,vmm", ("--contiguous-fit", "first-fit"), "places the extents of contiguous engines", "static"),
+     ("hybrid", ("--preemption", "swap"), "swaps the blocks of paged engines' victims", "paged-prefix"),
+     ("static", ("--block-size", "32"), "sizes the blocks of block-table engines", "jenga"),
+     ("orca-pow2,vmm", ("--block-sizes", "8,16"), "sizes the blocks of block-table engines", "paged")],
 )  # fmt: skip
-def test_a_vmm_flag_without_the_vmm_engine_is_refused(tmp_path, capsys, monkeypatch, engines, flag):
-    """The --vmm-* flags shape the vmm engine's arena alone: with no vmm engine they would be
-    ignored while config.json recorded them; with one among a sweep's engines they apply to it."""
+def test_an_arena_flag_no_engine_reads_is_refused(tmp_path, capsys, monkeypatch, engines, flag, what, reader):
+    """An arena flag that none of the engines reads (`engines.EngineSpec.reads`, each entry pinned
+    by tests/test_engine_reads.py) would be ignored while config.json recorded it; with one engine
+    among a sweep's that reads it, it applies to that engine."""
     out = tmp_path / "out"
-    command = ("simulate", "--engine", engines) if "," not in engines else ("sweep", "--engines", engines)
+    command = (
+        ("sweep", "--engines", engines)
+        if "," in engines or flag[0] == "--block-sizes"
+        else ("simulate", "--engine", engines)
+    )
     done = kvbench(capsys, monkeypatch, *command, *flag, "--num-requests", "3", "--out", str(out))
-    assert_one_error(*done, f"{' '.join(flag)} sets up the vmm engine's arena", "leave it out")
+    assert_one_error(*done, f"{' '.join(flag)} {what}", "never read", "leave it out")
     assert not out.exists()
-    mixed = ("sweep", "--engines", f"{engines},vmm", *flag, "--num-requests", "3", "--out", str(out))
+    swept = ("--block-sizes", flag[1]) if flag[0].startswith("--block-size") else flag
+    mixed = ("sweep", "--engines", f"{engines},{reader}", *swept, "--num-requests", "3", "--out", str(out))
     code, _, err = kvbench(capsys, monkeypatch, *mixed)
+    assert code == 0, err
+
+
+def test_swap_space_without_swapping_is_refused(tmp_path, capsys, monkeypatch):
+    """--swap-space-gib sizes what --preemption swap parks in host memory: under recompute (the
+    default) nothing is parked, so the flag would be recorded and ignored."""
+    out = tmp_path / "out"
+    args = (
+        "simulate",
+        "--engine",
+        "paged",
+        "--swap-space-gib",
+        "1",
+        "--num-requests",
+        "3",
+        "--out",
+        str(out),
+    )
+    assert_one_error(
+        *kvbench(capsys, monkeypatch, *args), "--swap-space-gib 1.0", "--preemption swap", "leave it out"
+    )
+    assert not out.exists()
+    code, _, err = kvbench(capsys, monkeypatch, *args[:3], "--preemption", "swap", *args[3:])
     assert code == 0, err

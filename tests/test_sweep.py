@@ -109,8 +109,10 @@ def test_cell_ids_are_readable_stable_and_distinct():
 
 def test_cell_config_sets_the_axes_and_a_sparse_baseline():
     base = RunConfig("paged", workload=WorkloadSpec(num_requests=500))
+    config = cell_config(base, Cell(GRID, "paged", "alpaca-paper", 3.0, 32, 6.0, 2, 1))
+    assert (config.engine, config.block_size, config.kv_cache_gib) == ("paged", 32, 6.0)
     config = cell_config(base, Cell(GRID, "orca-max", "alpaca-paper", 3.0, 32, 6.0, 2, 1))
-    assert (config.engine, config.block_size, config.kv_cache_gib) == ("orca-max", 32, 6.0)
+    assert (config.engine, config.block_size, config.kv_cache_gib) == ("orca-max", 16, 6.0)  # reads none
     assert (config.workload.source, config.workload.rate, config.workload.seed) == ("alpaca-paper", 3.0, 1002)
     unloaded = cell_config(base, Cell(BASELINE, "paged", "sharegpt-paper", None, 16, 6.0, 0))
     assert (unloaded.workload.arrivals, unloaded.workload.rate, unloaded.workload.num_requests) == (
@@ -447,6 +449,7 @@ def test_an_isolated_cell_runs_exactly_its_config(tmp_path):
     workload = WorkloadSpec(num_requests=20, prefix="fewshot-1", arrivals="gamma", burstiness=0.5)
     base = RunConfig("paged", workload=workload, percentiles=(50.0, 99.9), slo=parse_slo("tpot=0.05"))
     config = cell_config(base, Cell(GRID, "orca-oracle", "alpaca-paper", 2.5, 32, 0.5, 1))
+    assert config.block_size == 16  # orca-oracle reads no block size: it runs, and records, the default
     argv = command(config, tmp_path / "c", CellRun(isolate=True))
     assert argv[1:4] == ["-m", "kvbench", "simulate"] and argv[-2:] == ["--out", str(tmp_path / "c")]
     assert "--burstiness" in argv and "--prefix" in argv and "--slo" in argv

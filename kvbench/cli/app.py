@@ -65,7 +65,13 @@ def _job(
     gpu_memory_utilization: Annotated[
         float, typer.Option(help="Share of GPU memory a server may use.")
     ] = 0.9,
-    block_size: Annotated[int, typer.Option(help="Paged engines: slots per block (power of two).")] = 16,
+    block_size: Annotated[
+        int,
+        typer.Option(
+            help="Block-table engines (paged, hybrid, jenga and their variants): slots per block "
+            "(power of two)."
+        ),
+    ] = 16,
     max_num_seqs: Annotated[
         int | None, typer.Option(help="Cap on running requests (default 256; static: memory-bound).")
     ] = None,
@@ -85,12 +91,21 @@ def _job(
     ] = False,
     contiguous_fit: Annotated[str, typer.Option(help="Contiguous engines: buddy or first-fit.")] = "buddy",
     watermark: Annotated[
-        float, typer.Option(help="Paged engines: share of blocks kept free at admission.")
+        float, typer.Option(help="Block-table and vmm engines: share of memory kept free at admission.")
     ] = 0.01,
     preemption: Annotated[
-        str, typer.Option(help="Paged engines: recompute, or swap blocks to host memory.")
+        str,
+        typer.Option(
+            help="paged, paged-static, paged-prefix: recompute, or swap blocks to host memory (other "
+            "engines recompute)."
+        ),
     ] = "recompute",
-    swap_space_gib: Annotated[float, typer.Option(help="Paged engines: host memory for swapping.")] = 4.0,
+    swap_space_gib: Annotated[
+        float,
+        typer.Option(
+            help="paged, paged-static, paged-prefix under --preemption swap: host memory for swapped blocks."
+        ),
+    ] = 4.0,
     vmm_layout: Annotated[
         str,
         typer.Option(
@@ -138,9 +153,14 @@ def _job(
         raise KvbenchError(f"--engine {engine}: external engines only run for real (kvbench run)")
     if real is not None and engine not in EXTERNAL:
         _refuse_hf_flags(engine, real)
-    opt.refuse_unused_vmm_flags(
-        (engine,), {"vmm_layout": vmm_layout, "vmm_page_kib": vmm_page_kib, "vmm_map": vmm_map}
-    )
+    opt.refuse_unread_engine_flags(
+        (engine,),
+        {
+            "block_size": block_size, "contiguous_fit": contiguous_fit, "watermark": watermark,
+            "preemption": preemption, "swap_space_gib": swap_space_gib,
+            "vmm_layout": vmm_layout, "vmm_page_kib": vmm_page_kib, "vmm_map": vmm_map,
+        },
+    )  # fmt: skip
     if workload.rate is None and workload.arrivals is None and workload.source in PRESETS:
         workload = replace(workload, rate=1.0)  # presets have no timestamps; 1 req/s unless told
     config = RunConfig(

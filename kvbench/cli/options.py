@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kvbench.config import RunConfig
+from kvbench.config import ENGINE_FIELDS, RunConfig, engine_reads
 from kvbench.errors import KvbenchError
 from kvbench.flag_ranges import check_burstiness, check_dependents, check_flags, check_workload
 from kvbench.flags import REAL_FLAGS, WORKLOAD_FLAGS, Flag, RealOptions
@@ -159,19 +159,36 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-VMM_FIELDS = ("vmm_layout", "vmm_page_kib", "vmm_map")  # the vmm engine's arena, no other engine's
+# What each of `kvbench.config.ENGINE_FIELDS` sets, for the refusal of a flag no engine reads
+ENGINE_FLAGS: dict[str, str] = {
+    "block_size": "sizes the blocks of block-table engines",
+    "contiguous_fit": "places the extents of contiguous engines",
+    "watermark": "keeps memory free at admission in block-table and vmm engines",
+    "preemption": "swaps the blocks of paged engines' victims to host memory",
+    "swap_space_gib": "sizes the host memory paged engines swap blocks to",
+    "vmm_layout": "sets up the vmm engine's arena",
+    "vmm_page_kib": "sets up the vmm engine's arena",
+    "vmm_map": "sets up the vmm engine's arena",
+}
 
 
-def refuse_unused_vmm_flags(engines: Sequence[str], values: Mapping[str, object]) -> None:
-    """The --vmm-* flags shape the vmm engine's virtual arena only: given with no vmm engine among
-    `engines`, they would be ignored while config.json recorded them as if they had shaped the run."""
-    if "vmm" in engines:
-        return
+def refuse_unread_engine_flags(
+    engines: Sequence[str], values: Mapping[str, object], shown: Mapping[str, str] | None = None
+) -> None:
+    """A flag of `ENGINE_FLAGS` given (not at its default) where no engine of `engines` reads it,
+    or --swap-space-gib without --preemption swap, would be ignored while config.json recorded it
+    as if it had shaped the run: refused, naming the flag. `values`: flag fields to values (those
+    left out are at their defaults); `shown`: a field's flag and value as the command takes them,
+    where that is not `--<field> <value>` (sweep's --block-sizes)."""
     defaults = RunConfig.__dataclass_fields__
-    for name in VMM_FIELDS:
+    reads = frozenset().union(*(engine_reads(engine) for engine in engines))
+    for name, what in ENGINE_FLAGS.items():
         value = values.get(name, defaults[name].default)
-        if value != defaults[name].default:
-            raise KvbenchError(
-                f"--{name.replace('_', '-')} {value} sets up the vmm engine's arena, which "
-                f"{', '.join(engines)} is not: leave it out"
-            )
+        if value == defaults[name].default or (name == "preemption" and value != "swap"):
+            continue  # (a preemption neither recompute nor swap is refused as unknown, by kvbench.config)
+        flag = (shown or {}).get(name) or f"--{name.replace('_', '-')} {value}"
+        if ENGINE_FIELDS[name] not in reads:
+            verb = "reads" if len(engines) == 1 else "read"
+            raise KvbenchError(f"{flag} {what}, which {', '.join(engines)} never {verb}: leave it out")
+        if name == "swap_space_gib" and values.get("preemption", defaults["preemption"].default) != "swap":
+            raise KvbenchError(f"{flag} {what} under --preemption swap, which is not given: leave it out")

@@ -136,7 +136,10 @@ def _sweep(
     _check_ignored(workload, real, real_mode, axes.engines, duration, latency_threshold, threshold_multiple)
     _check_timeout(cell_timeout, isolate or (executor == "local" and parallel_gpus > 1))
     options = dict(job_options)
-    opt.refuse_unused_vmm_flags(axes.engines, options)
+    block_size = next((bs for bs in axes.block_sizes if bs != RunConfig.block_size), RunConfig.block_size)
+    opt.refuse_unread_engine_flags(
+        axes.engines, {**options, "block_size": block_size}, {"block_size": f"--block-sizes {block_sizes}"}
+    )
     step_by_step = options.pop("step_by_step")
     percentiles, slo = parse_percentiles(options.pop("percentiles")), parse_slo(options.pop("slo"))
     real_fields = asdict(real) if real_mode else {}

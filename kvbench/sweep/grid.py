@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from engines import ENGINES
-from kvbench.config import RunConfig
+from kvbench.config import RunConfig, unread_at_defaults
 from kvbench.errors import KvbenchError
 from kvbench.flag_ranges import MAX_REQUESTS, MAX_SEED, MIN_RATE
 from kvbench.plugins import EXTERNAL
@@ -163,13 +163,14 @@ def cell_config(
         workload = replace(workload, num_requests=count)
     elif workload.rate is None and workload.arrivals is None and workload.source in PRESETS:
         workload = replace(workload, rate=1.0)  # as `simulate` does: presets have no timestamps
-    return replace(
+    config = replace(
         base,
         engine=cell.engine,
         block_size=cell.block_size,
         kv_cache_gib=cell.kv_cache_gib,
         workload=workload,
     )
+    return unread_at_defaults(config)  # an engine beside the --block-sizes axis runs its own
 
 
 # --- parsing the axes ------------------------------------------------------------------------
