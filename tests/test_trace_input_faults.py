@@ -240,3 +240,20 @@ def test_unreadable_parquet_is_one_line(tmp_path, capsys, monkeypatch, pa):
     assert "not a readable Parquet file (" in error_of(path)  # error_of: one line
     code, out, err = kvbench(capsys, monkeypatch, "trace", "stats", str(path))
     assert_one_error(code, out, err, str(path), "not a readable Parquet file")
+
+
+@pytest.mark.parametrize(
+    ("header", "key"),
+    [({"format": "kvbench-trace", "version": 2}, "version"), ({"format": "other", "version": 1}, "format"),
+     ({"format": "kvbench-trace", "version": 1, "hash_block_size": 0}, "hash_block_size")],
+)  # fmt: skip
+def test_a_bad_parquet_header_names_the_schema_metadata_not_a_line(tmp_path, pa, header, key):
+    """A Parquet file has no lines: its header lives in the schema metadata, which its error names
+    (it once said "line 1", a line no editor could find)."""
+    import pyarrow.parquet
+
+    path = parquet_with(pa, tmp_path)
+    table = pyarrow.parquet.read_table(path)
+    pyarrow.parquet.write_table(table.replace_schema_metadata({"kvbench-trace": json.dumps(header)}), path)
+    line = error_of(path)
+    assert f"schema metadata 'kvbench-trace', key {key}:" in line and "line" not in line

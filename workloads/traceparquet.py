@@ -79,7 +79,7 @@ def read_parquet(f: BinaryIO, where: str, stem: str) -> Trace:
             obj = json.loads(metadata[METADATA_KEY])
         except ValueError:
             obj = None
-        header = parse_header(obj, where, 1)
+        header = parse_header(obj, where, None)
         source = header.source
     else:
         header, source = Header(name=stem), where

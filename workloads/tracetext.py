@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 import numpy as np
 
@@ -71,15 +71,22 @@ def header_json(trace: Trace) -> str:
         raise KvbenchError(f"trace {trace.name!r}: meta is not JSON-able ({error})") from None
 
 
-def parse_header(obj: object, where: str, line: int) -> Header:
-    """Check a header object; the version first, since another version may have other keys."""
+def parse_header(obj: object, where: str, line: int | None) -> Header:
+    """Check a header object; the version first, since another version may have other keys.
+    `line`: the header's line; None for a Parquet file's, which has no lines: its schema metadata
+    holds the header, and its errors name that."""
+    place = f"line {line}, column" if line is not None else f"schema metadata {FORMAT!r}, key"
+
+    def bad(key: str, why: str) -> NoReturn:
+        raise KvbenchError(f"{where}: {place} {key}: {why}")
+
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        fail(where, line, "format", f"not a {FORMAT} header")
+        bad("format", f"not a {FORMAT} header")
     if obj.get("version") != VERSION or type(obj.get("version")) is not int:
-        fail(where, line, "version", f"unsupported {FORMAT} version {obj.get('version')!r} (kvbench reads 1)")
+        bad("version", f"unsupported {FORMAT} version {obj.get('version')!r} (kvbench reads 1)")
     unknown = sorted(set(obj) - set(HEADER_KEYS))
     if unknown:
-        fail(where, line, unknown[0], f"unknown header key (known: {', '.join(HEADER_KEYS)})")
+        bad(unknown[0], f"unknown header key (known: {', '.join(HEADER_KEYS)})")
     name, source = obj.get("name", ""), obj.get("source", "")
     block, meta = obj.get("hash_block_size"), obj.get("meta", {})
     for key, value, ok in (
@@ -89,7 +96,7 @@ def parse_header(obj: object, where: str, line: int) -> Header:
         ("meta", meta, isinstance(meta, dict)),
     ):
         if not ok:
-            fail(where, line, key, f"bad header value {value!r}")
+            bad(key, f"bad header value {value!r}")
     return Header(name, source, block, meta)
 
 
