@@ -16,7 +16,11 @@ step (a chunk's end, not its prompt's).
 Default constants are a roofline of the model on the emulated GPU's datasheet numbers:
 
 - `fixed_s`: every step reads all weights once: weight bytes / HBM bandwidth.
-- `per_token_s`: each token fed costs 2 FLOPs per parameter: 2 x params / fp16 FLOP/s.
+- `per_token_s`: each token fed costs 2 FLOPs per parameter it runs: 2 x params / fp16 FLOP/s,
+  a MoE model's counting only the routed experts a token runs (`ModelSpec.active_params`); its
+  weight reads stay every expert's, what a decode step whose rows route to every expert reads
+  (DeepSeek-V2-Lite, 6 of 64 routed experts a token: 95 % of them at 32 rows, 54 % at 8, so
+  `fixed_s` overprices small batches by up to the experts' share of the weights).
 - `per_kv_token_s`: attention reads each context token's K/V: KV bytes per token / bandwidth.
 
 Swap preemption adds `per_swap_block_s` per block copied: a fixed transfer latency (10 µs) plus
@@ -168,7 +172,7 @@ class CostModel:
         bandwidth = gpu.read_bandwidth * bandwidth_efficiency
         return cls(
             fixed_s=model.weight_bytes / bandwidth,
-            per_token_s=2 * model.num_params / (gpu.fp16_flops * compute_efficiency),
+            per_token_s=2 * model.active_params / (gpu.fp16_flops * compute_efficiency),
             per_kv_token_s=model.kv_bytes_per_token / bandwidth,
             per_swap_block_s=SWAP_LATENCY_S + block_size * model.kv_bytes_per_token / HOST_LINK_BANDWIDTH,
             per_copy_slot_s=2 * model.kv_bytes_per_token / bandwidth,

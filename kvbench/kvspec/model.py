@@ -186,6 +186,19 @@ class ModelSpec:
         return layers + self.embedding_params + self._final_norm
 
     @property
+    def active_params(self) -> int:
+        """`num_params` less the routed experts a token's forward never runs: a MoE layer runs its
+        router's top-k beside the shared experts, so the others cost the token no FLOPs.
+        DeepSeek-V2-Lite: 2.66 B of 15.7 B (its model card: 2.4 B activated, without the 0.21 B
+        input embedding, a lookup, which `num_params` counts for every model). Dense models, and
+        MoE shapes whose top-k is unknown (0), use them all."""
+        if self.moe is None or not self.moe.top_k:
+            return self.num_params
+        e = self.moe
+        idle = (e.experts - e.top_k) * 3 * self.hidden * e.expert_ffn
+        return self.num_params - (self.num_layers - e.dense_layers) * idle
+
+    @property
     def _final_norm(self) -> int:
         return 2 * self.hidden if self.family == "opt" else self.hidden  # LayerNorm: scale and bias
 
