@@ -21,6 +21,10 @@ that read is the kernel's floor. The kernel is built around reading it once, fas
   the tiles from there, so blocks wholly before the window are never read; positions before the
   bound inside that first tile are masked out of the loads.
 
+- **Score soft-capping** (`softcap=c`, a `constexpr`: 0 compiles without it): each scaled score
+  s becomes c x tanh(s / c) before the softmax, as Gemma 2's attention layers do; masked
+  positions stay -inf.
+
 fp16/bf16 inputs, fp32 accumulation; any head dim (tiles padded to a power of two >= 16).
 """
 
@@ -58,6 +62,18 @@ def tile_slots(table, first, hi, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr
         grid = blocks[:, None] * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)[None, :]  # [N / bs, bs]
         slots = tl.reshape(grid, (BLOCK_N,))
     return slots
+
+
+@triton.jit
+def soft_cap(scores, CAP: tl.constexpr):
+    """`CAP x tanh(scores / CAP)` in fp32 (CAP 0: the scores as they are). tanh from one exp of
+    the magnitude, which never overflows: (1 - e^-2|x|) / (1 + e^-2|x|), signed."""
+    if CAP > 0:
+        x = scores / CAP
+        t = tl.exp(-2.0 * tl.abs(x))
+        magnitude = (1.0 - t) / (1.0 + t)
+        scores = CAP * tl.where(x < 0, -magnitude, magnitude)
+    return scores
 
 
 @triton.jit
@@ -106,7 +122,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr,
+    FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """Program (b, kv head, split): attention of the group's queries over one context range."""
     b = tl.program_id(0)
@@ -146,7 +162,7 @@ def _decode_split_kernel(
             k_ptr, v_ptr, table, start, first, low, hi, kv_head, stride_ks, stride_kh, stride_vs, stride_vh,
             d, d_mask, PAGED, BLOCK_N, BLOCK_SIZE, WINDOW,
         )  # fmt: skip  # [N, D] each
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [G, N] fp32
+        scores = soft_cap(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), SOFTCAP)  # [G, N] fp32
         scores = tl.where(n_mask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp(m - m_new)
@@ -176,6 +192,12 @@ def check_addressing(kernel: str, block_tables, starts, block_size: int, merge: 
     return paged
 
 
+def check_softcap(softcap: float) -> None:
+    """A score cap is 0 (none) or a positive finite number (a compiled variant each)."""
+    if not (softcap == 0 or 0 < softcap < float("inf")):
+        raise ValueError(f"softcap must be 0 (none) or a positive number, got {softcap}")
+
+
 def block_width(size: int) -> int:
     """A kernel's tile along a dimension of `size`: a power of two, at least 16 (`tl.dot`'s minimum)."""
     return max(16, triton.next_power_of_2(size))
@@ -191,7 +213,7 @@ def decode_attention(
     scale: float, block_tables: torch.Tensor | None = None, block_size: int = 0,
     starts: torch.Tensor | None = None, num_splits: int | None = None, out: torch.Tensor | None = None,
     launch: tuple[int, int, int] | None = None, merge: str = MERGE, workspace: DecodeWorkspace | None = None,
-    window: int | None = 0,
+    window: int | None = 0, softcap: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
     """q `[B, H, D]` over each sequence's first `context_lens[b]` arena positions -> `[B, H, D]`.
 
@@ -209,7 +231,7 @@ def decode_attention(
 
     A sliding `window` W (> 0) lets the query (at position `context_lens[b] - 1`) see only the
     last `min(W, context_lens[b])` positions, and the kernel reads only the tiles holding them;
-    0 or None is full attention.
+    0 or None is full attention. A `softcap` c (> 0) caps every scaled score at c x tanh(s / c).
     """
     batch, heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
@@ -217,6 +239,7 @@ def decode_attention(
     window = window or 0
     if window < 0:
         raise ValueError(f"window must be 0 (full attention) or positive, got {window}")
+    check_softcap(softcap)
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -240,7 +263,7 @@ def decode_attention(
         GROUP=heads // kv_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
         PAGED=paged, BLOCK_SIZE=block_size if paged else 1,
         BLOCK_G=block_width(heads // kv_heads), BLOCK_D=block_width(head_dim), BLOCK_N=launch[0],
-        FUSED=fused, DOT_PRECISION=dot_precision(q.dtype), WINDOW=window,
+        FUSED=fused, DOT_PRECISION=dot_precision(q.dtype), WINDOW=window, SOFTCAP=float(softcap),
         num_warps=launch[1], num_stages=launch[2],
         **({"maxnreg": FUSED_MAXNREG} if fused else {}),
     )  # fmt: skip

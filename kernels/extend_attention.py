@@ -10,7 +10,8 @@ Program (b, query tile, head): a `[BLOCK_M, D]` tile of one head's queries runs 
 softmax over key tiles up to the tile's last position (causal), in fp32. With a sliding window
 W (a `constexpr`; 0 is full attention, compiled without it) the query at position `p` sees
 `[max(0, p - W + 1), p]`: the key loop starts at the tile holding the tile's first query's left
-bound, and each row masks its own.
+bound, and each row masks its own. A score soft-cap c (a `constexpr`, Gemma 2's; 0 compiles
+without it) turns each scaled score s into c x tanh(s / c) before the causal mask.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.decode_attention import dot_precision, load_kv_tile
+from kernels.decode_attention import check_softcap, dot_precision, load_kv_tile, soft_cap
 
 BLOCK_M = 32
 BLOCK_N = 32
@@ -42,7 +43,7 @@ def _extend_kernel(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_tb,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WINDOW: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     tile = tl.program_id(1)
@@ -82,7 +83,7 @@ def _extend_kernel(
                 k_ptr, v_ptr, table, start, key_first, low, last, kv_head, stride_ks, stride_kh, stride_vs,
                 stride_vh, d, d_mask, PAGED, BLOCK_N, BLOCK_SIZE, WINDOW,
             )  # fmt: skip  # [N, D] each
-            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [M, N]
+            scores = soft_cap(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), SOFTCAP)  # [M, N]
             visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
             if WINDOW > 0:
                 visible = visible & (pos[None, :] > q_pos[:, None] - WINDOW)  # each row's own bound
@@ -105,13 +106,13 @@ def extend_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens: torch.Tensor,
     context_lens: torch.Tensor, *, scale: float, max_new: int, block_tables: torch.Tensor | None = None,
     block_size: int = 0, starts: torch.Tensor | None = None, out: torch.Tensor | None = None,
-    window: int | None = 0,
+    window: int | None = 0, softcap: float = 0.0,
 ) -> torch.Tensor:  # fmt: skip
     """q `[T, H, D]` (new tokens, `cu_seqlens` `[B + 1]`) over arena positions `[0, context_lens[b])`.
 
     `max_new` is the longest sequence's new-token count (sizes the grid). A sliding `window` W
     (> 0) limits the query at position `p` to `[max(0, p - W + 1), p]`; 0 or None: causal over
-    everything. Returns `[T, H, D]`.
+    everything. A `softcap` c (> 0) caps every scaled score at c x tanh(s / c). Returns `[T, H, D]`.
     """
     tokens, heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
@@ -121,6 +122,7 @@ def extend_attention(
     window = window or 0
     if window < 0:
         raise ValueError(f"window must be 0 (full attention) or positive, got {window}")
+    check_softcap(softcap)
     if out is None:
         out = torch.empty_like(q)
     batch = cu_seqlens.shape[0] - 1
@@ -136,6 +138,7 @@ def extend_attention(
         out.stride(0), out.stride(1), table.stride(0),
         GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGED=paged, BLOCK_SIZE=block_size if paged else 1,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        DOT_PRECISION=dot_precision(q.dtype), WINDOW=window, num_warps=4, num_stages=2,
+        DOT_PRECISION=dot_precision(q.dtype), WINDOW=window, SOFTCAP=float(softcap),
+        num_warps=4, num_stages=2,
     )  # fmt: skip
     return out

@@ -127,11 +127,68 @@ def test_windowed_prefill_matches_reference_and_reads_nothing_before_the_windows
     assert (out - expected).abs().max() <= 1e-5
 
 
+# (context lengths, block size: 0 = contiguous, window): full attention and a window, paged and not
+SOFTCAP_CASES = [([200, 1, 70, 131], 16, 0), ([300, 5, 129], 1, 64), ([200, 64, 9, 190], 0, 50)]
+SOFTCAP = 0.4  # small beside these scores (|s| up to about 2), so capping changes every answer
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("lens", "block_size", "window"), SOFTCAP_CASES)
+def test_soft_capped_decode_matches_reference(device, lens, block_size, window):
+    """Gemma 2's c x tanh(s / c) on every scaled score, in the kernel, with and without a window,
+    through one split, the merge kernel and the fused merge."""
+    gen = torch.Generator().manual_seed(sum(lens) + window)
+    kv_heads, group, head_dim, dtype = 2, 2, 16, torch.float32
+    arena = Arena(lens, kv_heads, head_dim, dtype, device, block_size=block_size, gen=gen)
+    q = _rand((len(lens), kv_heads * group, head_dim), dtype, device, gen)
+    kwargs = dict(scale=head_dim**-0.5, window=window, **arena.addressing())
+    expected = decode_window_attention(q, arena.k, arena.v, arena.lens, softcap=SOFTCAP, **kwargs)
+    uncapped = decode_window_attention(q, arena.k, arena.v, arena.lens, **kwargs)
+    assert (expected - uncapped).abs().max() > 1e-2  # the cap bites
+    for num_splits, merge, launch in DECODE_RUNS:
+        out = decode_attention(
+            q, arena.k, arena.v, arena.lens, num_splits=num_splits, merge=merge, launch=launch,
+            softcap=SOFTCAP, **kwargs,
+        )  # fmt: skip
+        assert (out - expected).abs().max() <= 1e-5, (num_splits, merge)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("lens", "new", "block_size", "window"), [EXTEND_CASES[0], EXTEND_CASES[1]])
+@pytest.mark.parametrize("windowed", [True, False], ids=["window", "full"])
+def test_soft_capped_prefill_matches_reference(device, lens, new, block_size, window, windowed):
+    window = window if windowed else 0
+    gen = torch.Generator().manual_seed(sum(lens) + window)
+    kv_heads, group, head_dim, dtype = 2, 2, 16, torch.float32
+    arena = Arena(lens, kv_heads, head_dim, dtype, device, block_size=block_size, gen=gen)
+    q = _rand((sum(new), kv_heads * group, head_dim), dtype, device, gen)
+    cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], device=device)
+    kwargs = dict(scale=head_dim**-0.5, window=window, **arena.addressing())
+    expected = extend_window_attention(q, arena.k, arena.v, cu, arena.lens, softcap=SOFTCAP, **kwargs)
+    uncapped = extend_window_attention(q, arena.k, arena.v, cu, arena.lens, **kwargs)
+    assert (expected - uncapped).abs().max() > 1e-2
+    out = extend_attention(q, arena.k, arena.v, cu, arena.lens, max_new=max(new), softcap=SOFTCAP, **kwargs)
+    assert (out - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("softcap", [-1.0, float("inf"), float("nan")])
+def test_a_score_cap_is_zero_or_a_positive_number(softcap):
+    arena = Arena([4], 1, 16, torch.float32, CPU, block_size=4, gen=torch.Generator().manual_seed(0))
+    q = torch.zeros(1, 1, 16)
+    with pytest.raises(ValueError, match="softcap"):
+        decode_attention(q, arena.k, arena.v, arena.lens, scale=1.0, softcap=softcap, **arena.addressing())
+    with pytest.raises(ValueError, match="softcap"):
+        extend_attention(
+            q, arena.k, arena.v, torch.tensor([0, 1]), arena.lens, scale=1.0, max_new=1, softcap=softcap,
+            **arena.addressing(),
+        )  # fmt: skip
+
+
 @INTERPRETED
 @pytest.mark.parametrize("prefill", [True, False], ids=["prefill", "decode"])
-def test_attention_sends_window_layers_to_the_kernels_and_soft_caps_to_pytorch(prefill, monkeypatch):
-    """backend "triton": a window layer runs the kernels (NaN before the window stays unread, and
-    the answer is the torch backend's); a soft-capped layer still runs the PyTorch path.
+def test_attention_sends_window_layers_and_soft_caps_to_the_kernels(prefill, monkeypatch):
+    """backend "triton": a window layer, and a soft-capped one, run the kernels (NaN before the
+    window stays unread, and the answer is the torch backend's, which runs the PyTorch path).
 
     Which path ran is counted by wrapping the PyTorch window attention (it still computes).
     """
@@ -167,9 +224,10 @@ def test_attention_sends_window_layers_to_the_kernels_and_soft_caps_to_pytorch(p
     poison_before(arena, [max(n - m - window + 1, 0) for n, m in zip(lens, new, strict=True)])
     assert (run("triton", window=window) - expected).abs().max() <= 1e-5
     assert len(calls) == 1  # the triton backend: the kernels
-    capped = run("torch", window=window, softcap=5.0)
-    assert (run("triton", window=window, softcap=5.0) - capped).abs().max() <= 1e-6
-    assert len(calls) == 3  # a soft cap: PyTorch on both backends
+    capped = run("torch", window=window, softcap=0.5)
+    assert len(calls) == 2 and (capped - expected).abs().max() > 1e-3  # the torch backend: PyTorch
+    assert (run("triton", window=window, softcap=0.5) - capped).abs().max() <= 1e-5
+    assert len(calls) == 2  # the triton backend: the kernels cap scores
 
 
 @INTERPRETED

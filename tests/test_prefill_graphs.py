@@ -89,6 +89,23 @@ def test_a_window_model_takes_them_with_every_engine_agreeing_but_not_on_a_table
     assert static_prefill(model, 1) and not static_prefill(model, 2)
 
 
+def test_a_soft_capped_model_prefills_from_the_static_buffers(monkeypatch):
+    """Gemma 2 caps its scores, which the kernels do: its prefill takes the static buffers (and
+    replays from graphs on a GPU) and gives the eager prefill's tokens."""
+    from kvbench.modeling.weights import random_model
+    from kvbench.real.prefill_graphs import static_prefill
+    from tests.test_hybrid_real import GEMMA2
+
+    assert GEMMA2.attn_softcap > 0
+    assert static_prefill(random_model(GEMMA2, torch.float32, torch.device("cpu"), seed=0), 1)
+    seen = counted(monkeypatch)
+    engines = ("paged", "orca-oracle")
+    assert greedy_tokens_by_engine(GEMMA2, engines, prefill_graphs=True) == greedy_tokens_by_engine(
+        GEMMA2, engines
+    )
+    assert len(seen) >= 2 * len(engines)
+
+
 def test_without_the_flag_and_on_mla_no_prefill_takes_the_static_buffers(monkeypatch):
     from tests.test_families_mla import MLA_TINY
 

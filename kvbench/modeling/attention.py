@@ -98,14 +98,14 @@ def attention(
 ) -> torch.Tensor:  # fmt: skip
     """q `[T, H, D]`, new k/v `[T, Hkv, D]` -> output `[T, H, D]`; stores the new K/V first.
 
-    A sliding `window` (the last `window` positions) runs the Triton kernels on the triton
-    backend (a constant per layer: a compiled variant each, so CUDA graphs replay it) and the
-    PyTorch window attention (`window_attention.py`) on the torch backend. A score `softcap`
-    runs the PyTorch path on every backend: the kernels do not cap scores.
+    A sliding `window` (the last `window` positions) and a score `softcap` (Gemma 2's) run the
+    Triton kernels on the triton backend (constants per layer: a compiled variant each, so CUDA
+    graphs replay them) and the PyTorch window attention (`window_attention.py`) on the torch
+    backend, whose references do neither.
     """
     store_kv, extend, decode = _ops(meta.backend)
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    if softcap or (window and meta.backend != "triton"):
+    if (softcap or window) and meta.backend != "triton":
         from kvbench.modeling.window_attention import decode_window_attention, extend_window_attention
 
         if meta.is_prefill:
@@ -117,7 +117,8 @@ def attention(
             q, k_cache, v_cache, meta.context_lens, scale=scale, window=window, softcap=softcap,
             **meta.addressing(),
         )  # fmt: skip
-    windowed = {"window": window} if window else {}  # the kernels' bound; the references take none
+    # the kernels' bound and cap; the references take neither (nor are they given them: see above)
+    windowed = ({"window": window} if window else {}) | ({"softcap": softcap} if softcap else {})
     if meta.is_prefill and meta.decode_rows:
         return _split_prefill(q, k_cache, v_cache, meta, scale, windowed)
     if meta.is_prefill:

@@ -23,10 +23,10 @@ token count, read on the device; its grid is sized by T', an upper bound of ever
 new tokens). Their logits rows are computed and dropped. A padded GEMM row costs nearly
 nothing here: a short prefill's GEMMs are bound by reading the weights, not by their rows.
 
-Graphs run on CUDA with the Triton kernels, one block table for every layer, no MLA (its
-prefill attends through its own path) and no score softcap (its PyTorch attention reads
-lengths on the host). Elsewhere `forward` runs the same static-buffer pass eagerly, which is
-what the CPU tests check against the eager prefill.
+Graphs run on CUDA with the Triton kernels (which cap scores where a layer does, Gemma 2's),
+one block table for every layer and no MLA (its prefill attends through its own path).
+Elsewhere `forward` runs the same static-buffer pass eagerly, which is what the CPU tests check
+against the eager prefill.
 """
 
 from __future__ import annotations
@@ -54,9 +54,8 @@ def prefill_bucket(tokens: int, seqs: int) -> tuple[int, int] | None:
 
 def static_prefill(model: CausalLM, num_tables: int) -> bool:
     """Whether this model's prefill can run from the static buffers (and so replay from a graph
-    where decode graphs do): one block table, no MLA, no score softcap."""
-    spec = model.spec
-    return spec.mla is None and not spec.attn_softcap and num_tables == 1
+    where decode graphs do): one block table, no MLA."""
+    return model.spec.mla is None and num_tables == 1
 
 
 class PrefillGraphs:
