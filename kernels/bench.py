@@ -62,16 +62,20 @@ from kvbench.results.files import environment, write_csv, write_json
 
 def grid(
     pairs, block_sizes, gqas, *, kv_heads: int, head_dim: int, dtype: str, ragged: bool, windows=(0,),
-    mla: bool = False,
+    mla: bool = False, softcaps=(0.0,),
 ):  # fmt: skip
-    """Every (batch, context) pair × block size × GQA ratio × window, nested in that order (a
-    full-attention cell, window 0, comes before the windowed cells it is compared with); with
-    `mla`, each (batch, context, block size) ends with DeepSeek-V2-Lite's MLA cell."""
+    """Every (batch, context) pair × block size × GQA ratio × window × score cap, nested in that
+    order (an uncapped full-attention cell, window 0 and cap 0, comes before the cells it is
+    compared with); with `mla`, each (batch, context, block size) ends with DeepSeek-V2-Lite's
+    MLA cell."""
     cells = []
     for b, ctx in pairs:
         for bs in block_sizes:
             cells += [
-                Cell(b, ctx, bs, kv_heads, g, head_dim, dtype, ragged, w) for g in gqas for w in windows
+                Cell(b, ctx, bs, kv_heads, g, head_dim, dtype, ragged, w, softcap=c)
+                for g in gqas
+                for w in windows
+                for c in softcaps
             ]
             if mla:
                 cells.append(Cell.mla(b, ctx, bs, dtype, ragged))
@@ -98,8 +102,8 @@ def run_benchmark(config: BenchConfig, out: Path, log: Callable[[str], None] = p
     beside: dict[tuple, float] = {}  # (batch, context, block size, backend) -> the first K/V cell's time
     for i, cell in enumerate(config.cells):
         cell_rows = run_cell(cell, config, context, read_bw)
-        if cell.window:
-            key = replace(cell, window=0).label
+        if cell.window or cell.softcap:
+            key = replace(cell, window=0, softcap=0.0).label
             cell_rows = [replace(r, vs_full=r.us / full.get((key, r.backend), math.nan)) for r in cell_rows]
         elif cell.latent:
             where = (cell.batch, cell.context, cell.block_size)
@@ -162,6 +166,8 @@ def run_cell(cell: Cell, config: BenchConfig, context: Context, read_bw: float) 
 def _run_backend(name, cell, layout, inputs, context, config, references, base) -> Row:
     if cell.window and name not in WINDOW_BACKENDS:
         return _row(cell, name, "skipped", note="no sliding window", **base)
+    if cell.softcap and name not in WINDOW_BACKENDS:
+        return _row(cell, name, "skipped", note="no score cap", **base)
     if cell.latent and name not in MLA_BACKENDS:
         return _row(cell, name, "skipped", note="no MLA (latent) decode", **base)
     try:
@@ -226,15 +232,15 @@ def _make_copy(cell: Cell, num_slots: int, device: torch.device, gen: torch.Gene
 
 def _reference(cell: Cell, layout: Layout, copy: Copy, addressing: str) -> torch.Tensor:
     """decode_attention_ref on copy 0, a slice of sequences at a time to bound its memory; a
-    window cell: the PyTorch window attention (the path window layers take without the kernels);
+    window or capped cell: the PyTorch window attention (the path such layers take without the kernels);
     an MLA cell: mla_decode_attention_ref (its float32 vectors are gathered once, not per head)."""
     from kernels.reference import decode_attention_ref
     from kvbench.modeling.window_attention import decode_window_attention
 
     if cell.latent:  # k is the one cache (v the same tensor)
         attend = partial(_mla_reference, latent=cell.latent)
-    elif cell.window:
-        attend = partial(decode_window_attention, window=cell.window)
+    elif cell.window or cell.softcap:
+        attend = partial(decode_window_attention, window=cell.window, softcap=cell.softcap)
     else:
         attend = decode_attention_ref
 
@@ -304,7 +310,8 @@ def _row(cell: Cell, backend: str, status: str, **values) -> Row:
     return Row(
         cell=cell.label, batch=cell.batch, context=cell.context, block_size=cell.block_size,
         q_heads=cell.q_heads, kv_heads=cell.kv_heads, gqa=cell.gqa, head_dim=cell.head_dim,
-        dtype=cell.dtype, ragged=cell.ragged, window=cell.window, latent=cell.latent, backend=backend,
+        dtype=cell.dtype, ragged=cell.ragged, window=cell.window, softcap=cell.softcap, latent=cell.latent,
+        backend=backend,
         status=status, **filled,
     )  # fmt: skip
 
@@ -358,7 +365,7 @@ def format_table(rows: list[Row]) -> str:
             f"{r.cell:<22} {r.backend:<24} {r.us:>9.1f} {r.gbps:>7.0f} {r.bw_fraction:>7.2f} "
             f"{r.vs_contiguous:>9.2f} {r.max_abs_err:>8.1e}"
             + ("" if r.status == "ok" else "  ABOVE ATOL")
-            + (f"  {r.vs_full:.2f} x full attention's time" if r.window else "")
+            + (f"  {r.vs_full:.2f} x full attention's time" if r.window or r.softcap else "")
             + (f"  {r.vs_full:.2f} x the K/V cell's time" if r.latent else "")
         )
     return "\n".join(lines)

@@ -36,7 +36,7 @@ def _build_kvbench(addressing: str):
         splits = choose_num_splits(cell.batch, cell.kv_heads, read, context.device)
         run = partial(
             decode_attention, context_lens=layout.lens, scale=scale_of(cell), num_splits=splits,
-            window=cell.window, **where,
+            window=cell.window, softcap=cell.softcap, **where,
         )  # fmt: skip
         calls = tuple(partial(run, c.q, c.k, c.v, out=c.out) for c in inputs)
         note = f"{splits} KV splits" + ("; random page order" if addressing == "paged" else "")

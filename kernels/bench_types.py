@@ -13,7 +13,7 @@ BACKENDS = (  # every backend, in the order of the CSV; BUILDERS (at the end) bu
     "flashinfer-cuda-cores", "flashinfer-tensor-cores",
 )  # fmt: skip
 CPU_BACKENDS = ("kvbench-paged", "kvbench-contiguous", "torch-sdpa")  # the interpreter smoke test's
-WINDOW_BACKENDS = ("kvbench-paged", "kvbench-contiguous")  # those that take a sliding window
+WINDOW_BACKENDS = ("kvbench-paged", "kvbench-contiguous")  # those that take a sliding window or a score cap
 MLA_BACKENDS = ("kvbench-paged", "kvbench-contiguous")  # those that run absorbed MLA (kernels/mla_decode.py)
 # DeepSeek-V2-Lite's MLA decode (`deepseek-v2-lite`): 16 query heads over one cached vector per
 # token of latent 512 + rope 64, shared by every head
@@ -41,6 +41,7 @@ class Cell:
     # MLA (absorbed): > 0 is the latent part of the one cached vector per token, head_dim its
     # whole width (latent + rope), kv_heads 1 (every query head reads it) and gqa the query heads
     latent: int = 0
+    softcap: float = 0.0  # Gemma 2's score cap: every scaled score s becomes c x tanh(s / c) (0: none)
 
     @classmethod
     def mla(cls, batch: int, context: int, block_size: int, dtype: str, ragged: bool = False) -> Cell:
@@ -71,8 +72,10 @@ class Cell:
     def label(self) -> str:
         if self.latent:
             return f"B{self.batch} L{self.context} bs{self.block_size} mla h{self.q_heads}"
-        return f"B{self.batch} L{self.context} bs{self.block_size} g{self.gqa}" + (
-            f" w{self.window}" if self.window else ""
+        return (
+            f"B{self.batch} L{self.context} bs{self.block_size} g{self.gqa}"
+            + (f" w{self.window}" if self.window else "")
+            + (f" cap{self.softcap:g}" if self.softcap else "")
         )
 
 
@@ -103,6 +106,7 @@ class Row:
     dtype: str
     ragged: bool
     window: int  # 0: full attention
+    softcap: float  # 0: scores uncapped
     latent: int  # MLA: the cached vector's latent part (head_dim is latent + rope); 0: K and V per head
     backend: str
     status: str  # ok | wrong (error above atol) | failed | skipped
@@ -114,7 +118,8 @@ class Row:
     gbps: float  # useful_bytes / median time, in 1e9 bytes/s
     bw_fraction: float  # gbps over this run's measured read bandwidth
     vs_contiguous: float  # time / kvbench-contiguous time on this cell (paging's cost when > 1)
-    vs_full: float  # a window row: time / the same backend's full-attention time at this context;
+    vs_full: float  # a window or capped row: time / the same backend's uncapped full-attention time at
+    # this context;
     # an MLA row: time / the same backend's on the grid's first K/V cell of this batch, context, block
     max_abs_err: float  # against kernels.reference.decode_attention_ref (window: the PyTorch window
     # path; MLA: mla_decode_attention_ref)

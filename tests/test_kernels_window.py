@@ -286,3 +286,47 @@ def test_mistral_on_the_window_kernels_equals_transformers(tmp_path):
     ref, folder = reference(tmp_path, "mistral")
     model = load_checkpoint(folder, torch.float32, CPU)
     compare(ref, model, paged=True, forget_before_window=True, backend="triton")
+
+
+@INTERPRETED
+def test_kernels_benchmark_times_a_capped_row_beside_the_uncapped_one(tmp_path):
+    """`kvbench kernels --window 0,8 --softcap 0,0.5`: each cell uncapped, then capped on kvbench's
+    kernels, checked against the PyTorch attention with the cap (a cap of 0.5 changes these
+    scores, so a kernel that ignored it would be off by more than the tolerance), and timed
+    against the uncapped full-attention cell; the plots keep only that one."""
+    import csv
+
+    from typer.testing import CliRunner
+
+    from kvbench.cli.app import app
+
+    out = tmp_path / "kernels"
+    args = ["kernels", "--batch", "2", "--context", "40", "--block-size", "4", "--kv-heads", "2", "--gqa",
+            "2", "--head-dim", "16", "--dtype", "float16", "--repeats", "1", "--warmup", "0",
+            "--window", "0,8", "--softcap", "0,0.5", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    with open(out / "kernels.csv", newline="") as f:
+        rows = {(r["cell"], r["backend"]): r for r in csv.DictReader(f)}
+    for backend in ("kvbench-paged", "kvbench-contiguous"):
+        full = rows["B2 L40 bs4 g2", backend]
+        for label in ("B2 L40 bs4 g2 cap0.5", "B2 L40 bs4 g2 w8 cap0.5"):
+            capped = rows[label, backend]
+            assert capped["status"] == "ok" and float(capped["softcap"]) == 0.5
+            assert float(capped["max_abs_err"]) <= float(capped["atol"])
+            assert float(capped["vs_full"]) > 0
+        assert rows["B2 L40 bs4 g2 cap0.5", backend]["useful_bytes"] == full["useful_bytes"]
+        assert float(full["softcap"]) == 0
+    assert rows["B2 L40 bs4 g2 cap0.5", "torch-sdpa"]["status"] == "skipped"
+    assert rows["B2 L40 bs4 g2 cap0.5", "torch-sdpa"]["note"] == "no score cap"
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "x", "0,0", "1e7"])
+def test_kernels_benchmark_rejects_a_bad_score_cap_in_one_line(value):
+    from typer.testing import CliRunner
+
+    from kvbench.cli.app import app
+
+    result = CliRunner().invoke(app, ["kernels", "--softcap", value])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --softcap") and result.stderr.count("\n") == 1, result.stderr

@@ -103,6 +103,9 @@
 #                    (results/reference/fig12-alpaca-prefill-graphs-baselines/<engine>)
 #   kernels-mla      decode attention of full, windowed and MLA layers at batches 1-64
 #                    (results/reference/kernels-window-mla/h200-splits)
+#   kernels-softcap  decode attention of Gemma 2 9B's layers (8 KV heads of 256, 2 query heads each)
+#                    uncapped and with its score cap of 50, full and with its 4,096-token window, at
+#                    batches 1-64 (results/reference/kernels-softcap)
 #   gpu-tests        the GPU-marked tests (their report: $OUT/gpu-tests.log); GPU_TESTS_K=EXPR runs
 #                    only those pytest's -k EXPR selects
 # Traces are read from .carry/shared/traces (copy ../shared/traces there; carry ".carry/shared").
@@ -312,6 +315,11 @@ for job in "$@"; do
       folder=results/reference/kernels-window-mla/h200-splits
       timeout $left python -m kvbench kernels --batch 1,4,8,64 --context 8192,32768 --window 0 --mla \
         --backends kvbench-paged,kvbench-contiguous --repeats 30 --out $folder ;;
+    kernels-softcap)
+      folder=results/reference/kernels-softcap
+      timeout $left python -m kvbench kernels --batch 1,8,32,64 --context 4096,8192,16384 --kv-heads 8 --gqa 2 \
+        --head-dim 256 --window 0,4096 --softcap 0,50 --backends kvbench-paged,kvbench-contiguous \
+        --repeats 30 --out $folder ;;
     gpu-tests)
       folder=
       timeout $left python -m pytest -p no:xdist -q -rA -m gpu ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} tests ;;

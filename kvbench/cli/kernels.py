@@ -8,6 +8,7 @@ DeepSeek-V2-Lite's absorbed MLA decode (`kernels/mla_decode.py`) beside the K/V 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -54,6 +55,25 @@ def window_sizes(text: str) -> list[int]:
             raise KvbenchError(f"--window: {item!r} is not 0 (full attention) or a positive integer")
     check_distinct("--window", items, int)
     return [int(item) for item in items]
+
+
+MAX_SOFTCAP = 1e6  # a cap this large changes no score of a half-precision dot product
+
+
+def softcaps(text: str) -> list[float]:
+    """`"0,50"` -> `[0.0, 50.0]`: score caps, 0 for none (the row capped cells compare with)."""
+    items = [item.strip() for item in text.split(",")]
+    values = []
+    for item in items:
+        try:
+            value = float(item)
+        except ValueError:
+            value = math.nan
+        if not 0 <= value <= MAX_SOFTCAP:  # NaN too
+            raise KvbenchError(f"--softcap: {item!r} is not 0 (no cap) or a number in (0, {MAX_SOFTCAP:g}]")
+        values.append(value)
+    check_distinct("--softcap", items, float)
+    return values
 
 
 def powers_of_two(option: str, text: str, low: int, high: int) -> list[int]:
@@ -118,6 +138,13 @@ def kernels(
             "on kvbench's kernels only (e.g. 0,4096 at --context 8192,16384,32768)."
         ),
     ] = "0",
+    softcap: Annotated[
+        str,
+        typer.Option(
+            help="Score caps (Gemma 2's c x tanh(s / c)), comma separated (0: none); each cell runs at "
+            "each, caps on kvbench's kernels only (e.g. 0,50: Gemma 2's attention layers)."
+        ),
+    ] = "0",
     mla: Annotated[
         bool,
         typer.Option(
@@ -149,6 +176,7 @@ def kernels(
     block_sizes = powers_of_two("--block-size", block_size, 1, 256)
     gqas = powers_of_two("--gqa", gqa, 1, 16)
     windows = window_sizes(window)
+    caps = softcaps(softcap)
     positive_ints("--kv-heads", str(kv_heads))
     powers_of_two("--head-dim", str(head_dim), 16, 256)
     if dtype not in _DTYPES:
@@ -184,7 +212,7 @@ def kernels(
         names = tuple(n for n in names if not n.startswith("flashinfer"))
     grid = bench.grid(
         pairs, block_sizes, gqas, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, ragged=ragged,
-        windows=windows, mla=mla,
+        windows=windows, mla=mla, softcaps=caps,
     )  # fmt: skip
     config = bench.BenchConfig(
         cells=grid, backends=names, device=device, repeats=repeats, warmup=warmup, seed=seed, max_gib=max_gib

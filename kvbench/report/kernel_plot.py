@@ -43,7 +43,10 @@ def read_rows(path: Path) -> list[dict]:
 
 def plot_all(csv_path: Path, out_dir: Path) -> list[Path]:
     """Both figures from one CSV; returns the files written."""
-    rows = [r for r in read_rows(csv_path) if r.get("window", "0") == "0"]  # full attention only
+    # full attention only, uncapped (a file written before the cap was a column has none)
+    rows = [
+        r for r in read_rows(csv_path) if r.get("window", "0") == "0" and not float(r.get("softcap") or 0)
+    ]
     return plot_latency(rows, out_dir / "latency") + plot_bandwidth_fraction(
         rows, out_dir / "bandwidth_fraction"
     )
