@@ -200,6 +200,29 @@ def test_reproduce_mode_real_without_cuda_names_the_mode_before_writing(tmp_path
     assert not out.exists()
 
 
+def test_reproduce_place_only_needs_no_cuda(tmp_path, capsys, monkeypatch):
+    """--place-only simulates where Figure 12's real runs go, on any machine: the CUDA check of
+    --mode real once refused it on the CPUs it is meant for. Here it gets as far as --out (a
+    folder kvbench did not write, refused before any placement runs)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    cost = tmp_path / "cost.json"
+    cost.write_text(
+        json.dumps({"model": "opt-125m", "fixed_s": 0.01, "per_token_s": 1e-4, "per_kv_token_s": 1e-6})
+    )
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    done = kvbench(capsys, monkeypatch, "reproduce", "fig12", "--mode", "real", "--model", "opt-125m",
+                   "--place-with", str(cost), "--place-only", "--quick", "--out", str(out))  # fmt: skip
+    assert_one_error(*done, f"--out {out}", "did not write")
+    assert (out / "notes.txt").read_text() == "mine" and len(list(out.iterdir())) == 1
+    done = kvbench(capsys, monkeypatch, "reproduce", "fig12", "--mode", "real", "--model", "opt-125m",
+                   "--quick", "--out", str(tmp_path / "real"))  # fmt: skip
+    assert_one_error(*done, "--mode real: no CUDA device")  # without --place-only: real runs, refused
+
+
 def test_a_sweep_duration_past_a_traces_size_names_duration_and_rates(tmp_path, capsys, monkeypatch):
     """1e6 req/s for 1e6 s is 1e12 requests: once refused as a --num-requests never typed."""
     out = tmp_path / "sw"

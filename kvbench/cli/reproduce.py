@@ -124,7 +124,8 @@ def reproduce(
             "--prefill-graphs replays real runs' prefills: use it with --mode real (or auto on a GPU)"
         )
     setting = replace(setting, prefill_graphs=prefill_graphs)
-    if mode == "real" and not rejudge and setting.device.startswith("cuda") and not opt.has_cuda():
+    runs_here = not (rejudge or place_only)  # placing real runs simulates them: no GPU needed
+    if mode == "real" and runs_here and setting.device.startswith("cuda") and not opt.has_cuda():
         # else the first real run refuses, naming a --device this command has no flag for
         raise KvbenchError("--mode real: no CUDA device is available here (--mode simulate needs none)")
     options = Options(quick, setting, num_requests, seed, repeats, opt.deadline(deadline_s))
