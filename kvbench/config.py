@@ -96,13 +96,21 @@ def engine_reads(engine: str) -> frozenset[str]:
     return frozenset() if is_external(engine) else get_engine(engine).reads
 
 
+def unread_fields(config: RunConfig) -> frozenset[str]:
+    """The `ENGINE_FIELDS` that cannot shape `config`'s run: those its engine does not read, and
+    --swap-space-gib unless its preemption swaps."""
+    reads = engine_reads(config.engine)
+    unread = {name for name, option in ENGINE_FIELDS.items() if option not in reads}
+    return frozenset(unread | ({"swap_space_gib"} if config.preemption != "swap" else set()))
+
+
 def unread_at_defaults(config: RunConfig) -> RunConfig:
-    """`config` with the `ENGINE_FIELDS` its engine does not read at their defaults: a sweep's
-    cell of an engine that ignores an axis or flag another of its engines reads (orca-oracle in
-    a sweep of --block-sizes 8,16) runs, and records in config.json, only what shaped it."""
-    reads, defaults = engine_reads(config.engine), RunConfig.__dataclass_fields__
-    unread = {name: defaults[name].default for name, option in ENGINE_FIELDS.items() if option not in reads}
-    return replace(config, **unread)
+    """`config` with its `unread_fields` at their defaults, so a run records in config.json only
+    what shaped it: a sweep's cell of an engine that ignores an axis or flag another of its
+    engines reads (orca-oracle in a sweep of --block-sizes 8,16), or a config built in Python.
+    (The CLI refuses such a flag for a run whose engines all ignore it.)"""
+    defaults = RunConfig.__dataclass_fields__
+    return replace(config, **{name: defaults[name].default for name in unread_fields(config)})
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,7 @@ def prepare(
 ) -> Prepared:
     """Resolve and validate `config`; for emulated budgets, what the loaded model measured."""
     check_flags({f.name: getattr(config, f.name) for f in fields(config)})  # each flag's range
+    config = unread_at_defaults(config)  # what cannot shape the run is not recorded as if it had
     check_workload(config.workload)
     check_real_options(config)
     spec = None if is_external(config.engine) else get_engine(config.engine)  # external: transformers'

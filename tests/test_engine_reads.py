@@ -10,6 +10,7 @@ and a queue of long requests presses every engine's memory).
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -85,3 +86,43 @@ def test_an_option_the_engine_does_not_read_leaves_its_run_as_it_was(defaults, e
 def test_an_option_the_engine_reads_changes_its_run(defaults, engine, option):
     steps, summary = _run(engine, **CHANGED[option])
     assert (steps, summary) != defaults[engine]
+
+
+def test_a_run_records_only_what_shaped_it(tmp_path):
+    """A config built in Python (no CLI to refuse its flags) runs, and writes into config.json,
+    the defaults of what its engine does not read, and --swap-space-gib only under swap."""
+    from kvbench.simulate import write_result
+
+    small = dataclasses.replace(BASE, workload=dataclasses.replace(WORKLOAD, num_requests=5))
+    orca = simulate(dataclasses.replace(small, engine="orca-oracle", block_size=32, watermark=0.2))
+    assert (orca.prepared.config.block_size, orca.prepared.config.watermark) == (16, 0.01)
+    write_result(orca, tmp_path / "orca")
+    written = json.loads((tmp_path / "orca" / "config.json").read_text())
+    assert (written["block_size"], written["watermark"]) == (16, 0.01)
+    paged = simulate(dataclasses.replace(small, block_size=32, swap_space_gib=8.0))
+    assert (paged.prepared.config.block_size, paged.prepared.config.swap_space_gib) == (32, 4.0)
+    swapping = simulate(dataclasses.replace(small, preemption="swap", swap_space_gib=8.0))
+    assert swapping.prepared.config.swap_space_gib == 8.0
+
+
+def test_a_cell_recorded_with_a_value_its_engine_ignores_still_resumes(tmp_path):
+    """A sweep written before its cells ran at the defaults of what their engine ignores recorded
+    the sweep's value (orca-oracle at block size 8): that cannot have changed the run, so the
+    resume check passes it; a value the engine reads still counts."""
+    from kvbench.simulate import write_result
+    from kvbench.sweep.cell import config_differences
+
+    small = dataclasses.replace(BASE, workload=dataclasses.replace(WORKLOAD, num_requests=5))
+    for engine, field, value, differs in (
+        ("orca-oracle", "block_size", 8, []),
+        ("orca-oracle", "watermark", 0.2, []),
+        ("paged", "swap_space_gib", 8.0, []),
+        ("paged", "block_size", 8, ["block_size"]),
+        ("orca-oracle", "contiguous_fit", "first-fit", ["contiguous_fit"]),
+    ):
+        config = dataclasses.replace(small, engine=engine)
+        folder = tmp_path / f"{engine}-{field}"
+        write_result(simulate(config), folder)
+        recorded = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**recorded, field: value}))
+        assert config_differences(config, folder) == differs, (engine, field)

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 
-from kvbench.config import RunConfig
+from kvbench.config import RunConfig, unread_fields
 from kvbench.errors import KvbenchError
 from kvbench.flags import RealOptions, group_args
 from kvbench.metrics.summary import format_slo
@@ -179,7 +179,9 @@ def config_differences(config: RunConfig, folder: Path) -> list[str]:
     a file refitted in place since counts as a difference (`cost_model`) too.
     """
     wrote = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    differs = _differing_fields(wrote, config)
+    # a field the cell's engine never reads (a value a sweep gave every cell before cells ran at
+    # its default: `unread_at_defaults`) cannot have made the run differ
+    differs = _differing_fields(wrote, config) - unread_fields(config)
     if config.cost_model is not None and "cost_model_sha256" in wrote:
         from kvbench.calibrate.fit import cost_file_digest
 
