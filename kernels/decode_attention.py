@@ -67,12 +67,16 @@ def tile_slots(table, first, hi, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr
 @triton.jit
 def soft_cap(scores, CAP: tl.constexpr):
     """`CAP x tanh(scores / CAP)` in fp32 (CAP 0: the scores as they are). tanh from one exp of
-    the magnitude, which never overflows: (1 - e^-2|x|) / (1 + e^-2|x|), signed."""
+    the magnitude, which never overflows: (1 - e^-2|x|) / (1 + e^-2|x|), signed; below |x| of
+    1/16, where 1 - e^-2|x| would cancel (a cap far above the scores), its series
+    x (1 - x^2/3 + 2 x^4/15), whose first left-out term is below float32's precision there."""
     if CAP > 0:
         x = scores / CAP
         t = tl.exp(-2.0 * tl.abs(x))
         magnitude = (1.0 - t) / (1.0 + t)
-        scores = CAP * tl.where(x < 0, -magnitude, magnitude)
+        x2 = x * x
+        series = x * (1.0 - x2 * (1.0 / 3.0) + x2 * x2 * (2.0 / 15.0))
+        scores = CAP * tl.where(tl.abs(x) < 0.0625, series, tl.where(x < 0, -magnitude, magnitude))
     return scores
 
 
@@ -193,9 +197,10 @@ def check_addressing(kernel: str, block_tables, starts, block_size: int, merge: 
 
 
 def check_softcap(softcap: float) -> None:
-    """A score cap is 0 (none) or a positive finite number (a compiled variant each)."""
-    if not (softcap == 0 or 0 < softcap < float("inf")):
-        raise ValueError(f"softcap must be 0 (none) or a positive number, got {softcap}")
+    """A score cap is 0 (none) or a positive finite number that float32 holds as a normal number
+    (a compiled variant each; one below float32's smallest normal would reach the kernel as 0)."""
+    if not (softcap == 0 or torch.finfo(torch.float32).tiny <= softcap <= torch.finfo(torch.float32).max):
+        raise ValueError(f"softcap must be 0 (none) or a positive float32 number, got {softcap}")
 
 
 def block_width(size: int) -> int:

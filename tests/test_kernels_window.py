@@ -171,7 +171,27 @@ def test_soft_capped_prefill_matches_reference(device, lens, new, block_size, wi
     assert (out - expected).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("softcap", [-1.0, float("inf"), float("nan")])
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("softcap", [1e4, 1e6], ids=["1e4", "1e6"])
+def test_a_cap_far_above_the_scores_changes_nothing_in_either_kernel(device, softcap):
+    """There tanh(s / c) is all but s / c, which a formula of 1 - e^-2|x| loses to cancellation
+    (a cap of 1e6 was off by 2e-2 in fp16): the kernels take tanh's series there."""
+    lens, new = [70, 20], [6, 20]
+    gen = torch.Generator().manual_seed(3)
+    arena = Arena(lens, 1, 16, torch.float16, device, block_size=8, gen=gen)
+    kwargs = dict(scale=0.25, **arena.addressing())
+    q = _rand((2, 2, 16), torch.float16, device, gen)
+    expected = decode_window_attention(q, arena.k, arena.v, arena.lens, **kwargs)
+    out = decode_attention(q, arena.k, arena.v, arena.lens, softcap=softcap, **kwargs)
+    assert (out.float() - expected.float()).abs().max() <= TOLERANCE[torch.float16]
+    q = _rand((sum(new), 2, 16), torch.float16, device, gen)
+    cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], device=device)
+    expected = extend_window_attention(q, arena.k, arena.v, cu, arena.lens, **kwargs)
+    out = extend_attention(q, arena.k, arena.v, cu, arena.lens, max_new=max(new), softcap=softcap, **kwargs)
+    assert (out.float() - expected.float()).abs().max() <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize("softcap", [-1.0, float("inf"), float("nan"), 1e-40])
 def test_a_score_cap_is_zero_or_a_positive_number(softcap):
     arena = Arena([4], 1, 16, torch.float32, CPU, block_size=4, gen=torch.Generator().manual_seed(0))
     q = torch.zeros(1, 1, 16)

@@ -1,4 +1,5 @@
-"""Attention with a sliding window and score soft-capping, in PyTorch (the kernels have neither yet).
+"""Attention with a sliding window and score soft-capping, in PyTorch: the torch backend's path
+for such layers, and the oracle of the Triton kernels' window bound and cap.
 
 A window layer (Mistral; Qwen2 past max_window_layers; Gemma's local layers) lets the query at
 position `p` see positions `p - W < j <= p` only, as transformers masks them. Only those
