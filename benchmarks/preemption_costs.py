@@ -62,8 +62,9 @@ def prefill_metadata(
 
 def compute_floor_s(spec: ModelSpec, peak_flops: float, tokens: int) -> float:
     """The least time a prefill of `tokens` tokens takes at `peak_flops`: every layer's weights
-    multiply each token once (2 FLOPs a weight); the embeddings are only looked up."""
-    return tokens * 2 * (spec.num_params - spec.embedding_params) / peak_flops
+    multiply each token once (2 FLOPs a weight), a MoE layer's only those of the experts a token
+    runs (`ModelSpec.active_params`); the embeddings are only looked up."""
+    return tokens * 2 * (spec.active_params - spec.embedding_params) / peak_flops
 
 
 def measure(model, spec: ModelSpec, block_size: int, tokens: int, args: argparse.Namespace) -> dict:
