@@ -189,6 +189,28 @@ def test_calibrate_refuses_a_held_out_run_of_another_model_before_writing(tmp_pa
     assert not cost.exists()
 
 
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [({"block_size": 0}, "--block-size must be a positive power of two"),
+     ({"engine": "nosuch"}, "unknown --engine 'nosuch'"),
+     ({"workload": {"seed": "three"}}, "not a kvbench run config")],
+    ids=["block-size", "engine", "seed"],
+)  # fmt: skip
+def test_calibrate_refuses_a_held_out_run_a_replay_could_not_run_before_writing(
+    tmp_path, capsys, monkeypatch, damage, words
+):
+    """A held-out config.json that kvbench refuses (or that holds a string where the seed is a
+    number, once a TypeError) is a line naming that file, and no fit is written before it."""
+    fit, held = _real_run(tmp_path / "fit", "tiny-opt", 1), _real_run(tmp_path / "held", "tiny-opt", 2)
+    recorded = json.loads((held / "config.json").read_text())
+    workload = {**recorded["workload"], **damage.pop("workload", {})}
+    (held / "config.json").write_text(json.dumps({**recorded, **damage, "workload": workload}))
+    cost = tmp_path / "cost.json"
+    done = kvbench(capsys, monkeypatch, "calibrate", str(fit), "--held-out", str(held), "--out", str(cost))
+    assert_one_error(*done, f"--held-out {held / 'config.json'}", words)
+    assert not cost.exists()
+
+
 def test_reproduce_mode_real_without_cuda_names_the_mode_before_writing(tmp_path, capsys, monkeypatch):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

@@ -152,19 +152,38 @@ def check(cost_model: Path, runs: list[Path]) -> list[Check]:
         real = _real_summary(run)
         recorded = read_config(run)
         loaded = is_loaded(run, real, recorded)
-        # The fit prices every step: the run's own cost flags (a simulated run's) do not. No kernel
-        # runs in the replay, so the attention a GPU run recorded (--attention triton, refused on
-        # the replay's cpu device) is set back to the default.
-        config = replace(
-            recorded, cost_model=str(cost_model), device="cpu", attention="auto",
-            cost_fixed_s=None, cost_per_token_s=None, cost_per_kv_token_s=None,
-        )  # fmt: skip
-        simulated = simulate(config).summary
+        simulated = simulate(replay_config(recorded, str(cost_model))).summary
         checks += [
             Check(str(run), real["engine"], m, float(real[m]), float(simulated[m]), loaded)
             for m in METRICS if real.get(m) is not None
         ]  # fmt: skip
     return checks
+
+
+def replay_config(recorded: RunConfig, cost_model: str | None) -> RunConfig:
+    """A real run's config as its simulation replays it with `cost_model`. The fit prices every
+    step: the run's own cost flags (a simulated run's) do not. No kernel runs in the replay, so
+    the attention a GPU run recorded (--attention triton, refused on the replay's cpu device) is
+    set back to the default."""
+    return replace(
+        recorded, cost_model=cost_model, device="cpu", attention="auto",
+        cost_fixed_s=None, cost_per_token_s=None, cost_per_kv_token_s=None,
+    )  # fmt: skip
+
+
+def check_replayable(run: Path) -> None:
+    """Refuse, before anything is fitted or written, a held-out run whose config.json a replay
+    could not run (an engine, size or workload kvbench refuses, a value of the wrong type), in
+    one line naming the file: the flags kvbench's message names were never typed here."""
+    from kvbench.config import prepare
+
+    where = run / "config.json"
+    try:
+        prepare(replay_config(read_config(run), None))
+    except KvbenchError as error:
+        raise KvbenchError(f"--held-out {where}: {error}") from None
+    except (TypeError, ValueError) as error:  # a value of the wrong type where a number belongs
+        raise KvbenchError(f"--held-out {where}: not a kvbench run config ({error})") from None
 
 
 def _real_summary(run: Path) -> dict:
@@ -292,6 +311,7 @@ def fit_and_check(
         raise KvbenchError(f"--held-out {both[0]}: a run cannot be both fitted and held out")
     for run in held_out:  # before fitting: a bad held-out run fails fast, writing nothing
         _real_summary(run)
+        check_replayable(run)
     _same_prefills(fit, held_out)
     _same_model(fit, held_out)
     dropped = shared_draw(fit, held_out)
