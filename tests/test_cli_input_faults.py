@@ -7,6 +7,7 @@ Cases run through `kvbench.cli.app.main` in this process, as in test_bad_flags.p
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -334,3 +335,79 @@ def test_swap_space_without_swapping_is_refused(tmp_path, capsys, monkeypatch):
     assert not out.exists()
     code, _, err = kvbench(capsys, monkeypatch, *args[:3], "--preemption", "swap", *args[3:])
     assert code == 0, err
+
+
+@pytest.fixture(scope="module")
+def small_sweep(tmp_path_factory) -> Path:
+    """A sweep of two engines and two rates on the tiny model (simulated)."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli.app import app
+
+    out = tmp_path_factory.mktemp("fuzzed") / "sw"
+    args = ["sweep", "--engines", "paged,orca-oracle", "--model", "tiny-opt", "--kv-cache-gib", "0.002",
+            "--trace", "fixed:prompt=4,output=4", "--num-requests", "5", "--rates", "1,2",
+            "--latency-threshold", "1", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _copy(folder: Path, to: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(folder, to))
+
+
+def test_an_empty_path_names_no_folder(tmp_path, capsys, monkeypatch, small_sweep):
+    """'' once read as the current folder: `report ''` compared, and wrote into, wherever the
+    shell stood; `load_runs('')` read every run below it."""
+    import kvbench as api
+    from kvbench.errors import KvbenchError
+
+    monkeypatch.chdir(small_sweep)  # a folder of runs: '' would have found them
+    held = ("calibrate", str(small_sweep), "--held-out", "", "--out", str(tmp_path / "c.json"))
+    for args in (("report", "", "--out", str(tmp_path / "r")), ("compare", ""), ("calibrate", ""), held):
+        assert_one_error(*kvbench(capsys, monkeypatch, *args), "an empty path names no folder")
+    assert not (tmp_path / "r").exists() and not (small_sweep / "report").exists()
+    for load in (api.load_runs, api.load_run, api.load_sweep):
+        with pytest.raises(KvbenchError, match="an empty path names no folder"):
+            load("")
+
+
+def test_a_byte_order_mark_on_a_results_table_is_read_past(tmp_path, small_sweep):
+    """A spreadsheet saving a CSV as "UTF-8 with BOM" once made its first column '\\ufeffrequest_id'
+    (a KeyError traceback in compare, report, calibrate and the loaders)."""
+    import kvbench as api
+
+    sweep = _copy(small_sweep, tmp_path / "sw")
+    cell = sorted((sweep / "cells").iterdir())[0]
+    before = api.load_run(cell)
+    for name in ("requests.csv", "steps.csv"):
+        (cell / name).write_bytes(b"\xef\xbb\xbf" + (cell / name).read_bytes())
+    (sweep / "sweep.csv").write_bytes(b"\xef\xbb\xbf" + (sweep / "sweep.csv").read_bytes())
+    after = api.load_run(cell)
+    assert list(after.requests.columns) == list(before.requests.columns)
+    assert after.steps.equals(before.steps)
+    assert api.load_sweep(sweep).cells.equals(api.load_sweep(small_sweep).cells)
+
+
+def test_a_damaged_sweep_table_is_one_line(tmp_path, capsys, monkeypatch, small_sweep):
+    """sweep.csv cut to its header (report once failed in matplotlib), and a word in a number
+    column of sustained.csv (read untyped, printed, and the sustained marks dropped from plots)."""
+    header_only = _copy(small_sweep, tmp_path / "header")
+    lines = (header_only / "sweep.csv").read_text().splitlines()
+    (header_only / "sweep.csv").write_text(lines[0] + "\n")
+    done = kvbench(capsys, monkeypatch, "report", str(header_only), "--out", str(tmp_path / "r1"))
+    assert_one_error(*done, "sweep.csv", "no cells")
+    worded = _copy(small_sweep, tmp_path / "worded")
+    with open(worded / "sustained.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows[0]["rates_tried"] = "many"
+    with open(worded / "sustained.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    done = kvbench(capsys, monkeypatch, "report", str(worded), "--out", str(tmp_path / "r2"))
+    assert_one_error(*done, "sustained.csv", "'rates_tried'", "'many' is not a number")
+    assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()

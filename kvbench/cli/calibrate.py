@@ -43,14 +43,17 @@ def calibrate(
     ctx: typer.Context,
     runs: Annotated[
         list[Path],
-        typer.Argument(help="Real runs of one model to fit: run folders, or folders holding them."),
+        typer.Argument(
+            help="Real runs of one model to fit: run folders, or folders holding them.", parser=opt.named_path
+        ),
     ],
     out: Annotated[Path, typer.Option(help="Where to write the fitted model (JSON).")] = Path("cost.json"),
     held_out: Annotated[
         list[Path] | None,
         typer.Option(
             help="Real runs not fitted, each simulated with the fit and compared: a run folder or a folder "
-            "holding them (repeatable: --held-out A --held-out B; give the runs to fit first)."
+            "holding them (repeatable: --held-out A --held-out B; give the runs to fit first).",
+            parser=opt.named_path,
         ),
     ] = None,
     objective: Annotated[

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -140,6 +141,17 @@ def user_errors(command):
             raise typer.Exit(DEADLINE_EXIT) from None
 
     return wrapper
+
+
+def named_path(value: str) -> Path:
+    """A path argument that must name something (`typer.Argument(parser=named_path)`): click
+    reads an empty one as the current folder (`kvbench report ''` compared, and wrote into,
+    wherever the shell stood). '.' still names it."""
+    if isinstance(value, Path):
+        return value
+    if not value.strip():
+        raise typer.BadParameter("an empty path names no folder (the current one is '.')")
+    return Path(value)
 
 
 def given(ctx: typer.Context, name: str) -> bool:

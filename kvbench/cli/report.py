@@ -12,7 +12,9 @@ from kvbench.cli import options as opt
 Dirs = Annotated[
     list[Path],
     typer.Argument(
-        metavar="DIR", help="Run folders (summary.json), sweep folders (sweep.csv) or folders of them."
+        metavar="DIR",
+        help="Run folders (summary.json), sweep folders (sweep.csv) or folders of them.",
+        parser=opt.named_path,
     ),
 ]
 

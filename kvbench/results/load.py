@@ -35,6 +35,7 @@ from kvbench.results.packed import table_bytes, table_path
 from kvbench.results.shape import (
     FIGURE_TEXT,
     STEP_TEXT,
+    SUSTAINED_TEXT,
     SWEEP_KEYS,
     SWEEP_TEXT,
     check_config,
@@ -64,7 +65,7 @@ def read_csv(path: Path, text: Collection[str] | None = None) -> pd.DataFrame:
         return pd.DataFrame()
     path = table_path(path)  # errors name the file read: the CSV or its packed copy
     try:
-        content = data.decode("utf-8")
+        content = data.decode("utf-8-sig")  # a spreadsheet's byte-order mark is not a column's name
     except UnicodeDecodeError as error:
         raise KvbenchError(f"{path}: not UTF-8 text (byte {error.start}): not a file kvbench wrote") from None
     header = _check_lines(path, content)
@@ -194,10 +195,18 @@ def _table(path: Path, text: Collection[str], check, summary: dict) -> pd.DataFr
     return frame if found is None else check(found, frame, summary)
 
 
+def folder_path(path: Path | str) -> Path:
+    """`path` as a Path, refusing an empty string: Path('') is the current folder, which a
+    caller who passed '' never named (`load_runs('')` read every run below it)."""
+    if isinstance(path, str) and not path.strip():
+        raise KvbenchError("an empty path names no folder (the current one is '.')")
+    return Path(path)
+
+
 def load_run(path: Path | str, label: str | None = None) -> Run:
     """The run folder at `path` (summary.json, config.json, env.json, steps.csv, requests.csv),
     every file checked to hold what kvbench writes (`kvbench.results.checks`)."""
-    path = Path(path)
+    path = folder_path(path)
     summary, config = _summary_and_config(path)
     return Run(
         path, label or path.name, summary, config, read_json(path / "env.json"),
@@ -220,7 +229,7 @@ def label_runs(paths: Sequence[Path]) -> list[str]:
 def as_runs(runs: Iterable[Run | Path | str]) -> list[Run]:
     """Accept loaded runs or folder paths (plot functions take either)."""
     runs = list(runs)
-    paths = [Path(r) for r in runs if not isinstance(r, Run)]
+    paths = [folder_path(r) for r in runs if not isinstance(r, Run)]
     labels = iter(label_runs(paths))
     return [r if isinstance(r, Run) else load_run(Path(r), next(labels)) for r in runs]
 
@@ -270,7 +279,7 @@ def load_runs(paths: Path | str | Iterable[Path | str]) -> pd.DataFrame:
     """
     paths = [paths] if isinstance(paths, str | Path) else list(paths)
     folders: list[Path] = []
-    for path in map(Path, paths):
+    for path in map(folder_path, paths):
         below = runs_below(path)
         if not below:
             raise KvbenchError(f"{path}: {NOT_RESULTS}")
@@ -318,23 +327,25 @@ class Sweep:
 
 def load_sweep(path: Path | str) -> Sweep:
     """The sweep folder at `path` (sweep.csv, optional sustained.csv, cells/)."""
-    path = Path(path)
+    path = folder_path(path)
     if not (path / "sweep.csv").is_file():
         raise KvbenchError(f"{path}: {NOT_RESULTS}")
     cells = read_csv(path / "sweep.csv", text=SWEEP_TEXT)
     missing = [name for name in SWEEP_KEYS if name not in cells]
     if missing:  # a garbage file would otherwise report an empty sweep
         raise KvbenchError(f"{path / 'sweep.csv'}: no {missing[0]} column: not a sweep kvbench wrote")
+    if cells.empty:  # kvbench lists every planned cell from the start, pending ones too
+        raise KvbenchError(f"{path / 'sweep.csv'}: no cells (a header alone): not a sweep kvbench wrote")
     folder = path / "cells"
     folders = sorted(p for p in folder.iterdir() if (p / "summary.json").is_file()) if folder.is_dir() else []
-    return Sweep(path, cells, read_csv(path / "sustained.csv"), tuple(folders))
+    return Sweep(path, cells, read_csv(path / "sustained.csv", text=SUSTAINED_TEXT), tuple(folders))
 
 
 def load_figures(path: Path | str) -> pd.DataFrame:
     """A reproduction's tables (`kvbench reproduce --out PATH`): every `<figure>/figure.csv`
     below `path`, one row per number (`figure`, `engine`, `workload`, `metric`, then
     `kvbench`, `paper` and `ratio` as floats, NaN where there is none), figures in name order."""
-    path = Path(path)
+    path = folder_path(path)
     files = sorted(p for p in path.glob("*/figure.csv") if not p.parent.name.startswith("."))
     if not files:
         raise KvbenchError(f"{path}: not a kvbench reproduce folder (no <figure>/figure.csv)")

@@ -60,5 +60,13 @@ def check_config(path: Path, config: dict) -> dict:
 
 STEP_TEXT = ("kind",)  # steps.csv's only column of words: prefill, decode or mixed (chunked prefill)
 SWEEP_KEYS = ("engine", "status")  # every sweep.csv row names its engine and outcome
+SUSTAINED_TEXT = (
+    "engine",
+    "model",
+    "trace",
+    "emulate_gpu",
+    "threshold_source",
+    "how",
+)  # sustained.csv's words
 SWEEP_TEXT = ("cell_id", "role", "status", "engine", "model", "trace", "emulate_gpu", "mode", "error")
 FIGURE_TEXT = ("figure", "engine", "workload", "metric")  # a reproduction's figure.csv: the rest are numbers
