@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -411,3 +412,24 @@ def test_a_damaged_sweep_table_is_one_line(tmp_path, capsys, monkeypatch, small_
     done = kvbench(capsys, monkeypatch, "report", str(worded), "--out", str(tmp_path / "r2"))
     assert_one_error(*done, "sustained.csv", "'rates_tried'", "'many' is not a number")
     assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+
+
+def test_a_step_of_no_known_kind_is_refused_where_steps_are_read(tmp_path, capsys, monkeypatch):
+    """calibrate once fitted a row of kind 'bogus' (or 'Prefill') as a decode row, silently."""
+    import kvbench as api
+    from kvbench.errors import KvbenchError
+
+    run = _real_run(tmp_path / "run", "tiny-opt", 1)
+    with open(run / "steps.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows[-1]["kind"] = "Prefill"
+    with open(run / "steps.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    where = f"column 'kind', line {len(rows) + 1}: 'Prefill' is not a step kind (prefill, decode, mixed)"
+    cost = tmp_path / "cost.json"
+    assert_one_error(*kvbench(capsys, monkeypatch, "calibrate", str(run), "--out", str(cost)), where)
+    assert not cost.exists()
+    with pytest.raises(KvbenchError, match=re.escape(where)):
+        api.load_run(run)

@@ -243,12 +243,14 @@ def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
             f"{run}: a {facts.get('mode') or 'simulated'} run: its step times are a cost model's, and a fit "
             "to them would return that model; fit real runs (kvbench run)"
         )
-    from kvbench.results.load import read_csv  # pandas, only where steps are read: not on a simulation's path
+    from kvbench.results.checks import check_step_kinds  # pandas, only where steps are read: not on a
+    from kvbench.results.load import read_csv  # simulation's path
 
     table = read_csv(steps, text=STEP_TEXT)
     missing = [name for name in (*TERMS, "kind", "duration_s") if name not in table]
     if missing:
         raise KvbenchError(f"{steps}: no column {missing[0]!r} (written by an older kvbench?)")
+    check_step_kinds(table_path(steps), table)
     optional = [name for name in (*MAPS, READS, PAIRS, "batch_size") if name in table]
     model = facts.get("model", "?")
     if READS not in table and _has_windows(model):

@@ -204,10 +204,22 @@ def _finite(path: Path, frame: pd.DataFrame, names) -> None:
                 raise _line(path, frame, name, bad, "a finite number")
 
 
+STEP_KINDS = ("prefill", "decode", "mixed")  # steps.csv's `kind` (engines.batch.Batch.kind)
+
+
+def check_step_kinds(path: Path, frame: pd.DataFrame) -> None:
+    """Every row's `kind` one of `STEP_KINDS`: a row of another kind would be read as a decode
+    row by `kvbench calibrate` and priced, and fitted, as one."""
+    bad = ~frame["kind"].astype(str).isin(STEP_KINDS).to_numpy()
+    if bad.any():
+        raise _line(path, frame, "kind", bad, f"a step kind ({', '.join(STEP_KINDS)})")
+
+
 def check_steps(path: Path, frame: pd.DataFrame, summary: dict) -> pd.DataFrame:
-    """`frame` (steps.csv, or its packed copy, at `path`) if it has the header kvbench writes and
-    rows that add up to summary.json's `num_steps`."""
+    """`frame` (steps.csv, or its packed copy, at `path`) if it has the header kvbench writes,
+    a known kind on every row, and rows that add up to summary.json's `num_steps`."""
     _header(path, frame, STEP_COLUMNS, "steps table")
+    check_step_kinds(path, frame)
     external = summary.get("external") is True
     counts = [name for name in (*STEP_COLUMNS, *STEP_COLUMNS_LATER) if name not in STEP_NOT_COUNTS]
     _whole_numbers(path, frame, counts, external)
