@@ -117,6 +117,16 @@ def test_without_cuda_the_command_says_so(monkeypatch):
     )
 
 
+@pytest.mark.parametrize("device", ["cuda:abc", "cuda:", "cuda:-1", "cuda:0 ", "cpu"])
+def test_a_device_that_is_not_cuda_or_cuda_n_is_one_line(monkeypatch, device):
+    """`cuda:abc` once passed the check and failed in torch.device, a traceback on a GPU."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    result = CliRunner().invoke(app, ["kernels", "--batch", "1", "--device", device])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: --device: {device!r} is not cuda or cuda:N"), result.stderr
+    assert result.stderr.count("\n") == 1
+
+
 def test_exact_cells_and_option_lists():
     assert cli_kernels.cell_pairs("8x1024, 256x2048") == [(8, 1024), (256, 2048)]
     cells = bench.grid([(8, 1024), (32, 16384)], [1, 16], [4], kv_heads=8, head_dim=128, dtype="bfloat16",

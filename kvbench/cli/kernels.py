@@ -185,7 +185,7 @@ def kernels(
     names = backend_names(backends, cpu)
     if mla and not {"kvbench-paged", "kvbench-contiguous"} & set(names):
         raise KvbenchError("--mla: MLA runs on kvbench-paged and kvbench-contiguous; --backends has neither")
-    if not cpu and not (device == "cuda" or device.startswith("cuda:")):
+    if not cpu and not re.fullmatch(r"cuda(:[0-9]{1,3})?", device):
         raise KvbenchError(f"--device: {device!r} is not cuda or cuda:N (CPU runs need TRITON_INTERPRET=1)")
 
     prepare_out(out, "kernels")  # before torch is imported: a bad --out costs no start-up
@@ -207,7 +207,12 @@ def kernels(
             "kvbench kernels needs a CUDA device (torch.cuda.is_available() is False; "
             "TRITON_INTERPRET=1 runs a CPU smoke test)"
         )
-    elif any(n.startswith("flashinfer") for n in names) and not _importable("flashinfer"):
+    elif ":" in device and int(device.split(":")[1]) >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise KvbenchError(
+            f"--device {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+        )
+    if not cpu and any(n.startswith("flashinfer") for n in names) and not _importable("flashinfer"):
         typer.echo("flashinfer not importable: its columns are absent")
         names = tuple(n for n in names if not n.startswith("flashinfer"))
     grid = bench.grid(
