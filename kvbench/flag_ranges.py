@@ -302,6 +302,8 @@ def check_dependents(spec) -> None:
             f"--max-history {spec.max_history} cuts a conversation's history (--chat-turns): give "
             "--chat-turns, or leave it out"
         )
+    if spec.prefix is not None and not spec.prefix.strip():  # read as no prefix, recorded as one
+        raise KvbenchError("--prefix '' names no prefix: give a prefix spec, or leave it out")
 
 
 def check_burstiness(spec) -> None:

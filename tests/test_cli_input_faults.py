@@ -433,3 +433,23 @@ def test_a_step_of_no_known_kind_is_refused_where_steps_are_read(tmp_path, capsy
     assert not cost.exists()
     with pytest.raises(KvbenchError, match=re.escape(where)):
         api.load_run(run)
+
+
+@pytest.mark.parametrize(
+    ("flag", "words"),
+    [(("--prefix", ""), "--prefix '' names no prefix"),
+     (("--tokenizer", "tok"), "--tokenizer applies to text datasets"),
+     (("--no-text-filter",), "--no-text-filter applies to text datasets")],
+    ids=["prefix", "tokenizer", "text-filter"],
+)  # fmt: skip
+def test_a_workload_flag_its_trace_ignores_is_refused(tmp_path, capsys, monkeypatch, flag, words):
+    """Read as no prefix, or shaping only a text dataset's tokens, they were ignored while the
+    run's config.json, or the made trace's header, recorded them."""
+    out = tmp_path / "out"
+    done = kvbench(capsys, monkeypatch, *SWEEP[:1], *SWEEP[3:], "--rates", "1", *flag, "--out", str(out))
+    assert_one_error(*done, words)
+    made = tmp_path / "t.jsonl"
+    done = kvbench(capsys, monkeypatch, "trace", "make", "fixed:prompt=4,output=4", "--num-requests", "3",
+                   "--rate", "2", *flag, "--out", str(made))  # fmt: skip
+    assert_one_error(*done, words)
+    assert not out.exists() and not made.exists()

@@ -140,10 +140,29 @@ def _check(spec: WorkloadSpec) -> None:
         raise KvbenchError(f"--window-start must be a finite number >= 0, got {spec.window_start_s}")
 
 
+TEXT_KINDS = ("sharegpt", "alpaca", "dataset")  # KIND:FILE specs of text, tokenized (`workloads.text`)
+
+
+def _refuse_text_flags(spec: WorkloadSpec) -> None:
+    """--tokenizer and --no-text-filter shape a text dataset only: with a trace of lengths they
+    would be ignored while config.json (or a made trace's header) recorded them."""
+    kinds = ", ".join(f"{kind}:FILE" for kind in TEXT_KINDS)
+    for flag, given in (
+        ("--tokenizer", spec.tokenizer is not None),
+        ("--no-text-filter", not spec.text_filter),
+    ):
+        if given:
+            raise KvbenchError(
+                f"{flag} applies to text datasets ({kinds}), not --trace {spec.source}: leave it out"
+            )
+
+
 def _lengths(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[Columns, bool, int | None]:
     """Columns with lengths (and timestamps, if the source has them), and the hash block size."""
     kind, _, rest = spec.source.partition(":")
     count = spec.num_requests or DEFAULT_NUM_REQUESTS
+    if not (kind in TEXT_KINDS and rest):
+        _refuse_text_flags(spec)
     if spec.source in PRESETS:
         return _generated(synthetic.PresetLengths(spec.source), count, rng), False, None
     if kind in LENGTH_KINDS and rest:
@@ -151,7 +170,7 @@ def _lengths(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[Columns, boo
     if kind == "empirical" and rest:
         source = synthetic.EmpiricalLengths.from_trace(_read(rest))
         return _generated(source, count, rng), False, None
-    if kind in ("sharegpt", "alpaca", "dataset") and rest:
+    if kind in TEXT_KINDS and rest:
         from workloads.text import text_source
 
         trace = text_source(kind, rest, spec.tokenizer, spec.num_requests, spec.seed, spec.text_filter)
