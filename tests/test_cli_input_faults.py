@@ -453,3 +453,13 @@ def test_a_workload_flag_its_trace_ignores_is_refused(tmp_path, capsys, monkeypa
                    "--rate", "2", *flag, "--out", str(made))  # fmt: skip
     assert_one_error(*done, words)
     assert not out.exists() and not made.exists()
+
+
+def test_a_sweeps_cell_given_beside_its_sweep_is_shown_once(capsys, monkeypatch, small_sweep):
+    """It was listed twice, and the clash of labels turned every label into a full path."""
+    cell = sorted((small_sweep / "cells").iterdir())[0]
+    code, alone, err = kvbench(capsys, monkeypatch, "compare", str(small_sweep))
+    assert code == 0, err
+    code, both, err = kvbench(capsys, monkeypatch, "compare", str(small_sweep), str(cell))
+    assert code == 0, err
+    assert both == alone

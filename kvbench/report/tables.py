@@ -60,8 +60,10 @@ def discover(paths: Sequence[Path]) -> Results:
             sweep_paths += sweeps
         else:
             raise not_results(path)
-    run_paths = list(dict.fromkeys(p.resolve() for p in run_paths))  # a run given twice counts once
     sweep_paths = list(dict.fromkeys(p.resolve() for p in sweep_paths))
+    # a run given twice counts once, a sweep's cell given beside its sweep too (the sweep shows it)
+    cells = {p.parent for s in sweep_paths for p in (s / "cells").glob("*/summary.json")}
+    run_paths = [p for p in dict.fromkeys(p.resolve() for p in run_paths) if p not in cells]
     runs = sorted(_load_runs(run_paths), key=lambda r: (engine_rank(r.engine), r.label))
     return Results(tuple(runs), tuple(load_sweep(p) for p in sweep_paths), tuple(map(Path, paths)))
 
