@@ -38,6 +38,7 @@ BROKEN = [
     ("prefix_len", 5, "prefix_len <= prompt_len (4)"),
     ("prefix_len", -1, "prefix_len >= 0"),
     ("prefix_len", 1.5, "prefix_len is whole"),
+    ("prefix_len", 2, "prefix_len needs the prefix_group that shares it (none: nothing reads it)"),
     ("turn", -1, "turn >= 0"),
     ("turn", 0.5, "turn is whole"),
     ("n", 0, "n >= 1"),
@@ -96,7 +97,8 @@ def test_a_row_breaking_a_rule_is_refused_naming_file_line_and_column(tmp_path, 
 def test_the_same_rows_without_the_break_are_read(tmp_path, writer):
     """The valid neighbours of every broken row above: each refusal is the rule's, not the file's."""
     suffix = ".csv" if writer is write_csv else ".jsonl"
-    good = {**GOOD, "prefix_len": 4, "turn": 0, "n": 2, "beam_width": 1, "prompt_ids": [0, 1, 2, 3]}
+    good = {**GOOD, "prefix_group": "g", "prefix_len": 4, "turn": 0, "n": 2, "beam_width": 1,
+            "prompt_ids": [0, 1, 2, 3]}  # fmt: skip
     rows = [{"request_id": 0, "arrival_s": 0.5, "prompt_len": 4, "output_len": 3}, good]
     trace = read_trace(writer(tmp_path / f"trace{suffix}", rows))
     second = trace.requests[1]

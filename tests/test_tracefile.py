@@ -50,14 +50,15 @@ JSON_VALUES = st.one_of(
 @st.composite
 def requests(draw: st.DrawFn, request_id: int, arrival_s: float, hashed: bool) -> Request:
     prompt_len = draw(st.integers(1, 20))
+    group = draw(st.none() | TEXT)
     return Request(
         request_id=request_id,
         arrival_s=arrival_s,
         prompt_len=prompt_len,
         output_len=draw(st.integers(1, 10**6)),
         prompt_ids=draw(st.none() | st.tuples(*[TOKEN_IDS] * prompt_len)),
-        prefix_group=draw(st.none() | TEXT),
-        prefix_len=draw(st.integers(0, prompt_len)),
+        prefix_group=group,
+        prefix_len=0 if group is None else draw(st.integers(0, prompt_len)),  # a prefix is its group's
         block_hashes=draw(st.none() | st.lists(INT64, max_size=4).map(tuple)) if hashed else None,
         conversation_id=draw(st.none() | TEXT),
         turn=draw(st.none() | st.integers(0, 1000)),

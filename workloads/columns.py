@@ -132,6 +132,15 @@ def to_trace(cols: Columns, name: str, where: str | Where, *, hash_block_size: i
     )
     texts = {k: getattr(cols, k) or [None] * count for k in OPTIONAL_TEXT}
     lists = {k: getattr(cols, k) or [None] * count for k in OPTIONAL_LISTS}
+    ungrouped = np.fromiter((g is None for g in texts["prefix_group"]), dtype=bool, count=count)  # [N]
+    _fail_if(  # a prefix is shared with the requests of its group: with none, nothing reads it
+        (ints["prefix_len"] > 0) & ungrouped,
+        where,
+        cols,
+        "prefix_len",
+        "needs the prefix_group whose requests share the prefix",
+        ints["prefix_len"],
+    )
     if cols.prompt_ids is not None:
         _check_prompt_ids(cols.prompt_ids, prompt, where, cols)
     if cols.block_hashes is not None and hash_block_size is None:
