@@ -29,7 +29,7 @@ Requests, one per row, in arrival order:
 | `output_len`      | int >= 1    | yes      |         | tokens to generate (the true output length)       |
 | `prompt_ids`      | list of int | no       | none    | real prompt token ids; length == `prompt_len`     |
 | `prefix_group`    | str         | no       | none    | requests of a group share a prompt prefix         |
-| `prefix_len`      | int >= 0    | no       | 0       | tokens of that prefix (<= `prompt_len`; its group's) |
+| `prefix_len`      | int >= 0    | no       | 0       | that prefix's tokens (<= `prompt_len`; a group's) |
 | `block_hashes`    | list of int | no       | none    | prompt block hashes (needs `hash_block_size`)     |
 | `conversation_id` | str         | no       | none    | multi-turn chat: which conversation               |
 | `turn`            | int >= 0    | no       | none    | and which turn of it (0-based)                    |
