@@ -463,3 +463,48 @@ def test_a_sweeps_cell_given_beside_its_sweep_is_shown_once(capsys, monkeypatch,
     code, both, err = kvbench(capsys, monkeypatch, "compare", str(small_sweep), str(cell))
     assert code == 0, err
     assert both == alone
+
+
+def _edit_csv(path: Path, row: int, column: str, value: str) -> None:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows[row][column] = value
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [("request_throughput", "'request_throughput' must be >= 0, got -2.5"),
+     ("mean_ttft_s", "'mean_ttft_s' must be >= 0"),
+     ("occupancy", "'occupancy.token_states' must be a share of the arena in [0, 1], got 7.5"),
+     ("occupancy-sum", "'occupancy' sums to"),
+     ("ttft_s", "column 'ttft_s', line 2: '-1.0' is not a number >= 0"),
+     ("duration_s", "column 'duration_s', line 3: '-0.5' is not a number >= 0"),
+     ("rate", "column 'rate', line 2: -5.0 is not a rate")],
+)  # fmt: skip
+def test_a_number_out_of_its_range_in_a_result_is_refused(
+    tmp_path, capsys, monkeypatch, small_sweep, damage, words
+):
+    """Negative throughputs and latencies, shares of the arena past 1 and rates below 0 were read
+    and shown (a Figure 12 point at -5 req/s): kvbench writes none of them."""
+    sweep = _copy(small_sweep, tmp_path / "sw")
+    cell = sorted((sweep / "cells").iterdir())[-1]
+    summary = json.loads((cell / "summary.json").read_text())
+    if damage in ("request_throughput", "mean_ttft_s"):
+        summary[damage] = -2.5 if damage == "request_throughput" else -1.0
+    elif damage == "occupancy":
+        summary["occupancy"]["token_states"] = 7.5
+    elif damage == "occupancy-sum":
+        summary["occupancy"] = {name: 0.5 for name in summary["occupancy"]}
+    elif damage == "ttft_s":
+        _edit_csv(cell / "requests.csv", 0, "ttft_s", "-1.0")
+    elif damage == "duration_s":
+        _edit_csv(cell / "steps.csv", 1, "duration_s", "-0.5")
+    else:
+        _edit_csv(sweep / "sweep.csv", 0, "rate", "-5.0")
+    (cell / "summary.json").write_text(json.dumps(summary))
+    target = sweep if damage == "rate" else cell
+    assert_one_error(*kvbench(capsys, monkeypatch, "compare", str(target)), words)

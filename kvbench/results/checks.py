@@ -4,8 +4,9 @@
 edited by hand or cut short can still get wrong with every type right: a key kvbench always
 writes that is missing (a report would print "?" for the engine), a count below zero or
 `completed` above `num_requests` (a report would print "5/-1"), a NaN or Infinity where kvbench
-writes a number, a steps.csv or requests.csv without its header, without one of its columns, or
-without the rows summary.json counts. Each is refused with one line naming the file and the key,
+writes a number, a time, rate or latency below 0, an occupancy share outside [0, 1] or shares
+not summing to the arena, a steps.csv or requests.csv without its header, without one of its
+columns, or without the rows summary.json counts. Each is refused with one line naming the file and the key,
 column or line (`KvbenchError`).
 
 The rules are kvbench's own writers' (`kvbench.simulate.execute`, `kvbench.metrics.summary`,
@@ -38,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.errors import KvbenchError
+from kvbench.results.shape import SUMMARY_SHARES
 
 # ---- summary.json ---------------------------------------------------------------------------
 
@@ -64,6 +66,7 @@ _STAT = re.compile(r"(?:mean|median|std|p[0-9]+(?:\.[0-9]+)?)_(" + "|".join(DIST
 NAN_WITHOUT_COMPLETED = ("normalized_latency_s", "goodput_fraction")
 NAN_COLLECTED = ("energy_j", "energy_per_output_token_j")  # NVML without an energy counter
 NAN_COLLECTED_PREFIXES = ("nvml_", "host_")
+SHARE_SLACK = 1e-6  # float rounding in a share, and in their sum (kvbench writes free = 1 - the rest)
 
 
 def _shown(value) -> str:
@@ -122,7 +125,32 @@ def check_run_summary(path: Path, summary: dict) -> dict:
     for where, number in (found for key, value in summary.items() for found in _not_finite(value, key)):
         if not _nan_written(summary, where, number):
             raise KvbenchError(f"{path}: {where!r} must be a finite number, got {_shown(number)}")
+    for key in (*SUMMARY_REQUIRED_NUMBERS, *distribution_keys):  # times, rates, batch sizes
+        if _number(summary[key]) and summary[key] < 0:
+            raise KvbenchError(f"{path}: {key!r} must be >= 0, got {_shown(summary[key])}")
+    for key in SUMMARY_SHARES:
+        _check_shares(path, key, summary[key])
     return summary
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_shares(path: Path, key: str, shares) -> None:
+    """An occupancy: each category a share of the arena in [0, 1], all of them summing to 1 (or
+    every one 0: a run that never saturated), within float rounding (`SHARE_SLACK`)."""
+    if not isinstance(shares, dict):
+        return  # its type is shape.check_summary's
+    values = {name: v for name, v in shares.items() if _number(v)}
+    for name, value in values.items():
+        if not -SHARE_SLACK <= value <= 1 + SHARE_SLACK:
+            raise KvbenchError(
+                f"{path}: '{key}.{name}' must be a share of the arena in [0, 1], got {_shown(value)}"
+            )
+    total = sum(values.values())
+    if values and abs(total - 1) > SHARE_SLACK and any(values.values()):
+        raise KvbenchError(f"{path}: {key!r} sums to {total:.6g}: its categories share the whole arena (1)")
 
 
 def _nan_written(summary: dict, key: str, value: float) -> bool:
@@ -195,13 +223,18 @@ def _whole_numbers(path: Path, frame: pd.DataFrame, names, external: bool) -> No
 
 
 def _finite(path: Path, frame: pd.DataFrame, names) -> None:
-    """Columns `names` (where the table has them) hold finite numbers: no empty cell, nan or inf."""
+    """Columns `names` (where the table has them) hold finite numbers >= 0 (times from the run's
+    start, durations, latencies): no empty cell, nan, inf or negative value."""
     kinds = {name: dtype.kind for name, dtype in frame.dtypes.items()}
     for name in names:
         if kinds.get(name) == "f":  # integers are finite
             bad = ~np.isfinite(frame[name].to_numpy())
             if bad.any():
                 raise _line(path, frame, name, bad, "a finite number")
+        if kinds.get(name, "O") in "iuf":
+            bad = frame[name].to_numpy() < 0
+            if bad.any():
+                raise _line(path, frame, name, bad, "a number >= 0")
 
 
 STEP_KINDS = ("prefill", "decode", "mixed")  # steps.csv's `kind` (engines.batch.Batch.kind)

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import MIN_RATE
 from kvbench.results.checks import check_requests, check_run_summary, check_steps
 from kvbench.results.files import read_json
 from kvbench.results.packed import table_bytes, table_path
@@ -336,6 +337,15 @@ def load_sweep(path: Path | str) -> Sweep:
         raise KvbenchError(f"{path / 'sweep.csv'}: no {missing[0]} column: not a sweep kvbench wrote")
     if cells.empty:  # kvbench lists every planned cell from the start, pending ones too
         raise KvbenchError(f"{path / 'sweep.csv'}: no cells (a header alone): not a sweep kvbench wrote")
+    if "rate" in cells:  # req/s of a loaded cell (kvbench.flag_ranges' bounds); empty: an unloaded one
+        rates = cells["rate"].to_numpy(dtype=np.float64)  # [cells]
+        bad = ~np.isnan(rates) & ~((rates >= MIN_RATE) & (rates < np.inf))
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise KvbenchError(
+                f"{path / 'sweep.csv'}: column 'rate', line {row + 2}: {float(rates[row])!r} is not a rate "
+                f"(requests/s >= {MIN_RATE:g}, or empty for an unloaded cell)"
+            )
     folder = path / "cells"
     folders = sorted(p for p in folder.iterdir() if (p / "summary.json").is_file()) if folder.is_dir() else []
     return Sweep(path, cells, read_csv(path / "sustained.csv", text=SUSTAINED_TEXT), tuple(folders))
