@@ -508,18 +508,3 @@ def test_a_number_out_of_its_range_in_a_result_is_refused(
     (cell / "summary.json").write_text(json.dumps(summary))
     target = sweep if damage == "rate" else cell
     assert_one_error(*kvbench(capsys, monkeypatch, "compare", str(target)), words)
-
-
-def test_a_run_without_its_config_is_refused_by_every_reader(tmp_path, capsys, monkeypatch, small_sweep):
-    """compare, report and load_run once showed it with its rate and block size as '-', while
-    load_runs and calibrate refused it."""
-    import kvbench as api
-    from kvbench.errors import KvbenchError
-
-    cell = _copy(sorted((small_sweep / "cells").iterdir())[0], tmp_path / "run")
-    (cell / "config.json").unlink()
-    assert_one_error(*kvbench(capsys, monkeypatch, "compare", str(cell)), str(cell))
-    with pytest.raises(KvbenchError, match="no config.json|not a kvbench results folder"):
-        api.load_run(cell)
-    with pytest.raises(KvbenchError):
-        api.load_runs([cell])

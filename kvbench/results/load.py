@@ -185,8 +185,6 @@ def _summary_and_config(path: Path) -> tuple[dict, dict]:
     if not summary:
         raise KvbenchError(f"{path}: {NOT_RESULTS}")
     check_run_summary(path / "summary.json", summary)
-    if not (path / "config.json").is_file():  # the settings every reader shows (rate, block size)
-        raise KvbenchError(f"{path}: no config.json: every run kvbench writes holds its settings there")
     return summary, check_config(path / "config.json", read_json(path / "config.json"))
 
 
