@@ -200,6 +200,17 @@ def test_fetch_of_an_unknown_name_lists_the_names(tmp_path):
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize(
+    ("names", "words"),
+    [(("azure-code", "azure-code"), "NAME: azure-code is given twice"),
+     (("all", "azure-code"), "NAME: 'all' names every trace: give it alone")],
+)  # fmt: skip
+def test_fetch_of_a_name_twice_is_refused_before_any_download(tmp_path, names, words):
+    proc = kvbench("trace", "fetch", *names, env={registry.CACHE_DIR_ENV: str(tmp_path / "cache")})
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {words}") and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "cache").exists()
+
+
 def test_fetch_help_says_it_downloads(tmp_path):
     proc = kvbench("trace", "--help", env={})
     assert proc.returncode == 0 and "Download public traces by name" in proc.stdout

@@ -12,6 +12,7 @@ import typer
 
 from kvbench.cli import options as opt
 from kvbench.errors import KvbenchError
+from kvbench.flag_ranges import check_distinct
 from kvbench.results.outputs import prepare_out
 from workloads import registry
 from workloads.spec import WorkloadSpec, build_trace
@@ -108,6 +109,10 @@ def fetch(
     KVBENCH_TRACE_DIR, is not downloaded again. KVBENCH_TRACE_URL replaces
     https://raw.githubusercontent.com (a mirror). Prints each trace's license and citation:
     cite them when you publish results."""
+    if "all" in names and len(names) > 1:
+        others = ", ".join(n for n in names if n != "all")
+        raise KvbenchError(f"NAME: 'all' names every trace: give it alone, not with {others}")
+    check_distinct("NAME", names)  # a name twice would be downloaded twice
     traces = list(registry.TRACES.values()) if names == ["all"] else [registry.lookup(n) for n in names]
     failed = []
     for trace in traces:
