@@ -1,4 +1,4 @@
-"""Figures 12, 14, 17, 18b and 19 of `kvbench reproduce`, run in this process, each of their rows
+"""Figures 12, 14, 15, 17, 18b and 19 of `kvbench reproduce`, run in this process, each of their rows
 read again from the sweep files the figure wrote: the latency at each rate, the shared bound,
 every sustained rate with its bracket, capacity, the ratios and their intervals, the
 sensitivity to the bound, the best block size, and the milliseconds a preemption costs, counted
@@ -25,6 +25,7 @@ from kvbench.paper import (
     FIG12_THRESHOLD_S,
     FIG13_BATCHED,
     FIG14_BEAM6_RATIO,
+    FIG15_SAVED_PCT,
     FIG17_RATIO,
     FIG19_RECOMPUTE_MS,
     FIG19_SWAP_MS,
@@ -35,11 +36,16 @@ from kvbench.reproduce.engines import fig2, fig2_verdict, fig13, fig13_verdict
 from kvbench.reproduce.rows import Options, Row, Setting
 from kvbench.reproduce.sharing import (
     FIG14_SEQUENCE_RATES,
+    FIG15_METRIC,
+    FIG15_SEQUENCE_RATE,
+    PATTERNS,
     WIDTHS,
     _widths,
     fig14,
     fig14_engines,
     fig14_verdict,
+    fig15,
+    fig15_verdict,
     fig17,
     fig17_engines,
     fig17_verdict,
@@ -390,6 +396,68 @@ def test_figure_14s_widths_and_rows(tmp_path):
     assert result.title == "Parallel sampling and beam search: normalized latency vs rate (Alpaca)"
     assert "alpaca-paper k=6 paged/orca-oracle sustained rate" in result.verdict
     assert result.notes[-1].startswith("paper: paged over Orca (Oracle) grows from 1.3x")
+
+
+def test_figure_15s_rows_are_each_runs_saving_beside_the_papers(tmp_path):
+    """Every (trace, samples or beams, width) run: its config (the sequence load over the width,
+    the width), its saving (summary.json's sharing_saved_fraction, in %) beside the paper's where
+    the paper gives one, its preemptions, the notes naming the preempted runs, and a verdict of
+    each of the paper's savings."""
+    result = fig15(SHARING, tmp_path)
+    rows = keyed(result.rows, "fig15")
+    assert len(rows) == 2 * len(FIG15_SEQUENCE_RATE) * len(PATTERNS) * len(WIDTHS)
+    preempted = []
+    for trace, sequence_rate in FIG15_SEQUENCE_RATE.items():
+        for letter, pattern in PATTERNS.items():
+            for width in WIDTHS:
+                run = tmp_path / trace / f"{letter}{width}"
+                config = json.loads((run / "config.json").read_text())
+                workload = config["workload"]
+                assert (config["engine"], workload["source"], workload["num_requests"]) == (
+                    "paged",
+                    trace,
+                    30,
+                )
+                assert workload["rate"] == pytest.approx(sequence_rate * SHARING.setting.rate_scale / width)
+                assert workload["n" if letter == "n" else "beam_width"] == width
+                assert workload["beam_width" if letter == "n" else "n"] == 1
+                summary = json.loads((run / "summary.json").read_text())
+                saved = rows["paged", trace, f"saved_%@{letter}{width}"]
+                assert saved.kvbench == pytest.approx(100 * summary["sharing_saved_fraction"], rel=1e-12)
+                assert saved.paper == FIG15_SAVED_PCT[trace, pattern].get(width)
+                count = rows["paged", trace, f"preemptions@{letter}{width}"].kvbench
+                assert (
+                    count == summary["num_preemptions"]
+                    and rows["paged", trace, f"preemptions@{letter}{width}"].paper is None
+                )
+                if count:
+                    preempted.append(f"{trace} {letter}{width}")
+    assert any(r.kvbench > 0 for r in result.rows if r.metric.startswith("saved_%@k"))  # beams share
+    loads = ", ".join(f"{t} {r * SHARING.setting.rate_scale:g}" for t, r in FIG15_SEQUENCE_RATE.items())
+    assert f"sequence load per run: {loads} requests/s x width, so paged rarely preempts" in result.notes
+    said = [n for n in result.notes if n.startswith("preempted (sharing lost while recomputed): ")]
+    assert said == (
+        [f"preempted (sharing lost while recomputed): {', '.join(preempted)}"] if preempted else []
+    )
+    assert result.verdict == fig15_verdict(result.rows, SHARING)
+    for (trace, pattern), paper in FIG15_SAVED_PCT.items():
+        letter = {p: k for k, p in PATTERNS.items()}[pattern]
+        for width in paper:
+            assert f"{trace} {pattern} {letter}={width} {FIG15_METRIC}" in result.verdict
+    assert "not run at this width" not in result.verdict
+    assert (result.name, result.title) == (
+        "fig15",
+        "KV memory saved by sharing: parallel sampling and beam search",
+    )
+    assert any(p.startswith("saved") for p in result.plots)
+
+
+def test_figure_15s_verdict_names_a_width_not_run():
+    """A saving the paper gives at a width the rows lack is "not run", not judged."""
+    rows = [Row("fig15", "paged", "alpaca-paper", "saved_%@n2", 6.0, 6.09)]
+    verdict = fig15_verdict(rows, SHARING)
+    assert f"alpaca-paper parallel n=4 {FIG15_METRIC}" in verdict and "not run at this width" in verdict
+    assert "alpaca-paper parallel n=2" in verdict
 
 
 def test_figure_17s_rows_hold_every_orca_baseline_and_the_prefix_caches_capacity(tmp_path):
