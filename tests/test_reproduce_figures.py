@@ -460,6 +460,43 @@ def test_figure_15s_verdict_names_a_width_not_run():
     assert "alpaca-paper parallel n=2" in verdict
 
 
+def test_figure_12s_verdict_names_the_bound_and_judges_each_engine_the_paper_rates():
+    """The order, then each engine's rate where the paper gives one and kvbench measured one,
+    every metric naming the bound the rates were read under (or that none was set)."""
+    rows = [Row("fig12", "all", "sharegpt-paper", BOUND, 0.04)]
+    rows += [
+        Row("fig12", e, "sharegpt-paper", "sustained_rate_req_s", 1.0 + i, None if e == "static" else paper)
+        for i, (e, paper) in enumerate(FIG12_SUSTAINED["sharegpt-paper"].items())
+    ]
+    rows += [
+        Row("fig12", "paged", "alpaca-paper", "sustained_rate_req_s", 30.0, 28.1),
+        Row("fig12", "orca-oracle", "alpaca-paper", "sustained_rate_req_s", math.nan, 21.1),  # none measured
+    ]
+    verdict = fig12_verdict(rows, QUICK)
+    shared = "sharegpt-paper sustained rate, normalized latency <= 0.04 s/token"
+    assert f"matches (order only): {shared}: static 1 (paper 0.23), orca-max 2 (paper 0.52)" in verdict
+    for engine in ("orca-max", "orca-pow2", "orca-oracle", "paged"):
+        assert f"{shared}, {engine}: kvbench" in verdict, engine
+    assert f"{shared}, static" not in verdict  # no paper rate given in these rows
+    unset = "alpaca-paper sustained rate, normalized latency <= a bound never set"
+    assert f"matches: {unset}, paged: kvbench 30" in verdict
+    assert f"{unset}, orca-oracle" not in verdict  # its NaN is no measurement
+
+
+def test_figure_18bs_verdict_lists_the_sizes_within_5_percent_and_a_trace_with_none():
+    rows = [
+        Row("fig18b", "paged", "alpaca-paper", f"normalized_latency_s@bs{bs}", v)
+        for bs, v in ((8, 2.5), (16, 2.0), (32, 2.1), (64, 3.0))
+    ]  # 32 at exactly 1.05 x the best
+    verdict = fig18b_verdict(rows, QUICK)
+    metric = "best block size (lowest normalized latency, mean over requests)"
+    assert f"sharegpt-paper {metric}: no measurement: no block size finished" in verdict
+    assert verdict.endswith(
+        "matches: alpaca-paper best block size (lowest normalized latency, mean over requests): kvbench 16, "
+        "paper 16-32; within 5 % of the best: 16 (+0.0%), 32 (+5.0%)"
+    )
+
+
 def test_figure_17s_rows_hold_every_orca_baseline_and_the_prefix_caches_capacity(tmp_path):
     full, real = Options(quick=False, setting=Setting()), Options(quick=True, setting=Setting(real=True))
     assert fig17_engines(full) == ("orca-max", "orca-pow2", "orca-oracle", "paged", "paged-prefix")
