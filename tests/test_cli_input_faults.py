@@ -508,3 +508,15 @@ def test_a_number_out_of_its_range_in_a_result_is_refused(
     (cell / "summary.json").write_text(json.dumps(summary))
     target = sweep if damage == "rate" else cell
     assert_one_error(*kvbench(capsys, monkeypatch, "compare", str(target)), words)
+
+
+def test_a_mode_kvbench_never_writes_is_refused(tmp_path, capsys, monkeypatch):
+    """'weird' was read as a simulated run by calibrate, whose message then said why a fit to a
+    cost model's step times would return that model."""
+    run = _real_run(tmp_path / "run", "tiny-opt", 1)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "mode": "weird"}))
+    words = "'mode' must be one of real, simulated, got \"weird\""
+    done = kvbench(capsys, monkeypatch, "calibrate", str(run), "--out", str(tmp_path / "c.json"))
+    assert "'mode' must be one of real, simulated" in assert_one_error(*done, str(run / "summary.json"))
+    assert_one_error(*kvbench(capsys, monkeypatch, "compare", str(run)), words)

@@ -20,6 +20,7 @@ def _is_number(value) -> bool:
 
 # summary.json's shape, as far as readers rely on it: these keys hold text, these hold shares of
 # the arena by category, and metric keys hold numbers (or null: not measured)
+MODES = ("real", "simulated")  # summary.json's `mode`: decoded on a device, or priced by a cost model
 SUMMARY_TEXT = ("engine", "model", "trace", "trace_source", "mode", "kv_budget_source", "device", "dtype")
 SUMMARY_SHARES = ("occupancy", "occupancy_saturated")
 _METRIC_SUFFIXES = ("_s", "_bytes", "_throughput", "_fraction", "_rate", "_requests", "_tokens", "_slots")
