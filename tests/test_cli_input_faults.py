@@ -520,3 +520,17 @@ def test_a_mode_kvbench_never_writes_is_refused(tmp_path, capsys, monkeypatch):
     done = kvbench(capsys, monkeypatch, "calibrate", str(run), "--out", str(tmp_path / "c.json"))
     assert "'mode' must be one of real, simulated" in assert_one_error(*done, str(run / "summary.json"))
     assert_one_error(*kvbench(capsys, monkeypatch, "compare", str(run)), words)
+
+
+def test_a_table_that_is_a_folder_is_refused_not_read_as_absent(tmp_path, capsys, monkeypatch, small_sweep):
+    import kvbench as api
+    from kvbench.errors import KvbenchError
+
+    cell = _copy(sorted((small_sweep / "cells").iterdir())[0], tmp_path / "run")
+    (cell / "steps.csv").unlink()
+    (cell / "steps.csv").mkdir()
+    with pytest.raises(KvbenchError, match="steps.csv: is not a file"):
+        api.load_run(cell)
+    assert_one_error(
+        *kvbench(capsys, monkeypatch, "report", str(cell), "--out", str(tmp_path / "r")), "is not a file"
+    )

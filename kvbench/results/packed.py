@@ -27,11 +27,15 @@ def packed_path(path: Path) -> Path:
 
 
 def table_path(path: Path) -> Path | None:
-    """The file that holds table `path`: itself, else its packed copy; None when neither is there."""
+    """The file that holds table `path`: itself, else its packed copy; None when neither is there.
+    Something else by either name (a folder) is refused: read as no table, a run's steps would
+    silently be empty."""
     path = Path(path)
     for candidate in (path, packed_path(path)):
         if candidate.is_file():
             return candidate
+        if candidate.exists():
+            raise KvbenchError(f"{candidate}: is not a file: kvbench writes its tables as files")
     return None
 
 
