@@ -534,3 +534,16 @@ def test_a_table_that_is_a_folder_is_refused_not_read_as_absent(tmp_path, capsys
     assert_one_error(
         *kvbench(capsys, monkeypatch, "report", str(cell), "--out", str(tmp_path / "r")), "is not a file"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [(("simulate", "--engine", "paged", "--trace", ""), "--trace: an empty spec names no trace"),
+     (("simulate", "--engine", "paged", "--cost-model", ""), "--cost-model: an empty path names no file"),
+     (("trace", "stats", ""), "TRACE: an empty spec names no trace")],
+    ids=["trace", "cost-model", "trace-stats"],
+)  # fmt: skip
+def test_an_empty_trace_or_cost_file_is_named_as_empty(tmp_path, capsys, monkeypatch, args, words):
+    """'' once read as the current folder: "--trace : is a folder", a message naming nothing."""
+    assert_one_error(*kvbench(capsys, monkeypatch, *args, "--num-requests", "3", "--out", str(tmp_path / "o"))
+                     if args[0] == "simulate" else kvbench(capsys, monkeypatch, *args), words)  # fmt: skip

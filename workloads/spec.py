@@ -191,6 +191,8 @@ def _unknown_source(source: str) -> KvbenchError:
     like a path (a slash, a trace file's suffix), was meant as a file: say that it is a folder
     or missing, rather than list presets and specs the user did not mean."""
     path = Path(source)
+    if not source.strip():  # Path('') is the current folder
+        return KvbenchError("--trace: an empty spec names no trace")
     if path.is_dir():
         return KvbenchError(f"--trace {source}: is a folder, not a trace file")
     if "/" in source or os.sep in source or path.suffix.lower() in FILE_SUFFIXES:

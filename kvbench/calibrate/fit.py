@@ -550,6 +550,8 @@ def read_cost_file(path: str, flag: str) -> dict:
     """The JSON object of a cost file given as `flag`; a folder, a missing file or one that
     does not parse is a one-line error saying which, naming the flag and the path."""
     where = f"{flag} {path}"
+    if not str(path).strip():  # Path('') is the current folder
+        raise KvbenchError(f"{flag}: an empty path names no file")
     if Path(path).is_dir():
         raise KvbenchError(f"{where}: is a folder, not a kvbench calibrate file")
     if not Path(path).is_file():

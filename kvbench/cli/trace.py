@@ -158,6 +158,8 @@ def convert(
     from workloads.tracefile import read_trace, write_trace
 
     prepare_out(out, "trace", flag="OUT")
+    if not source.strip():  # Path('') is the current folder
+        raise KvbenchError("TRACE: an empty path names no trace")
     path = registry.trace_file(source)
     if path.is_dir():
         raise KvbenchError(f"TRACE {source}: is a folder, not a trace file")
