@@ -547,3 +547,14 @@ def test_an_empty_trace_or_cost_file_is_named_as_empty(tmp_path, capsys, monkeyp
     """'' once read as the current folder: "--trace : is a folder", a message naming nothing."""
     assert_one_error(*kvbench(capsys, monkeypatch, *args, "--num-requests", "3", "--out", str(tmp_path / "o"))
                      if args[0] == "simulate" else kvbench(capsys, monkeypatch, *args), words)  # fmt: skip
+
+
+def test_a_line_break_in_a_run_folders_name_stays_inside_its_markdown_cell(
+    tmp_path, capsys, monkeypatch, small_sweep
+):
+    cell = _copy(sorted((small_sweep / "cells").iterdir())[0], tmp_path / "two\nlines")
+    code, out, err = kvbench(capsys, monkeypatch, "compare", "--markdown", str(cell))
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if line.startswith("|")]
+    assert rows and all(line.endswith("|") for line in rows)  # no row cut in two
+    assert "two lines" in rows[0]

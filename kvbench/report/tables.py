@@ -201,8 +201,8 @@ def metric_table(runs: Sequence[Run], metrics: Sequence[Metric]) -> tuple[list[s
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    def cell(text: str) -> str:
-        return str(text).replace("|", "\\|")
+    def cell(text: str) -> str:  # one table cell: a line break (a folder's name may hold one) ends the row
+        return " ".join(str(text).replace("|", "\\|").splitlines())
 
     lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
