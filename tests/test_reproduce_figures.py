@@ -403,7 +403,8 @@ def test_figure_15s_rows_are_each_runs_saving_beside_the_papers(tmp_path):
     the width), its saving (summary.json's sharing_saved_fraction, in %) beside the paper's where
     the paper gives one, its preemptions, the notes naming the preempted runs, and a verdict of
     each of the paper's savings."""
-    result = fig15(SHARING, tmp_path)
+    options = Options(quick=True, setting=Setting(rate_scale=2.0), num_requests=30, seed=3)  # not defaults
+    result = fig15(options, tmp_path)
     rows = keyed(result.rows, "fig15")
     assert len(rows) == 2 * len(FIG15_SEQUENCE_RATE) * len(PATTERNS) * len(WIDTHS)
     preempted = []
@@ -418,7 +419,8 @@ def test_figure_15s_rows_are_each_runs_saving_beside_the_papers(tmp_path):
                     trace,
                     30,
                 )
-                assert workload["rate"] == pytest.approx(sequence_rate * SHARING.setting.rate_scale / width)
+                assert workload["seed"] == 3 and config["kv_cache_gib"] == Setting().kv_cache_gib
+                assert workload["rate"] == pytest.approx(sequence_rate * 2.0 / width)
                 assert workload["n" if letter == "n" else "beam_width"] == width
                 assert workload["beam_width" if letter == "n" else "n"] == 1
                 summary = json.loads((run / "summary.json").read_text())
@@ -433,13 +435,13 @@ def test_figure_15s_rows_are_each_runs_saving_beside_the_papers(tmp_path):
                 if count:
                     preempted.append(f"{trace} {letter}{width}")
     assert any(r.kvbench > 0 for r in result.rows if r.metric.startswith("saved_%@k"))  # beams share
-    loads = ", ".join(f"{t} {r * SHARING.setting.rate_scale:g}" for t, r in FIG15_SEQUENCE_RATE.items())
+    loads = ", ".join(f"{t} {r * 2.0:g}" for t, r in FIG15_SEQUENCE_RATE.items())
     assert f"sequence load per run: {loads} requests/s x width, so paged rarely preempts" in result.notes
     said = [n for n in result.notes if n.startswith("preempted (sharing lost while recomputed): ")]
     assert said == (
         [f"preempted (sharing lost while recomputed): {', '.join(preempted)}"] if preempted else []
     )
-    assert result.verdict == fig15_verdict(result.rows, SHARING)
+    assert result.verdict == fig15_verdict(result.rows, options)
     for (trace, pattern), paper in FIG15_SAVED_PCT.items():
         letter = {p: k for k, p in PATTERNS.items()}[pattern]
         for width in paper:
