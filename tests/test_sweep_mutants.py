@@ -117,9 +117,9 @@ def test_a_row_without_busy_time_or_saturated_time_or_a_summary():
 
 def test_a_duration_sets_a_loaded_cells_request_count_and_nothing_else_does():
     base = RunConfig("paged", workload=WorkloadSpec("sharegpt-paper", num_requests=300))
-    loaded = Cell(GRID, "orca-max", "alpaca-paper", 2.01, 32, 6.0, 3)
+    loaded = Cell(GRID, "paged", "alpaca-paper", 2.01, 32, 6.0, 3)
     config = cell_config(base, loaded, duration_s=10.0)
-    assert (config.engine, config.block_size, config.kv_cache_gib) == ("orca-max", 32, 6.0)
+    assert (config.engine, config.block_size, config.kv_cache_gib) == ("paged", 32, 6.0)
     assert config.workload.num_requests == 21  # ceil(2.01 x 10)
     assert (config.workload.source, config.workload.rate, config.workload.seed) == ("alpaca-paper", 2.01, 3)
     slow = replace(loaded, rate=0.5)
