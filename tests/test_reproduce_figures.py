@@ -26,6 +26,7 @@ from kvbench.paper import (
     FIG13_BATCHED,
     FIG14_BEAM6_RATIO,
     FIG15_SAVED_PCT,
+    FIG16_RATIO,
     FIG17_RATIO,
     FIG19_RECOMPUTE_MS,
     FIG19_SWAP_MS,
@@ -38,6 +39,7 @@ from kvbench.reproduce.sharing import (
     FIG14_SEQUENCE_RATES,
     FIG15_METRIC,
     FIG15_SEQUENCE_RATE,
+    FIG16_RATES,
     PATTERNS,
     WIDTHS,
     _widths,
@@ -46,6 +48,8 @@ from kvbench.reproduce.sharing import (
     fig14_verdict,
     fig15,
     fig15_verdict,
+    fig16,
+    fig16_verdict,
     fig17,
     fig17_engines,
     fig17_verdict,
@@ -523,6 +527,35 @@ def test_figure_17s_rows_hold_every_orca_baseline_and_the_prefix_caches_capacity
     assert result.verdict == fig17_verdict(result.rows, SHARING)
     assert result.name == "fig17"
     assert result.title == "Chatbot: normalized latency vs rate (history cut to 1024 tokens)"
+
+
+def test_figure_16s_rows_are_each_prefixs_sweep_read_back(tmp_path):
+    """Per few-shot prefix: the sweep of the translation requests behind it, on the paper's
+    model where the setting is the paper's, its rows (paged-prefix over orca-oracle against the
+    paper's ratio), notes, plots and verdict."""
+    result = fig16(SHARING, tmp_path)
+    rows = keyed(result.rows, "fig16")
+    engines = ("orca-oracle", "paged", "paged-prefix")
+    for prefix, paper in FIG16_RATIO.items():
+        label, sweep = f"translation {prefix}", tmp_path / prefix
+        cells = cells_of(sweep)
+        assert {c["engine"] for c in cells} == set(engines)
+        assert {c["rate"] for c in cells if c["role"] == "grid"} == set(FIG16_RATES["quick"])
+        config = json.loads((sweep / "cells" / cells[0]["cell_id"] / "config.json").read_text())
+        assert (config["model"], config["workload"]["prefix"]) == ("llama-13b", prefix)
+        capacity = check_rate_rows(
+            rows, label, sweep, engines, {"orca-oracle": paper}, numerator="paged-prefix"
+        )
+        assert set(unsaturated_note(label, sweep, engines, capacity)) <= set(result.notes)
+        assert f"{prefix}/latency_vs_rate.png" in result.plots
+        assert f"translation {prefix} paged-prefix/orca-oracle sustained rate" in result.verdict
+    assert {k[1] for k in rows} == {f"translation {prefix}" for prefix in FIG16_RATIO}
+    assert any(n.startswith("llama-13b; requests: ") for n in result.notes)
+    assert result.verdict == fig16_verdict(result.rows, SHARING)
+    assert (result.name, result.title) == (
+        "fig16",
+        "Shared prefix: normalized latency vs rate (translation, few-shot prefix)",
+    )
 
 
 def _ratio(figure: str, pair: str, label: str, value: float, low: float, high: float) -> Row:
