@@ -113,7 +113,7 @@ from kvbench.errors import KvbenchError
 from kvbench.flag_ranges import MAX_STEP_COST_S
 from kvbench.results.files import read_json
 from kvbench.results.packed import table_path
-from kvbench.results.shape import MODES, STEP_TEXT, check_summary
+from kvbench.results.shape import STEP_TEXT, check_summary
 
 TERMS = ("num_steps", "num_tokens", "context_tokens", "swapped_blocks")  # steps.csv columns
 PREFILL = "prefill"  # steps.csv `kind` of a prefill row: the fifth term counts them, the sixth
@@ -235,14 +235,12 @@ def read_rows(run: Path, *, simulated_ok: bool = False) -> Rows:
     if table_path(steps) is None or not summary.is_file():
         raise KvbenchError(f"{run}: not a kvbench run folder (no steps.csv and summary.json)")
     facts = check_summary(summary, read_json(summary))
-    if facts.get("mode") not in MODES:
-        raise KvbenchError(f"{summary}: 'mode' must be one of {', '.join(MODES)}, got {facts.get('mode')!r}")
     if facts.get("external"):
         engine = facts.get("engine")
         raise KvbenchError(f"{run}: a run of the external engine {engine}: its steps are not kvbench's")
     if facts.get("mode") != "real" and not simulated_ok:
         raise KvbenchError(
-            f"{run}: a {facts.get('mode')} run: its step times are a cost model's, and a fit "
+            f"{run}: a {facts.get('mode') or 'simulated'} run: its step times are a cost model's, and a fit "
             "to them would return that model; fit real runs (kvbench run)"
         )
     from kvbench.results.checks import check_step_kinds  # pandas, only where steps are read: not on a

@@ -147,11 +147,12 @@ def named_path(value: str) -> Path:
     """A path argument that must name something (`typer.Argument(parser=named_path)`): click
     reads an empty one as the current folder (`kvbench report ''` compared, and wrote into,
     wherever the shell stood). '.' still names it."""
-    if isinstance(value, Path):
-        return value
-    if not value.strip():
-        raise typer.BadParameter("an empty path names no folder (the current one is '.')")
-    return Path(value)
+    from kvbench.results.load import folder_path  # pandas: only where a command takes such a path
+
+    try:
+        return folder_path(value)
+    except KvbenchError as error:  # click's own form: the parameter named, exit code 2
+        raise typer.BadParameter(str(error)) from None
 
 
 def given(ctx: typer.Context, name: str) -> bool:

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.errors import KvbenchError
-from kvbench.results.shape import MODES, SUMMARY_SHARES
+from kvbench.results.shape import SUMMARY_SHARES
 
 # ---- summary.json ---------------------------------------------------------------------------
 
@@ -108,8 +108,6 @@ def check_run_summary(path: Path, summary: dict) -> dict:
             raise KvbenchError(f"{path}: no {key!r}: every summary.json kvbench writes has it")
         if summary[key] is None and key not in nullable:
             raise KvbenchError(f"{path}: {key!r} is null: kvbench writes a value there")
-    if summary["mode"] not in MODES:
-        raise KvbenchError(f"{path}: 'mode' must be one of {', '.join(MODES)}, got {_shown(summary['mode'])}")
     counts = [*SUMMARY_REQUIRED_COUNTS, *(k for k in SUMMARY_OPTIONAL_COUNTS if k in summary)]
     counts += [k for k in summary if k.startswith("num_") and k not in counts]
     for key in counts:

@@ -31,7 +31,9 @@ def check_summary(path: Path, summary: dict) -> dict:
     """`summary` (read from `path`) if every key readers use has its type, else a one-line
     error naming the file and the key."""
     for key, value in summary.items():
-        if key in SUMMARY_TEXT:
+        if key == "mode":  # another would be read as one of these (calibrate: as simulated)
+            ok, want = value in MODES, f"one of {', '.join(MODES)}"
+        elif key in SUMMARY_TEXT:
             ok, want = value is None or isinstance(value, str), "a string"
         elif key in SUMMARY_SHARES:
             ok = isinstance(value, dict) and all(_is_number(v) for v in value.values())
