@@ -15,12 +15,19 @@ step (a chunk's end, not its prompt's).
 
 Default constants are a roofline of the model on the emulated GPU's datasheet numbers:
 
-- `fixed_s`: every step reads all weights once: weight bytes / HBM bandwidth.
+- `fixed_s`: every step reads all weights once: weight bytes / HBM bandwidth (a MoE model's
+  routed experts apart, below).
 - `per_token_s`: each token fed costs 2 FLOPs per parameter it runs: 2 x params / fp16 FLOP/s,
-  a MoE model's counting only the routed experts a token runs (`ModelSpec.active_params`); its
-  weight reads stay every expert's, what a decode step whose rows route to every expert reads
-  (DeepSeek-V2-Lite, 6 of 64 routed experts a token: 95 % of them at 32 rows, 54 % at 8, so
-  `fixed_s` overprices small batches by up to the experts' share of the weights).
+  a MoE model's counting only the routed experts a token runs (`ModelSpec.active_params`).
+- `routed_experts_s`, `expert_pick`: a MoE model's routed experts are read by a step only where
+  one of its token rows picks them, as a grouped dispatch runs them: reading all of them once
+  costs `routed_experts_s`, and a step of r rows pays the share 1 - (1 - pick)^r of it, pick
+  being top-k / experts (`expert_reads`). DeepSeek-V2-Lite (6 of 64 a token, 14.4 of its 15.7 B
+  parameters routed experts): 9 % at one row, 54 % at 8, 96 % at 32 (`routed_share`: rows
+  picking independently and uniformly, an upper bound for a router that favours some). The roofline is
+  the grouped dispatch's, kvbench's default on a MoE model; the dense one (`--expert-dispatch
+  dense`: every expert over every row) reads and runs every expert each step, which a fit to its
+  runs absorbs (pick 1 in a file prices it). A dense model has neither term.
 - `per_kv_token_s`: attention reads each context token's K/V: KV bytes per token / bandwidth.
 
 Swap preemption adds `per_swap_block_s` per block copied: a fixed transfer latency (10 µs) plus
@@ -136,6 +143,11 @@ class CostModel:
     # long prompt's tokens dearer than a short one's (quadratic attention) and a chunk deep in a
     # prompt dearer than its first; 0 in the roofline and in files fitted before it was recorded
     per_attention_pair_s: float = 0.0
+    # MoE: reading every routed expert's weights once, beyond `fixed_s`; a step pays the share its
+    # rows pick (`expert_reads`). 0 for a dense model and in fitted files (a fit's `fixed_s` and
+    # `per_token_s` hold what its runs' expert reads cost)
+    routed_experts_s: float = 0.0
+    expert_pick: float = 0.0  # the share of the routed experts one token row picks (top-k / experts)
     assumed: tuple[str, ...] = ()  # fields no run measured (a calibrated model's; see DEFAULT_SOURCES)
 
     def takes_time(self) -> bool:
@@ -154,6 +166,13 @@ class CostModel:
         """The rows a decode step of `batch` sequences runs: its graph's bucket under `pads_decode`."""
         return graph_rows(batch) if self.pads_decode else batch
 
+    def expert_reads(self, rows: float) -> float:
+        """Seconds of routed-expert weight reads in a step of `rows` token rows: each routed
+        expert is read when at least one row picks it (`routed_share`)."""
+        if not self.routed_experts_s:
+            return 0.0
+        return self.routed_experts_s * routed_share(self.expert_pick, rows)
+
     def per_token(self, prefill: bool) -> float:
         """The cost of one token fed in a prefill step (`prefill`) or one decode row."""
         if prefill and self.per_prefill_token_s is not None:
@@ -169,9 +188,14 @@ class CostModel:
         bandwidth_efficiency: float = 0.8,
         compute_efficiency: float = 0.6,
     ) -> CostModel:
+        """The datasheet roofline of `model` on `gpu` (the module docstring gives each term); a MoE
+        model's experts as the grouped dispatch runs them, kvbench's default for one."""
         bandwidth = gpu.read_bandwidth * bandwidth_efficiency
+        routed = model.routed_expert_params if model.expert_pick else 0  # top-k unknown: all in fixed_s
         return cls(
-            fixed_s=model.weight_bytes / bandwidth,
+            fixed_s=(model.num_params - routed) * model.dtype_bytes / bandwidth,
+            routed_experts_s=routed * model.dtype_bytes / bandwidth,
+            expert_pick=model.expert_pick,
             per_token_s=2 * model.active_params / (gpu.fp16_flops * compute_efficiency),
             per_kv_token_s=model.kv_bytes_per_token / bandwidth,
             per_swap_block_s=SWAP_LATENCY_S + block_size * model.kv_bytes_per_token / HOST_LINK_BANDWIDTH,
@@ -179,6 +203,15 @@ class CostModel:
             per_map_page_s=MAP_PAGE_S,
             per_unmap_page_s=UNMAP_PAGE_S,
         )
+
+
+def routed_share(pick: float, rows: float) -> float:
+    """The expected share of a MoE layer's routed experts that `rows` token rows pick between
+    them, each row a share `pick` of them, rows independent and uniform: an expert no row picks
+    has probability (1 - pick)^rows. A router that favours some experts reaches fewer distinct
+    ones (for independent rows the uniform case is the most), so as a share of weights read it is
+    an upper bound."""
+    return 1.0 - (1.0 - pick) ** rows
 
 
 def graph_rows(batch: int) -> int:
@@ -285,6 +318,7 @@ class CostModelRunner:
         rows = c.decode_rows(n)  # a decode step's rows (its graph's, padded); a prefill's tokens below
         fed = tokens if batch.is_prefill else rows
         first = c.fixed_s + c.per_token(batch.is_prefill) * fed + c.per_kv_token_s * context
+        first += c.expert_reads(fed)
         first -= c.per_kv_token_s * skipped[0]
         first += c.per_swap_block_s * swaps
         first += c.per_copy_slot_s * batch.copied_slots
@@ -298,6 +332,7 @@ class CostModelRunner:
         # later steps are decodes: one token per sequence, context one longer each step
         growth = c.per_kv_token_s * n * np.arange(max_steps)  # (k,)
         per_step = c.fixed_s + c.per_token_s * rows + c.above_knee(rows) + c.per_kv_token_s * context
+        per_step += c.expert_reads(rows)
         durations = per_step + growth
         durations -= c.per_kv_token_s * skipped
         durations[0] = first  # step 0 also pays the swaps, copies and page maps scheduled with it

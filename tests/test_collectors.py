@@ -45,6 +45,23 @@ def test_roofline_counts_weights_once_per_step_and_the_kv_each_step_moves():
     assert summary["roofline_efficiency"] == pytest.approx(row["roofline_s"] / 40.0)
 
 
+def test_roofline_reads_the_routed_experts_a_steps_rows_pick():
+    """Of 1,000 weight bytes 800 are routed experts, each row picking a quarter of them: 2 rows
+    pick 1 - 0.75^2 = 43.75 % between them, so a step must read 200 + 350 bytes of weights."""
+    seqs = (decoding(9), decoding(19))
+    batch = Batch(seqs, is_prefill=False, num_tokens=2, num_context=30, steps_to_finish=49)
+    moe = Roofline(
+        weight_bytes=1000, kv_bytes_per_token=10, read_bandwidth=100.0, routed_bytes=800, expert_pick=0.25
+    )
+    row = moe.row(batch, [10, 20], StepResult(np.array([1.0, 1.0, 1.0])))
+    assert row["roofline_s"] == pytest.approx((3 * 550 + (28 + 30 + 32 + 6) * 10) / 100.0, rel=1e-12)
+    every = Roofline(
+        weight_bytes=1000, kv_bytes_per_token=10, read_bandwidth=100.0, routed_bytes=800, expert_pick=1.0
+    )
+    one_step = every.row(batch, [10, 20], StepResult(np.array([1.0])))
+    assert one_step["roofline_s"] == (1000 + (28 + 2) * 10) / 100.0  # a pick of 1: every weight
+
+
 class Counting:
     """A collector that numbers the rows it saw: proves the wrapper calls every collector."""
 

@@ -23,7 +23,8 @@ from kvbench.errors import KvbenchError
 
 REQUIRED = ("fixed_s", "per_token_s", "per_kv_token_s")
 OPTIONAL = ("per_swap_block_s", "per_copy_slot_s", "per_prefill_s", "per_prefill_token_s", "per_map_page_s",
-            "per_unmap_page_s", "per_row_above_knee_s", "per_segment_s", "per_attention_pair_s")  # fmt: skip
+            "per_unmap_page_s", "per_row_above_knee_s", "per_segment_s", "per_attention_pair_s",
+            "routed_experts_s")  # fmt: skip
 TERMS = REQUIRED + OPTIONAL
 
 
@@ -45,16 +46,19 @@ def _refused(path: str, *words: str) -> str:
 
 def test_the_loader_knows_every_cost_term_of_the_model():
     """A term added to CostModel and not to the loader would be read as its default from every file."""
-    assert set(TERMS) | {"knee_batch", "pads_decode", "assumed"} == {f.name for f in fields(CostModel)}
+    others = {"knee_batch", "pads_decode", "assumed", "expert_pick"}  # a batch, a flag, a list, a share
+    assert set(TERMS) | others == {f.name for f in fields(CostModel)}
 
 
 def test_every_term_is_taken_as_written(tmp_path):
     """Distinct values, one per term, land each in its own field: none dropped, none swapped."""
     values = {term: (i + 1) * 1e-6 for i, term in enumerate(TERMS)}
-    path = _file(tmp_path, **values, knee_batch=24, pads_decode=True, assumed=["per_copy_slot_s"])
+    others = {"knee_batch": 24, "pads_decode": True, "assumed": ["per_copy_slot_s"], "expert_pick": 0.25}
+    path = _file(tmp_path, **values, **others)
     loaded = load_cost_model(path, "opt-13b")
     assert {term: getattr(loaded, term) for term in TERMS} == values
     assert (loaded.knee_batch, loaded.pads_decode, loaded.assumed) == (24, True, ("per_copy_slot_s",))
+    assert loaded.expert_pick == 0.25
     assert all(isinstance(getattr(loaded, term), float) for term in TERMS)  # an int 0 is read as 0.0
 
 
@@ -90,7 +94,8 @@ def test_a_cost_over_an_hour_a_step_is_refused(tmp_path, term):
     """1e300 s a step is finite, but a run's latencies then overflow to inf (their variance
     squares them), and report refuses the summary.json the simulation wrote."""
     _refused(_file(tmp_path, **{term: 1e300}), f"{term!r} is 1e+300 s, over a step's most (3600 s)")
-    assert getattr(load_cost_model(_file(tmp_path, **{term: 3600}), "opt-13b"), term) == 3600.0
+    pick = {"expert_pick": 0.5} if term == "routed_experts_s" else {}  # expert reads need a share read
+    assert getattr(load_cost_model(_file(tmp_path, **{term: 3600}, **pick), "opt-13b"), term) == 3600.0
 
 
 def test_a_file_of_another_model_or_of_none_is_refused(tmp_path):
@@ -190,7 +195,8 @@ def test_the_digest_follows_the_model_and_every_priced_term_and_nothing_else(tmp
         assert cost_file_digest(_file(tmp_path, **{term: 7e-7})) != base, term
     assert cost_file_digest(_file(tmp_path, knee_batch=16)) != base
     # a term added after files were written: absent or 0, the file prices as it did
-    zeros = {"per_segment_s": 0, "per_attention_pair_s": 0, "pads_decode": False}
+    zeros = {"per_segment_s": 0, "per_attention_pair_s": 0, "pads_decode": False, "routed_experts_s": 0,
+             "expert_pick": 0}  # fmt: skip
     assert cost_file_digest(_file(tmp_path, **zeros)) == base
     assert cost_file_digest(_file(tmp_path, held_out=[{"error": 0.1}], rows=5)) == base
     assert cost_file_digest(str(tmp_path / "none.json")) is None

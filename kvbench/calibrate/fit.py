@@ -132,7 +132,9 @@ FITTED = ("fixed_s", "per_token_s", "per_kv_token_s", "per_swap_block_s", "per_p
           "per_attention_pair_s")  # fmt: skip
 # terms added after files were written: left out of a file's digest while absent or 0, so a file
 # that does not use one keeps the digest it had (and the runs priced with it stay current)
-UNPRICED_WHEN_ZERO = ("per_segment_s", "pads_decode", "per_attention_pair_s")
+UNPRICED_WHEN_ZERO = (
+    "per_segment_s", "pads_decode", "per_attention_pair_s", "routed_experts_s", "expert_pick"
+)  # fmt: skip
 # a knee is kept when its squared (scaled) error is at most this share of the linear fit's (the
 # module docstring says why a tenth); `kvbench calibrate --knee-gain` sets another
 KNEE_GAIN = 0.9
@@ -603,7 +605,7 @@ def load_cost_model(path: str, model: str, engine: str | None = None) -> CostMod
     required = ("fixed_s", "per_token_s", "per_kv_token_s")
     optional = ("per_swap_block_s", "per_copy_slot_s", "per_prefill_s", "per_prefill_token_s",
                 "per_map_page_s", "per_unmap_page_s", "per_row_above_knee_s", "per_segment_s",
-                "per_attention_pair_s")  # fmt: skip
+                "per_attention_pair_s", "routed_experts_s")  # fmt: skip
     missing = [key for key in required if key not in data]
     if missing:
         raise KvbenchError(f"{where}: not a kvbench calibrate file (no {missing[0]!r})")
@@ -618,13 +620,22 @@ def load_cost_model(path: str, model: str, engine: str | None = None) -> CostMod
         if value > MAX_STEP_COST_S:
             raise KvbenchError(f"{where}: {key!r} is {value:g} s, over a step's most ({MAX_STEP_COST_S:g} s)")
         values[key] = float(value)
+    pick = data.get("expert_pick")  # a share, not a cost: absent in files fitted before it, and 0 in any fit
+    if pick is not None:
+        if isinstance(pick, bool) or not isinstance(pick, int | float) or not 0 <= pick <= 1:
+            shown = json.dumps(pick)
+            raise KvbenchError(f"{where}: 'expert_pick' is a share of routed experts, in [0, 1], got {shown}")
+        values["expert_pick"] = float(pick)
+    if values.get("routed_experts_s") and not pick:
+        raise KvbenchError(f"{where}: 'routed_experts_s' needs an 'expert_pick' > 0 (the share a row reads)")
     knee = data.get("knee_batch")
     if knee is not None and (isinstance(knee, bool) or not isinstance(knee, int) or knee < 1):
         raise KvbenchError(f"{where}: 'knee_batch' must be a whole number >= 1 or null, got {knee}")
     pads = data.get("pads_decode", False)  # absent in files fitted before it existed: the batch
     if not isinstance(pads, bool):
         raise KvbenchError(f"{where}: 'pads_decode' must be true or false, got {json.dumps(pads)}")
-    terms = {f.name for f in fields(CostModel) if f.name not in ("knee_batch", "assumed", "pads_decode")}
+    not_costs = ("knee_batch", "assumed", "pads_decode", "expert_pick")  # a batch, lists, a flag, a share
+    terms = {f.name for f in fields(CostModel) if f.name not in not_costs}
     assumed = data.get("assumed")
     if assumed is None:  # an older file: what it could not fit is what it lacks or left at 0
         lacks = ("per_swap_block_s", "per_copy_slot_s", "per_map_page_s", "per_unmap_page_s")

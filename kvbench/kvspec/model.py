@@ -195,8 +195,23 @@ class ModelSpec:
         if self.moe is None or not self.moe.top_k:
             return self.num_params
         e = self.moe
-        idle = (e.experts - e.top_k) * 3 * self.hidden * e.expert_ffn
-        return self.num_params - (self.num_layers - e.dense_layers) * idle
+        return self.num_params - self.routed_expert_params // e.experts * (e.experts - e.top_k)
+
+    @property
+    def routed_expert_params(self) -> int:
+        """The routed experts of every MoE layer (not the shared ones, not the router): weights a
+        token runs only where its router picks them, and a step reads only where one of its
+        tokens does (`CostModel.roofline`). 0 for a dense model."""
+        if self.moe is None:
+            return 0
+        e = self.moe
+        return (self.num_layers - e.dense_layers) * e.experts * 3 * self.hidden * e.expert_ffn
+
+    @property
+    def expert_pick(self) -> float:
+        """The share of a MoE layer's routed experts one token runs (top-k / experts); 0 for a dense
+        model and for a MoE shape whose top-k is unknown."""
+        return self.moe.top_k / self.moe.experts if self.moe is not None else 0.0
 
     @property
     def _final_norm(self) -> int:

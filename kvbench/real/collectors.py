@@ -30,7 +30,7 @@ from typing import Protocol
 import numpy as np
 
 from engines.scheduler import Batch
-from kvbench.cost_model import KvReads
+from kvbench.cost_model import KvReads, routed_share
 from kvbench.errors import KvbenchError
 from kvbench.flag_ranges import check_distinct
 from kvbench.runner import Runner, StepResult
@@ -144,15 +144,21 @@ class TorchMemory:
 class Roofline:
     """Each decode row's floor: bytes that must move over the measured read bandwidth.
     `reads`: what the model's window layers skip (`KvReads.of` its group shapes); the default,
-    no window layers, counts every layer reading its whole context."""
+    no window layers, counts every layer reading its whole context. `routed_bytes`: a MoE model's
+    routed experts (part of `weight_bytes`), of which a step of b rows must read only the share
+    its rows pick (`routed_share` of `expert_pick`); 0 where every step reads them all (a dense
+    model, or the dense expert dispatch)."""
 
     def __init__(
-        self, weight_bytes: int, kv_bytes_per_token: int, read_bandwidth: float, reads: KvReads | None = None
+        self, weight_bytes: int, kv_bytes_per_token: int, read_bandwidth: float, reads: KvReads | None = None,
+        *, routed_bytes: int = 0, expert_pick: float = 0.0,
     ) -> None:  # fmt: skip
         self.weight_bytes = weight_bytes
         self.kv_bytes_per_token = kv_bytes_per_token
         self.bandwidth = read_bandwidth
         self.reads = reads or KvReads()
+        self.routed_bytes = routed_bytes
+        self.expert_pick = expert_pick
 
     def begin(self) -> None:
         """Nothing to note before a call: a row's floor is the batch's arithmetic."""
@@ -163,7 +169,8 @@ class Roofline:
         k, b = len(result.durations), len(contexts)
         # step j reads contexts[i] - 1 + j positions of each sequence and writes one more
         read = k * (sum(contexts) - b) + b * k * (k - 1) // 2
-        moved = k * self.weight_bytes + (read + k * b) * self.kv_bytes_per_token
+        weights = self.weight_bytes - self.routed_bytes * (1.0 - routed_share(self.expert_pick, b))
+        moved = k * weights + (read + k * b) * self.kv_bytes_per_token
         if self.reads.windows:  # less what window layers skip (the engine has not advanced the rows yet)
             moved -= float(self.reads.skipped(batch, k).sum()) * self.kv_bytes_per_token
         return {"roofline_s": moved / self.bandwidth}
@@ -180,17 +187,19 @@ class Roofline:
 
 def build_collectors(
     names: Sequence[str], *, device, weight_bytes: int, kv_bytes_per_token: int, read_bandwidth: float | None,
-    reads: KvReads | None = None,
+    reads: KvReads | None = None, routed_bytes: int = 0, expert_pick: float = 0.0,
 ) -> list:  # fmt: skip
     """The named collectors that can run here: all of them need CUDA (none run on CPU).
-    `reads`: the model's window layers, for the roofline (`Roofline`)."""
+    `reads`, `routed_bytes`, `expert_pick`: the model's window layers and routed experts, for the
+    roofline (`Roofline`)."""
     if device.type != "cuda":
         return []
     collectors: list = []
     if "torch" in names:
         collectors.append(TorchMemory(device))
     if "roofline" in names and read_bandwidth:
-        collectors.append(Roofline(weight_bytes, kv_bytes_per_token, read_bandwidth, reads))
+        experts = {"routed_bytes": routed_bytes, "expert_pick": expert_pick}
+        collectors.append(Roofline(weight_bytes, kv_bytes_per_token, read_bandwidth, reads, **experts))
     if "host" in names:
         from kvbench.real.host import HostClock
 

@@ -169,10 +169,14 @@ def run_real(
                 f"the {graphs} do not fit on {device} beside the weights and the KV arena; "
                 "lower --kv-cache-gib" + (" or drop --prefill-graphs" if config.prefill_graphs else "")
             ) from None
+        # grouped MoE steps read the routed experts their rows pick (as loaded: the weights' dtype)
+        picked = spec.expert_pick if config.expert_dispatch == "grouped" else 0.0
+        routed = weight_bytes * spec.routed_expert_params // spec.num_params if picked else 0
         collectors = build_collectors(  # they see rank 0's GPU: its share of weights and K/V
             collect, device=device, weight_bytes=weight_bytes // session.size,
             kv_bytes_per_token=spec.kv_bytes_per_token // session.size, read_bandwidth=bandwidth,
-            reads=KvReads.of(group_shapes(spec.groups)),
+            reads=KvReads.of(group_shapes(spec.groups)), routed_bytes=routed // session.size,
+            expert_pick=picked,
         )  # fmt: skip
         runners.append(CollectingRunner(runner, collectors))
         return runners[-1]
