@@ -132,10 +132,10 @@ def engine_and_arena(
 
 def decode(
     spec: ModelSpec, engine: str, *, attention: str = "torch", slots: int = SLOTS, requests=None,
-    temperature: float = 0.0, scheduler: SchedulerConfig | None = None,
+    temperature: float = 0.0, scheduler: SchedulerConfig | None = None, device: torch.device = CPU,
 ):  # fmt: skip
-    model = random_model(spec, torch.float32, CPU, seed=3)
-    sched, arena = engine_and_arena(spec, engine, slots, 4, scheduler, torch.float32, CPU)
+    model = random_model(spec, torch.float32, device, seed=3)
+    sched, arena = engine_and_arena(spec, engine, slots, 4, scheduler, torch.float32, device)
     grouped = engine in GROUPED
     arena.fill(float("nan"))
     runner = PoisoningRunner(
@@ -213,6 +213,18 @@ def test_a_chunked_run_compiles_no_kernel_after_the_warm_up(engine):
     mixed = {row.batch_size for row in run.steps if row.kind == "mixed"}
     assert {2, 3, 4, 5, 6} <= mixed, mixed
     assert compiled > 0 and compiled_variants() == compiled
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_gemma2_capped_layers_decode_through_the_triton_kernels_on_cuda():
+    """Gemma 2's score cap (50) inside the compiled Triton kernels, decode steps replayed from CUDA
+    graphs: `paged`, and `hybrid` and `jenga` through a table per group, decode the greedy tokens
+    PyTorch's capped attention decodes under `paged` (fp32, freed memory poisoned)."""
+    cuda = torch.device("cuda")
+    expected = decode(GEMMA2, "paged", device=cuda)[0]
+    for engine in ("paged", "hybrid", "jenga"):
+        assert decode(GEMMA2, engine, attention="triton", device=cuda)[0] == expected, engine
 
 
 def test_triton_kernels_read_each_group_through_its_own_table():
