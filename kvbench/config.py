@@ -213,6 +213,9 @@ def prepare(
     cost = replace(  # a fitted file's other terms (knee, page maps, what it assumed) as it gives them
         base,
         fixed_s=_or(config.cost_fixed_s, base.fixed_s, "--cost-fixed-s"),
+        # a given per-step cost is every weight read of a step, a MoE model's routed experts too
+        routed_experts_s=0.0 if config.cost_fixed_s is not None else base.routed_experts_s,
+        expert_pick=0.0 if config.cost_fixed_s is not None else base.expert_pick,
         per_token_s=_or(config.cost_per_token_s, base.per_token_s, "--cost-per-token-s"),
         per_kv_token_s=_or(config.cost_per_kv_token_s, base.per_kv_token_s, "--cost-per-kv-token-s"),
         # runs without swaps fit none, nor do runs without sharing: the roofline's, at this block size

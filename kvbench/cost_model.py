@@ -23,7 +23,7 @@ Default constants are a roofline of the model on the emulated GPU's datasheet nu
   one of its token rows picks them, as a grouped dispatch runs them: reading all of them once
   costs `routed_experts_s`, and a step of r rows pays the share 1 - (1 - pick)^r of it, pick
   being top-k / experts (`expert_reads`). DeepSeek-V2-Lite (6 of 64 a token, 14.4 of its 15.7 B
-  parameters routed experts): 9 % at one row, 54 % at 8, 96 % at 32 (`routed_share`: rows
+  parameters routed experts): 9 % at one row, 55 % at 8, 96 % at 32 (`routed_share`: rows
   picking independently and uniformly, an upper bound for a router that favours some). The roofline is
   the grouped dispatch's, kvbench's default on a MoE model; the dense one (`--expert-dispatch
   dense`: every expert over every row) reads and runs every expert each step, which a fit to its
@@ -154,7 +154,7 @@ class CostModel:
         """Whether a step costs anything: with the fixed, per-row and per-context-token costs all
         0, every decode step is free and a simulation's latencies come out 0, which looks like a
         result (a flag or a fit that gives it is refused, never run)."""
-        return self.fixed_s + self.per_token_s + self.per_kv_token_s > 0
+        return self.fixed_s + self.per_token_s + self.per_kv_token_s + self.routed_experts_s > 0
 
     def above_knee(self, rows: int) -> float:
         """The decode step's extra cost for `rows` rows past the knee (0 without one)."""
@@ -208,9 +208,9 @@ class CostModel:
 def routed_share(pick: float, rows: float) -> float:
     """The expected share of a MoE layer's routed experts that `rows` token rows pick between
     them, each row a share `pick` of them, rows independent and uniform: an expert no row picks
-    has probability (1 - pick)^rows. A router that favours some experts reaches fewer distinct
-    ones (for independent rows the uniform case is the most), so as a share of weights read it is
-    an upper bound."""
+    has probability (1 - pick)^rows. For independent rows a router that favours some experts
+    reaches fewer distinct ones in expectation, so as a share of weights read it is an upper
+    bound of the expected share (not of one step's: rows picking apart reach min(1, rows x pick))."""
     return 1.0 - (1.0 - pick) ** rows
 
 
@@ -317,8 +317,10 @@ class CostModelRunner:
         n = len(batch.seqs)
         rows = c.decode_rows(n)  # a decode step's rows (its graph's, padded); a prefill's tokens below
         fed = tokens if batch.is_prefill else rows
+        # the graph's padding rows are all one token at one position: one more pick between them
+        picks = n + (rows > n)
         first = c.fixed_s + c.per_token(batch.is_prefill) * fed + c.per_kv_token_s * context
-        first += c.expert_reads(fed)
+        first += c.expert_reads(tokens if batch.is_prefill else picks)
         first -= c.per_kv_token_s * skipped[0]
         first += c.per_swap_block_s * swaps
         first += c.per_copy_slot_s * batch.copied_slots
@@ -332,7 +334,7 @@ class CostModelRunner:
         # later steps are decodes: one token per sequence, context one longer each step
         growth = c.per_kv_token_s * n * np.arange(max_steps)  # (k,)
         per_step = c.fixed_s + c.per_token_s * rows + c.above_knee(rows) + c.per_kv_token_s * context
-        per_step += c.expert_reads(rows)
+        per_step += c.expert_reads(picks)
         durations = per_step + growth
         durations -= c.per_kv_token_s * skipped
         durations[0] = first  # step 0 also pays the swaps, copies and page maps scheduled with it

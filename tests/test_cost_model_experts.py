@@ -23,6 +23,7 @@ from kvbench.config import RunConfig, prepare
 from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.errors import KvbenchError
 from kvbench.models import get_model
+from kvbench.real.collectors import routed_expert_bytes
 from kvbench.requests import Request
 from kvbench.sequence import Sequence
 from workloads.spec import WorkloadSpec
@@ -103,6 +104,44 @@ def test_the_runner_charges_a_prefill_its_tokens_share_and_a_decode_its_rows():
     batch = Batch(seqs, is_prefill=False, num_tokens=3, num_context=sum(s.num_tokens for s in seqs))
     durations = runner.run(batch, 4, 0.0, math.inf).durations
     assert durations == pytest.approx([1 + 10 * (1 - 0.5**3)] * 4)  # 8.75 s a step
+
+
+def test_a_graphs_padding_rows_are_one_more_pick():
+    """Replayed from a CUDA graph, 5 sequences run 8 rows; the 3 padding rows are one token at one
+    position, so they pick one set of experts between them: 6 picks, not 8."""
+    cost = CostModel(fixed_s=1.0, per_token_s=0.0, per_kv_token_s=0.0, routed_experts_s=10.0, expert_pick=0.5)
+    padded = replace(cost, pads_decode=True)
+    seqs = tuple(decoding(p) for p in (4, 5, 6, 7, 8))
+    batch = Batch(seqs, is_prefill=False, num_tokens=5, num_context=sum(s.num_tokens for s in seqs))
+    assert CostModelRunner(padded).run(batch, 3, 0.0, math.inf).durations == pytest.approx(
+        [1 + 10 * (1 - 0.5**6)] * 3
+    )
+    assert CostModelRunner(cost).run(batch, 3, 0.0, math.inf).durations == pytest.approx(
+        [1 + 10 * (1 - 0.5**5)] * 3
+    )
+    full = Batch(seqs[:4], is_prefill=False, num_tokens=4, num_context=sum(s.num_tokens for s in seqs[:4]))
+    assert CostModelRunner(padded).run(full, 1, 0.0, math.inf).durations == pytest.approx(
+        [1 + 10 * (1 - 0.5**4)]
+    )
+
+
+def test_a_given_step_cost_is_every_weight_read():
+    """`--cost-fixed-s` is what a step costs whatever it reads: no expert reads on top of it."""
+    config = RunConfig(
+        engine="paged", model=MODEL, emulate_gpu="h200-141gb", cost_fixed_s=0.005,
+        workload=WorkloadSpec("fixed:prompt=16,output=4", num_requests=2, arrivals="all"),
+    )  # fmt: skip
+    cost = prepare(config).cost
+    assert (cost.fixed_s, cost.routed_experts_s, cost.expert_reads(32)) == (0.005, 0.0, 0.0)
+
+
+def test_the_real_roofline_prices_the_experts_of_the_grouped_dispatch_only():
+    """Of DeepSeek-V2-Lite's weights as loaded, the routed experts' share is theirs of the parameters."""
+    spec = get_model(MODEL)
+    loaded = spec.num_params * 2  # bf16
+    assert routed_expert_bytes(spec, "grouped", loaded) == (ROUTED * 2, 6 / 64)
+    assert routed_expert_bytes(spec, "dense", loaded) == (0, 0.0)  # every expert over every row
+    assert routed_expert_bytes(get_model("llama-3.1-8b"), "grouped", 16 * 10**9) == (0, 0.0)
 
 
 @pytest.mark.parametrize("dispatch", ["dense", "grouped"])

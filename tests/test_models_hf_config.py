@@ -252,6 +252,7 @@ def _without(config: dict, *keys: str) -> dict:
         ({**GEMMA3_12B, "text_config": [1]}, ["text_config must be an object", "list"]),
         (_without(DEEPSEEK_V2_LITE, "kv_lora_rank"), ["lacks 'kv_lora_rank'"]),
         ({**DEEPSEEK_V2_LITE, "moe_layer_freq": 2}, ["moe_layer_freq 2", "not supported"]),
+        ({**DEEPSEEK_V2_LITE, "num_experts_per_tok": 65}, ["num_experts_per_tok 65 exceeds", "64"]),
         ({**MISTRAL_7B, "sliding_window": 0}, ["sliding_window must be an integer >= 1", "0"]),
         (_without(MISTRAL_7B, "sliding_window"), ["lacks 'sliding_window'"]),  # null would say: none
         (

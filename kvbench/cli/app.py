@@ -126,7 +126,10 @@ def _job(
     cost_model: Annotated[
         str | None, typer.Option(help="Cost model fitted to real runs (kvbench calibrate's JSON).")
     ] = None,
-    cost_fixed_s: Annotated[float | None, typer.Option(help="Cost model: seconds per step.")] = None,
+    cost_fixed_s: Annotated[
+        float | None,
+        typer.Option(help="Cost model: seconds per step (all weight reads, a MoE model's experts too)."),
+    ] = None,
     cost_per_token_s: Annotated[float | None, typer.Option(help="Cost model: seconds per token fed.")] = None,
     cost_per_kv_token_s: Annotated[
         float | None, typer.Option(help="Cost model: seconds per context token attended.")

@@ -178,11 +178,15 @@ def _moe(key: ConfigKeys) -> MoeShape | None:
         return None
     if key.count("moe_layer_freq", 1) != 1:
         key.unsupported("moe_layer_freq", "MoE on every n-th layer only")
+    experts = key.count("n_routed_experts")
+    top_k = key.count("num_experts_per_tok") if key.given("num_experts_per_tok") else 0
+    if top_k > experts:  # a token picks among the routed experts: no more picks than experts
+        raise KvbenchError(f"{key.where}: num_experts_per_tok {top_k} exceeds n_routed_experts {experts}")
     return MoeShape(
-        experts=key.count("n_routed_experts"),
+        experts=experts,
         shared_experts=key.count("n_shared_experts") if key.given("n_shared_experts") else 0,
         expert_ffn=key.count("moe_intermediate_size"),
         dense_layers=key.count("first_k_dense_replace") if key.given("first_k_dense_replace") else 0,
-        top_k=key.count("num_experts_per_tok") if key.given("num_experts_per_tok") else 0,
+        top_k=top_k,
         routed_scale=key.number("routed_scaling_factor", 1.0),
     )

@@ -33,6 +33,7 @@ from engines.scheduler import Batch
 from kvbench.cost_model import KvReads, routed_share
 from kvbench.errors import KvbenchError
 from kvbench.flag_ranges import check_distinct
+from kvbench.models import ModelSpec
 from kvbench.runner import Runner, StepResult
 
 COLLECTORS = ("torch", "nvml", "roofline", "host")
@@ -145,9 +146,9 @@ class Roofline:
     """Each decode row's floor: bytes that must move over the measured read bandwidth.
     `reads`: what the model's window layers skip (`KvReads.of` its group shapes); the default,
     no window layers, counts every layer reading its whole context. `routed_bytes`: a MoE model's
-    routed experts (part of `weight_bytes`), of which a step of b rows must read only the share
-    its rows pick (`routed_share` of `expert_pick`); 0 where every step reads them all (a dense
-    model, or the dense expert dispatch)."""
+    routed experts (part of `weight_bytes`), of which a step of b rows reads the share its rows
+    pick: the expected share for rows routed independently and uniformly (`routed_share`, the
+    simulator's), not a floor for a router that favours some experts (`routed_expert_bytes`)."""
 
     def __init__(
         self, weight_bytes: int, kv_bytes_per_token: int, read_bandwidth: float, reads: KvReads | None = None,
@@ -183,6 +184,16 @@ class Roofline:
             "read_bandwidth_Bps": self.bandwidth,
             "roofline_efficiency": float(floors[decode].sum() / took[decode].sum()) if decode.any() else None,
         }
+
+
+def routed_expert_bytes(spec: ModelSpec, dispatch: str, weight_bytes: int) -> tuple[int, float]:
+    """(routed bytes, expert pick) for `Roofline`: the grouped dispatch reads the routed experts a
+    step's rows pick; the dense one runs every expert over every row, and a dense model has none
+    (0, 0.0: every weight, every step). `weight_bytes` are the weights as loaded (their dtype), of
+    which the routed experts' share is their share of the parameters."""
+    if dispatch != "grouped" or not spec.expert_pick:
+        return 0, 0.0
+    return weight_bytes * spec.routed_expert_params // spec.num_params, spec.expert_pick
 
 
 def build_collectors(

@@ -27,7 +27,7 @@ from kvbench.parallel.session import Session, open_session
 from kvbench.parallel.sizes import check_tensor_parallel
 from kvbench.plugins import EXTERNAL
 from kvbench.real.activations import measure_activation_bytes
-from kvbench.real.collectors import CollectingRunner, build_collectors, parse_collectors
+from kvbench.real.collectors import CollectingRunner, build_collectors, parse_collectors, routed_expert_bytes
 from kvbench.real.grouped_arena import GroupedKVArena
 from kvbench.real.vmm_arena import open_vmm_arena
 from kvbench.simulate import RunResult, execute
@@ -169,9 +169,7 @@ def run_real(
                 f"the {graphs} do not fit on {device} beside the weights and the KV arena; "
                 "lower --kv-cache-gib" + (" or drop --prefill-graphs" if config.prefill_graphs else "")
             ) from None
-        # grouped MoE steps read the routed experts their rows pick (as loaded: the weights' dtype)
-        picked = spec.expert_pick if config.expert_dispatch == "grouped" else 0.0
-        routed = weight_bytes * spec.routed_expert_params // spec.num_params if picked else 0
+        routed, picked = routed_expert_bytes(spec, config.expert_dispatch, weight_bytes)
         collectors = build_collectors(  # they see rank 0's GPU: its share of weights and K/V
             collect, device=device, weight_bytes=weight_bytes // session.size,
             kv_bytes_per_token=spec.kv_bytes_per_token // session.size, read_bandwidth=bandwidth,
