@@ -23,7 +23,7 @@ from kvbench.demo import run_summary
 from kvbench.paper import FIG14_BEAM6_RATIO, FIG15_SAVED_PCT, FIG16_RATIO, FIG17_RATIO
 from kvbench.report.figures import plot_latency_vs_rate
 from kvbench.report.style import pyplot, save
-from kvbench.reproduce.rows import FigureResult, Options, Row, find
+from kvbench.reproduce.rows import FigureResult, Options, Row, Setting, find
 from kvbench.reproduce.sweeps import (
     FIG12_BRACKET,
     plot_into,
@@ -206,12 +206,26 @@ def fig14_verdict(rows: Sequence[Row], options: Options) -> str:
     )
 
 
+def fig16_model(setting: Setting) -> str:
+    """Figure 16's model: the paper's LLaMA-13B where the setting is the paper's simulated one
+    (OPT-13B on the roofline; the same KV bytes per token); a calibrated or real setting keeps
+    its model, the one its costs were measured on, and any other model is kept as given."""
+    paper = setting.model == "opt-13b" and setting.cost_model is None and not setting.real
+    return "llama-13b" if paper else setting.model
+
+
+def fig16_engines(options: Options) -> tuple[str, ...]:
+    """Figure 16's engines: Orca (Oracle), the paper's baseline, and paged-prefix; a quick run adds
+    paged without the prefix cache, a full one Orca (Max) too, a real one only the pair judged."""
+    quick = ("orca-oracle", "paged", "paged-prefix")
+    full = ("orca-max", "orca-oracle", "paged", "paged-prefix")
+    return options.pick(quick, full, real=("orca-oracle", "paged-prefix"))
+
+
 def fig16(options: Options, folder: Path) -> FigureResult:
     s = options.setting
-    # the paper's model where the setting is the paper's; the same KV bytes per token as OPT-13B
-    model = "llama-13b" if s.model == "opt-13b" and s.cost_model is None and not s.real else s.model
-    engines = options.pick(("orca-oracle", "paged", "paged-prefix"), ("orca-max", "orca-oracle", "paged",
-                           "paged-prefix"), real=("orca-oracle", "paged-prefix"))  # fmt: skip
+    model = fig16_model(s)
+    engines = fig16_engines(options)
     rates = options.pick(*(FIG16_RATES[k] for k in ("quick", "full", "real")))
     rows: list[Row] = []
     notes, plots = [], []
