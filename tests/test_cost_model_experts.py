@@ -46,6 +46,12 @@ def test_a_moe_token_is_priced_at_the_experts_it_runs():
     assert cost.per_token_s == pytest.approx(2 * spec.active_params / FLOPS, rel=1e-12)
     unknown = replace(spec, moe=replace(spec.moe, top_k=0))  # a router's top-k not in its config: all
     assert unknown.active_params == unknown.num_params
+    every = CostModel.roofline(unknown, H200)  # and every step reads every weight
+    assert (every.fixed_s, every.routed_experts_s, every.expert_pick) == (
+        unknown.weight_bytes / BANDWIDTH,
+        0,
+        0,
+    )
     for dense in ("opt-13b", "llama-3.1-8b", "gemma-3-12b"):
         assert get_model(dense).active_params == get_model(dense).num_params
         assert get_model(dense).routed_expert_params == 0
@@ -69,6 +75,14 @@ def test_a_step_reads_the_routed_experts_its_rows_pick():
     assert spec.weight_bytes / BANDWIDTH / (cost.fixed_s + cost.expert_reads(1)) == pytest.approx(
         5.90, abs=0.01
     )
+
+
+@pytest.mark.parametrize("term", ["fixed_s", "per_token_s", "per_kv_token_s", "routed_experts_s"])
+def test_any_one_per_step_term_makes_a_step_take_time(term):
+    """A cost model whose steps are all free is refused (`takes_time`); any one term above 0 is not."""
+    free = CostModel(fixed_s=0.0, per_token_s=0.0, per_kv_token_s=0.0)
+    assert not free.takes_time()
+    assert replace(free, **{term: 1e-6}).takes_time()
 
 
 def test_a_pick_of_one_reads_every_expert_every_step():
