@@ -151,9 +151,9 @@ class CostModel:
     assumed: tuple[str, ...] = ()  # fields no run measured (a calibrated model's; see DEFAULT_SOURCES)
 
     def takes_time(self) -> bool:
-        """Whether a step costs anything: with the fixed, per-row and per-context-token costs all
-        0, every decode step is free and a simulation's latencies come out 0, which looks like a
-        result (a flag or a fit that gives it is refused, never run)."""
+        """Whether a step costs anything: with the fixed, per-row, per-context-token and expert-read
+        costs all 0, every decode step is free and a simulation's latencies come out 0, which looks
+        like a result (a flag or a fit that gives it is refused, never run)."""
         return self.fixed_s + self.per_token_s + self.per_kv_token_s + self.routed_experts_s > 0
 
     def above_knee(self, rows: int) -> float:
