@@ -531,6 +531,25 @@ def test_figure_17s_rows_hold_every_orca_baseline_and_the_prefix_caches_capacity
     assert result.title == "Chatbot: normalized latency vs rate (history cut to 1024 tokens)"
 
 
+def test_figure_17_bisects_each_rate_its_grid_brackets(tmp_path):
+    """At 2 GiB of KV the Orca engines fail inside the quick grid: each bracket is bisected until
+    it is at most FIG12_BRACKET wide (cells of role `bisect`), and the rows give the bisected
+    bracket. The quick grids of Figures 14, 16 and 17 at the setting's 12 GiB bracket nothing."""
+    options = Options(quick=True, setting=Setting(rate_scale=4.0, kv_cache_gib=2.0), num_requests=60)
+    result = fig17(options, tmp_path)
+    sweep = tmp_path / "chat"
+    finite = {e: s for e, s in sustained_of(sweep).items() if s["last_pass_rate"] and s["first_fail_rate"]}
+    assert {"orca-max", "orca-oracle"} <= set(finite)
+    for found in finite.values():
+        assert found["first_fail_rate"] <= (1 + FIG12_BRACKET) * found["last_pass_rate"] + 1e-9
+    assert any(c["role"] == "bisect" for c in cells_of(sweep))
+    rows = keyed(result.rows, "fig17")
+    for engine, found in finite.items():
+        row = rows[engine, "sharegpt-paper chat", "sustained_rate_req_s"]
+        assert (row.kvbench, row.low, row.high) == (found["last_pass_rate"], found["last_pass_rate"],
+                                                    found["first_fail_rate"])  # fmt: skip
+
+
 def test_figure_16_runs_the_papers_model_only_in_the_papers_simulated_setting():
     """LLaMA-13B stands in for OPT-13B on the roofline only: a calibrated or a real setting was
     measured on its own model, and another model is the user's choice."""
