@@ -531,23 +531,33 @@ def test_figure_17s_rows_hold_every_orca_baseline_and_the_prefix_caches_capacity
     assert result.title == "Chatbot: normalized latency vs rate (history cut to 1024 tokens)"
 
 
-def test_figure_17_bisects_each_rate_its_grid_brackets(tmp_path):
-    """At 2 GiB of KV the Orca engines fail inside the quick grid: each bracket is bisected until
-    it is at most FIG12_BRACKET wide (cells of role `bisect`), and the rows give the bisected
-    bracket. The quick grids of Figures 14, 16 and 17 at the setting's 12 GiB bracket nothing."""
-    options = Options(quick=True, setting=Setting(rate_scale=4.0, kv_cache_gib=2.0), num_requests=60)
-    result = fig17(options, tmp_path)
-    sweep = tmp_path / "chat"
+def check_bisected(result, figure: str, sweep: Path, label: str) -> set[str]:
+    """Every rate bracketed inside `sweep`'s grid bisected to at most FIG12_BRACKET wide (cells of
+    role `bisect`), its row giving the bisected bracket; the engines bracketed."""
     finite = {e: s for e, s in sustained_of(sweep).items() if s["last_pass_rate"] and s["first_fail_rate"]}
-    assert {"orca-max", "orca-oracle"} <= set(finite)
-    for found in finite.values():
-        assert found["first_fail_rate"] <= (1 + FIG12_BRACKET) * found["last_pass_rate"] + 1e-9
     assert any(c["role"] == "bisect" for c in cells_of(sweep))
-    rows = keyed(result.rows, "fig17")
+    rows = keyed(result.rows, figure)
     for engine, found in finite.items():
-        row = rows[engine, "sharegpt-paper chat", "sustained_rate_req_s"]
+        assert found["first_fail_rate"] <= (1 + FIG12_BRACKET) * found["last_pass_rate"] + 1e-9
+        row = rows[engine, label, "sustained_rate_req_s"]
         assert (row.kvbench, row.low, row.high) == (found["last_pass_rate"], found["last_pass_rate"],
                                                     found["first_fail_rate"])  # fmt: skip
+    return set(finite)
+
+
+def test_figures_16_and_17_bisect_each_rate_their_grids_bracket(tmp_path):
+    """Where engines fail inside the quick grid (a small KV budget: Figure 17 at 2 GiB, Figure 16
+    at 0.6 GiB), each bracket is bisected until it is at most FIG12_BRACKET wide and the rows give
+    the bisected bracket. At the setting's 12 GiB the quick grids bracket nothing."""
+    chat = fig17(Options(quick=True, setting=Setting(rate_scale=4.0, kv_cache_gib=2.0), num_requests=60),
+                 tmp_path / "fig17")  # fmt: skip
+    assert {"orca-max", "orca-oracle"} <= check_bisected(chat, "fig17", tmp_path / "fig17" / "chat",
+                                                         "sharegpt-paper chat")  # fmt: skip
+    prefix = fig16(Options(quick=True, setting=Setting(rate_scale=4.0, kv_cache_gib=0.6), num_requests=100),
+                   tmp_path / "fig16")  # fmt: skip
+    one = check_bisected(prefix, "fig16", tmp_path / "fig16" / "fewshot-1", "translation fewshot-1")
+    five = check_bisected(prefix, "fig16", tmp_path / "fig16" / "fewshot-5", "translation fewshot-5")
+    assert "orca-oracle" in one and {"orca-oracle", "paged"} <= five
 
 
 def test_figure_16_runs_the_papers_model_only_in_the_papers_simulated_setting():
