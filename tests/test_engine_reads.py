@@ -30,9 +30,10 @@ CHANGED = {
     PAGES: {"vmm_layout": "per-request", "vmm_page_kib": 256, "vmm_map": "ahead"},
 }
 # every request arrives at once; 10 GiB of Qwen3-0.6B's K/V is 93,622 slots: two 40,960-token
-# extents first fit, one buddy block of 65,536; no cap on the batch below memory's, so block-table
-# engines grow into preemptions
-WORKLOAD = WorkloadSpec(source="sharegpt-paper", rate=float("inf"), num_requests=400, seed=3)
+# extents first fit, one buddy block of 65,536; 120 requests of 1,200 tokens ask for 1.5x the
+# slots, with no cap on the batch below memory's, so block-table engines admit until memory is
+# full and grow into preemptions (paged 13, vmm 46); 200 output tokens keep the run short
+WORKLOAD = WorkloadSpec(source="fixed:prompt=1000,output=200", rate=float("inf"), num_requests=120)
 BASE = RunConfig("paged", model="qwen3-0.6b", workload=WORKLOAD, kv_cache_gib=10.0, max_num_seqs=1024)
 
 
