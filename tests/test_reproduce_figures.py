@@ -560,6 +560,32 @@ def test_figures_16_and_17_bisect_each_rate_their_grids_bracket(tmp_path):
     assert "orca-oracle" in one and {"orca-oracle", "paged"} <= five
 
 
+def test_figures_14_16_and_17_name_the_engines_that_kept_up_with_their_highest_rate(tmp_path):
+    """At rates far below every engine's capacity each engine completes what arrives, so its
+    capacity is only a lower bound, and each figure's notes say so per sweep (recomputed from
+    sweep.csv), naming every engine. Seed 1 draws arrivals that reach 90 % of the top rate."""
+    low = Options(quick=True, setting=Setting(rate_scale=0.002), num_requests=10, seed=1)
+    figures = (
+        (fig14, ("orca-max", "orca-oracle", "paged"), {"n6": "alpaca-paper n=6", "k2": "alpaca-paper k=2",
+                                                       "k6": "alpaca-paper k=6"}),
+        (fig16, ("orca-oracle", "paged", "paged-prefix"), {p: f"translation {p}" for p in FIG16_RATIO}),
+        (fig17, ("orca-max", "orca-oracle", "paged", "paged-prefix"), {"chat": "sharegpt-paper chat"}),
+    )  # fmt: skip
+    for run, engines, sweeps in figures:
+        result = run(low, tmp_path / run.__name__)
+        kept = [n for n in result.notes if "kept up with the highest rate" in n]
+        expected = []
+        for name, label in sweeps.items():
+            sweep = tmp_path / run.__name__ / name
+            capacity = {e: max(c["request_throughput"] for c in cells_of(sweep) if c["engine"] == e)
+                        for e in engines}  # fmt: skip
+            expected += unsaturated_note(label, sweep, engines, capacity)
+        assert kept == expected == [
+            f"{label}: {', '.join(engines)} kept up with the highest rate: capacity a lower bound"
+            for label in sweeps.values()
+        ], run.__name__
+
+
 def test_figure_16_runs_the_papers_model_only_in_the_papers_simulated_setting():
     """LLaMA-13B stands in for OPT-13B on the roofline only: a calibrated or a real setting was
     measured on its own model, and another model is the user's choice."""
