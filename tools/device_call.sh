@@ -118,7 +118,8 @@
 # (`--deadline-s`, 15 s kept for packing: kvbench.sweep.deadline), so a call loses no cell half
 # run; `timeout` stays as the safety net.
 #
-# PIN=<commit>: the OPT-13B reproduction's jobs (fig12-seed-*, fig2-13, fig19) run kvbench as it
+# PIN=<commit>: the OPT-13B reproduction's jobs (fig12-seed-*, fig2-13, fig2-13-x6, fig19,
+# fig12-alpaca-prefill-graphs-baselines) run kvbench as it
 # was at that commit (a git worktree of it on the GPU machine; each run's env.json records it),
 # writing into this tree's folders. A figure whose runs span several device sessions keeps one
 # run code so, while the engines, kernels and runner go on changing (tools/cell_commits.py checks
@@ -287,7 +288,7 @@ for job in "$@"; do
         # a cell is 60 s of arrivals and its drain after a model load (70 s on the H200): a sweep
         # started with less than 90 s left runs none and is cut short by `timeout` while starting
         left=$((end - SECONDS)); [ $left -gt 90 ] || break
-        timeout $left python -m kvbench sweep --deadline-s $((left - 15)) --real --prefill-graphs --engines $1 \
+        timeout $left "${KVBENCH[@]}" sweep --deadline-s $((left - 15)) --real --prefill-graphs --engines $1 \
           --model opt-13b --emulate-gpu a100-40gb --kv-cache-gib 12 --trace alpaca-paper --rates $2 --duration 60 \
           --seeds "${SEEDS:-0}" --latency-threshold 0.0328 --bisect 3 --bracket 0.1 --resume --continue-on-error \
           --collectors torch,host --out $folder/$1
