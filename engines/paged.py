@@ -228,6 +228,26 @@ class PagedAllocator:
         refs = self._refs
         return (sum(refs) - (len(refs) - refs.count(0))) * self.block_size
 
+    def shared_blocks(self, seqs: Seq[Sequence], below: int) -> list[tuple[int, tuple[Sequence, ...]]]:
+        """The blocks several of `seqs` map, among those starting before position `below` of the
+        table holding them: (the block's first position, its holders among `seqs`), each once.
+
+        Sharing (forks, beams, prefix-cache hits) maps a block at the same position in every
+        table holding it. The shared blocks of a table need not be a leading run of it (a
+        sequence swapped back in takes the cached blocks still cached, others anew), so every
+        entry before `below` is read. Only while some block is shared.
+        """
+        if not self.sharing_saved():
+            return []
+        bs, refs = self.block_size, self._refs
+        holders: dict[int, tuple[int, list[Sequence]]] = {}
+        for seq in seqs:
+            table = self._tables.get(seq, ())
+            for j, block in enumerate(table[: -(-below // bs)]):
+                if refs[block] > 1:
+                    holders.setdefault(block, (j * bs, []))[1].append(seq)
+        return [(first, tuple(held)) for first, held in holders.values() if len(held) > 1]
+
     def external_frag(self, head: Sequence | None) -> int:
         return self.num_slots - self.num_blocks * self.block_size  # the tail past the last block
 

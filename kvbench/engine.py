@@ -24,7 +24,7 @@ import numpy as np
 from engines.allocator import measure
 from engines.hybrid import GroupShape
 from engines.scheduler import Batch, Scheduler
-from engines.windows import window_terms
+from engines.windows import shared_terms, window_terms
 from kvbench.cost_model import KvReads
 from kvbench.errors import KvbenchError
 from kvbench.metrics.occupancy import Footprint, Growth, segment_integral, whole_slots, window_integral
@@ -221,18 +221,24 @@ class Engine:
 
         The batch's sequences computed a token every step; other running ones stood still. A
         static batch's finished sequences are left out: their tokens are no token states any
-        more. The caller bounds both by the token states (shared slots count per sequence here).
+        more. A slot paged sequences share counts once (`shared_terms`); the caller bounds both
+        by the token states.
         """
         if not self.windows:
             return fp, None
         moving = window_terms(self.allocator, self.windows, batch.seqs)
         in_batch = set(batch.seqs)
-        still = window_terms(self.allocator, self.windows, [s for s in sched.running if s not in in_batch])
-        outside = min(moving.slots + still.slots, fp.tokens)
+        others = [s for s in sched.running if s not in in_batch]
+        still = window_terms(self.allocator, self.windows, others)
+        shared = shared_terms(self.allocator, self.windows, sched.running)
+        outside = min(moving.slots + still.slots + shared.slots, fp.tokens)
         fp = replace(fp, outside=outside)
         if len(durations) == 1:
             return fp, None
+        if others and len(shared.scale):  # a multi-step segment is a decode of every running sequence
+            raise RuntimeError("a shared block's holders did not all move through a multi-step segment")
         held = window_integral(moving.scale, moving.behind, durations)
+        held += window_integral(shared.scale, shared.behind, durations)
         return fp, held + still.slots * float(durations.sum())
 
 

@@ -15,15 +15,18 @@ from hypothesis.stateful import invariant, run_state_machine_as_test
 
 from engines import ENGINES, EngineOptions
 from engines.hybrid import GroupShape, group_shapes
-from engines.windows import window_terms
+from engines.windows import shared_terms, window_terms
 from kvbench.cost_model import CostModel, CostModelRunner
 from kvbench.engine import Engine
 from kvbench.kvspec.layers import FullAttention, SlidingWindow, kv_groups
 from kvbench.metrics.occupancy import CATEGORIES, Footprint, KVSnapshot, categories, window_integral
 from kvbench.metrics.summary import occupancy_fractions
 from kvbench.requests import Request, Trace
-from tests.support import steps
+from tests.support import examples, steps
+from tests.test_allocators import PagedMachine
+from tests.test_beam_sampling import SharingMachine
 from tests.test_hybrid import BS, WINDOW, HybridMachine, JengaMachine
+from tests.test_prefix_cache import PrefixMachine
 
 GEMMA3_TINY = kv_groups((SlidingWindow(1, 2, WINDOW),) * 5 + (FullAttention(1, 2),))
 WINDOW_SHARE = 40 / 48  # slots one token of the window group is
@@ -132,3 +135,84 @@ class JengaWindowMachine(_OutsideWindow, JengaMachine):
 @pytest.mark.parametrize("machine", [HybridWindowMachine, JengaWindowMachine])
 def test_hybrid_state_machines_partition_with_outside_window(machine):
     run_state_machine_as_test(machine, settings=settings(stateful_step_count=steps(40), deadline=None))
+
+
+def test_samples_sharing_their_prompt_hold_its_slots_outside_the_window_once():
+    """Two parallel samples of a 9-token prompt share its blocks until one writes into a shared
+    block (copy-on-write copies the last, part-filled one at the first decode). Behind a window of
+    6 after c tokens computed lie c - 5 tokens of each sample: the first 8 sit in the two blocks
+    they still share and are one set of slots, the rest each sample's own:
+    min(c - 5, 8) + 2 max(c - 13, 0) tokens of the window group. Step by step and coalesced
+    (paged-prefix runs the decodes as one segment) integrate the same slot-seconds."""
+    trace = Trace("samples", (Request(0, 0.0, 9, 10, n=2),))
+    computed = range(9, 19)  # after the prefill, then after each of the 9 decode steps
+    behind = [min(c - 5, 8) + 2 * max(c - 13, 0) for c in computed]
+    for engine in ("paged", "paged-prefix"):
+        options = EngineOptions(num_slots=200, max_len=64, block_size=BS, watermark=0.0,
+                                kv_groups=GEMMA3_TINY)  # fmt: skip
+        runs = {}
+        for coalesce in (False, True):
+            sched, runner = ENGINES[engine].build(options), CostModelRunner(ONE_SECOND_STEPS)
+            engine_run = Engine(sched, runner, coalesce=coalesce, windows=group_shapes(GEMMA3_TINY))
+            runs[coalesce] = engine_run.run(trace)
+        slow = runs[False]
+        assert [row.num_steps for row in slow.steps] == [1] * 10, engine
+        assert [row.outside_window for row in slow.steps] == [int(n * WINDOW_SHARE) for n in behind], engine
+        assert slow.busy.footprint.outside == pytest.approx(sum(behind) * WINDOW_SHARE), engine
+        assert runs[True].busy.footprint.outside == pytest.approx(sum(behind) * WINDOW_SHARE), engine
+    assert len(runs[True].steps) == 2  # paged-prefix: the prefill, then one segment of 9 decodes
+
+
+def outside_by_slot(alloc, shapes, seqs) -> float:
+    """Slots lying behind the window of every sequence mapping them, counted slot by slot from
+    the block tables (each window group's share of a slot's bytes)."""
+    slot_bytes = sum(shape.bytes_per_token for shape in shapes)
+    total = 0.0
+    for shape in shapes:
+        if not shape.window:
+            continue
+        behind: dict[tuple[int, int], bool] = {}
+        for seq in seqs:
+            table = alloc.addressing(seq)
+            edge = seq.num_computed - shape.window + 1
+            for index, block in enumerate(table.blocks):
+                for offset in range(table.block_size):
+                    slot = (block, offset)
+                    behind[slot] = behind.get(slot, True) and index * table.block_size + offset < edge
+        total += shape.bytes_per_token / slot_bytes * sum(behind.values())
+    return total
+
+
+class _SharedOutsideWindow:
+    """Mixed into the paged state machines (forks; beams re-forked and pruned; prefix-cache hits,
+    swaps): each sequence's window terms and the shared blocks' corrections count exactly the
+    slots behind every holder's window."""
+
+    @invariant()
+    def outside_window_counts_each_shared_slot_once(self):
+        if getattr(self, "alloc", None) is None:
+            return
+        name = next(n for n in ("tables", "history", "resident") if hasattr(self, n))  # its residents
+        seqs = list(getattr(self, name))
+        shapes = group_shapes(GEMMA3_TINY)
+        counted = window_terms(self.alloc, shapes, seqs).slots + shared_terms(self.alloc, shapes, seqs).slots
+        assert counted == pytest.approx(outside_by_slot(self.alloc, shapes, seqs), abs=1e-9)
+
+
+class PagedWindowMachine(_SharedOutsideWindow, PagedMachine):
+    pass
+
+
+class PrefixWindowMachine(_SharedOutsideWindow, PrefixMachine):
+    pass
+
+
+class BeamWindowMachine(_SharedOutsideWindow, SharingMachine):
+    pass
+
+
+@pytest.mark.parametrize("machine", [PagedWindowMachine, PrefixWindowMachine, BeamWindowMachine])
+def test_paged_state_machines_count_shared_slots_outside_the_window_once(machine):
+    run_state_machine_as_test(
+        machine, settings=settings(max_examples=examples(60), stateful_step_count=steps(40), deadline=None)
+    )
