@@ -615,6 +615,22 @@ class _GroupedAllocator:
         """The budget's tail past the last whole page: no block can use it."""
         return self.num_slots - self.pool.num_pages * self.pool.page_bytes / self.slot_bytes
 
+    def shared_blocks(
+        self, seqs: Seq[Sequence], below: int, group: int
+    ) -> list[tuple[int, tuple[Sequence, ...]]]:
+        """As `PagedAllocator.shared_blocks`, in group `group`'s tables (forks, prefix-cache hits):
+        (a block's first position, its holders among `seqs`) for blocks starting before `below`."""
+        if not self.sharing_saved():
+            return []
+        bs, refs = self.block_size, self._refs
+        holders: dict[int, tuple[int, list[Sequence]]] = {}
+        for seq in seqs:
+            tables = self._tables.get(seq)
+            for j, block in enumerate(tables[group][: -(-below // bs)] if tables else ()):
+                if block is not None and refs.get(block, 0) > 1:
+                    holders.setdefault(block, (j * bs, []))[1].append(seq)
+        return [(first, tuple(held)) for first, held in holders.values() if len(held) > 1]
+
     def window_held_from(self, seq: Sequence, group: int) -> int:
         """First position group `group` still holds of `seq` (blocks before it freed): `engines.windows`."""
         return self._skipped[seq][group] * self.block_size

@@ -228,9 +228,12 @@ class PagedAllocator:
         refs = self._refs
         return (sum(refs) - (len(refs) - refs.count(0))) * self.block_size
 
-    def shared_blocks(self, seqs: Seq[Sequence], below: int) -> list[tuple[int, tuple[Sequence, ...]]]:
+    def shared_blocks(
+        self, seqs: Seq[Sequence], below: int, group: int = 0
+    ) -> list[tuple[int, tuple[Sequence, ...]]]:
         """The blocks several of `seqs` map, among those starting before position `below` of the
         table holding them: (the block's first position, its holders among `seqs`), each once.
+        One table holds every KV group's K/V here, so `group` changes nothing.
 
         Sharing (forks, beams, prefix-cache hits) maps a block at the same position in every
         table holding it. The shared blocks of a table need not be a leading run of it (a

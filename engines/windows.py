@@ -14,10 +14,10 @@ engine integrates them exactly over a segment (`kvbench.metrics.occupancy.window
 
 A slot several sequences share (forked samples, beams, prefix-cache hits) lies outside the window
 only when it lies behind every sharer's window: a sharer still inside reads it. `window_terms`
-counts each sequence's tokens as its own; `shared_terms` corrects the count of the blocks paged
-allocators share to once per slot, behind the window of the sharer least far along. Allocators
-that free window blocks (`hybrid-prefix`, `jenga-prefix`) keep the per-sequence count for what
-they share; the engine bounds the total by the token states (it can never exceed what is held).
+counts each sequence's tokens as its own; `shared_terms` corrects the count of the blocks the
+block-table allocators share (paged's, and each group's under `hybrid` and `jenga`, their prefix
+variants too) to once per slot, behind the window of the sharer least far along. The engine
+bounds the total by the token states (it can never exceed what is held).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def window_terms(allocator: object, shapes: Seq[GroupShape], seqs: Seq[Sequence]
 
 
 def shared_terms(allocator: object, shapes: Seq[GroupShape], seqs: Seq[Sequence]) -> WindowTerms:
-    """Terms that turn `window_terms(seqs)` into a count of each shared slot once (paged allocators).
+    """Terms that turn `window_terms(seqs)` into a count of each shared slot once.
 
     A block of B slots from position f, shared by sequences that have computed c_i tokens, holds
     clamp(c_i - W + 1 - f, 0, B) tokens behind sharer i's window W; each sharer's own terms count
@@ -69,18 +69,18 @@ def shared_terms(allocator: object, shapes: Seq[GroupShape], seqs: Seq[Sequence]
     `window_terms`' (signed scales): minus each sharer's clamp, plus the least advanced one's. They
     move one token a step like the sharers', so `window_integral` integrates them as it does those.
     """
-    shared = getattr(allocator, "shared_blocks", None)  # paged allocators only
-    windows = [(shape.window, shape.bytes_per_token) for shape in shapes if shape.window]
-    if shared is None or not windows or not seqs:
+    shared = getattr(allocator, "shared_blocks", None)  # block-table allocators
+    if shared is None or not seqs:
         return WindowTerms(np.empty(0), np.empty(0, dtype=np.int64))
     slot_bytes = sum(s.bytes_per_token for s in shapes)
-    bs = allocator.block_size
-    most_behind = max(seq.num_computed for seq in seqs) - min(w for w, _ in windows) + 1
+    bs, furthest = allocator.block_size, max(seq.num_computed for seq in seqs)
     scale, behind = [], []
-    for first, sharers in shared(seqs, max(most_behind, 0)):
-        for window, bytes_per_token in windows:
-            share = bytes_per_token / slot_bytes
-            xs = [seq.num_computed - window + 1 - first for seq in sharers]
+    for g, shape in enumerate(shapes):
+        if not shape.window or furthest < shape.window:
+            continue
+        share = shape.bytes_per_token / slot_bytes
+        for first, sharers in shared(seqs, furthest - shape.window + 1, g):
+            xs = [seq.num_computed - shape.window + 1 - first for seq in sharers]
             for x, sign in [*((x, -share) for x in xs), (min(xs), share)]:
                 scale += [sign, -sign]
                 behind += [x, x - bs]

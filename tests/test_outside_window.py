@@ -26,6 +26,7 @@ from tests.support import examples, steps
 from tests.test_allocators import PagedMachine
 from tests.test_beam_sampling import SharingMachine
 from tests.test_hybrid import BS, WINDOW, HybridMachine, JengaMachine
+from tests.test_hybrid_prefix import JengaPrefixGroupsMachine, PrefixGroupsMachine
 from tests.test_prefix_cache import PrefixMachine
 
 GEMMA3_TINY = kv_groups((SlidingWindow(1, 2, WINDOW),) * 5 + (FullAttention(1, 2),))
@@ -165,20 +166,23 @@ def test_samples_sharing_their_prompt_hold_its_slots_outside_the_window_once():
 
 def outside_by_slot(alloc, shapes, seqs) -> float:
     """Slots lying behind the window of every sequence mapping them, counted slot by slot from
-    the block tables (each window group's share of a slot's bytes)."""
+    the block tables (each window group's share of a slot's bytes): the paged allocators' one
+    table, or each group's own under the grouped allocators (freed entries None)."""
     slot_bytes = sum(shape.bytes_per_token for shape in shapes)
-    total = 0.0
-    for shape in shapes:
+    bs, total = alloc.block_size, 0.0
+    for g, shape in enumerate(shapes):
         if not shape.window:
             continue
         behind: dict[tuple[int, int], bool] = {}
         for seq in seqs:
-            table = alloc.addressing(seq)
+            grouped = getattr(alloc, "_tables", {}).get(seq)
+            table = grouped[g] if grouped and isinstance(grouped[0], list) else None
+            blocks = table if table is not None else alloc.addressing(seq).blocks
             edge = seq.num_computed - shape.window + 1
-            for index, block in enumerate(table.blocks):
-                for offset in range(table.block_size):
+            for index, block in enumerate(blocks):
+                for offset in range(bs) if block is not None else ():
                     slot = (block, offset)
-                    behind[slot] = behind.get(slot, True) and index * table.block_size + offset < edge
+                    behind[slot] = behind.get(slot, True) and index * bs + offset < edge
         total += shape.bytes_per_token / slot_bytes * sum(behind.values())
     return total
 
@@ -194,7 +198,7 @@ class _SharedOutsideWindow:
             return
         name = next(n for n in ("tables", "history", "resident") if hasattr(self, n))  # its residents
         seqs = list(getattr(self, name))
-        shapes = group_shapes(GEMMA3_TINY)
+        shapes = getattr(self.alloc, "shapes", None) or group_shapes(GEMMA3_TINY)
         counted = window_terms(self.alloc, shapes, seqs).slots + shared_terms(self.alloc, shapes, seqs).slots
         assert counted == pytest.approx(outside_by_slot(self.alloc, shapes, seqs), abs=1e-9)
 
@@ -211,8 +215,20 @@ class BeamWindowMachine(_SharedOutsideWindow, SharingMachine):
     pass
 
 
-@pytest.mark.parametrize("machine", [PagedWindowMachine, PrefixWindowMachine, BeamWindowMachine])
-def test_paged_state_machines_count_shared_slots_outside_the_window_once(machine):
+class HybridPrefixWindowMachine(_SharedOutsideWindow, PrefixGroupsMachine):
+    pass
+
+
+class JengaPrefixWindowMachine(_SharedOutsideWindow, JengaPrefixGroupsMachine):
+    pass
+
+
+SHARING_MACHINES = (PagedWindowMachine, PrefixWindowMachine, BeamWindowMachine, HybridPrefixWindowMachine,
+                    JengaPrefixWindowMachine)  # fmt: skip
+
+
+@pytest.mark.parametrize("machine", SHARING_MACHINES)
+def test_block_table_state_machines_count_shared_slots_outside_the_window_once(machine):
     run_state_machine_as_test(
         machine, settings=settings(max_examples=examples(60), stateful_step_count=steps(40), deadline=None)
     )
