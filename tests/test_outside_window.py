@@ -22,6 +22,7 @@ from kvbench.kvspec.layers import FullAttention, SlidingWindow, kv_groups
 from kvbench.metrics.occupancy import CATEGORIES, Footprint, KVSnapshot, categories, window_integral
 from kvbench.metrics.summary import occupancy_fractions
 from kvbench.requests import Request, Trace
+from kvbench.sequence import Sequence
 from tests.support import examples, steps
 from tests.test_allocators import PagedMachine
 from tests.test_beam_sampling import SharingMachine
@@ -50,7 +51,9 @@ def run(engine: str, coalesce: bool):
     return Engine(sched, runner, coalesce=coalesce, windows=group_shapes(GEMMA3_TINY)).run(TRACE)
 
 
-@pytest.mark.parametrize(("engine", "behind"), [("paged", PAGED_BEHIND), ("hybrid", HYBRID_BEHIND)])
+@pytest.mark.parametrize(
+    ("engine", "behind"), [("paged", PAGED_BEHIND), ("orca-oracle", PAGED_BEHIND), ("hybrid", HYBRID_BEHIND)]
+)
 def test_a_window_timeline_by_hand(engine, behind):
     slow = run(engine, coalesce=False)
     assert [row.num_steps for row in slow.steps] == [1] * 10
@@ -221,6 +224,32 @@ class HybridPrefixWindowMachine(_SharedOutsideWindow, PrefixGroupsMachine):
 
 class JengaPrefixWindowMachine(_SharedOutsideWindow, JengaPrefixGroupsMachine):
     pass
+
+
+def test_window_groups_after_a_full_group_are_counted_too():
+    """The terms walk every KV group and skip the full ones, wherever they stand: a model listing
+    its full group first (shapes reversed here) counts what the window-first order counts, the
+    slots two forked sequences share once, as the block tables give them slot by slot."""
+    alloc = ENGINES["paged"].build(EngineOptions(num_slots=200, max_len=64, block_size=BS,
+                                                 watermark=0.0, kv_groups=GEMMA3_TINY)).allocator  # fmt: skip
+    parent = Sequence(Request(0, 0.0, 17, 10, n=2))
+    child = Sequence(Request(0, 0.0, 17, 10, n=2))
+    alloc.allocate(parent)
+    parent.advance(1, 0.0)
+    alloc.fork(parent, child)
+    child.copy_progress(parent)
+    for seq in (parent, child):  # three decode steps each, the first copying the shared last block
+        for _ in range(3):
+            alloc.append(seq)
+            seq.advance(1, 0.0)
+    seqs = [parent, child]
+    forward = group_shapes(GEMMA3_TINY)
+    assert not forward[-1].window and all(shape.window for shape in forward[:-1])
+    for shapes in (forward, tuple(reversed(forward))):
+        counted = window_terms(alloc, shapes, seqs).slots + shared_terms(alloc, shapes, seqs).slots
+        assert counted == pytest.approx(outside_by_slot(alloc, shapes, seqs))
+    # 20 computed each: 15 tokens behind a window of 6, the 16 of the four shared blocks once
+    assert counted == pytest.approx((min(15, 16) + 2 * max(15 - 16, 0)) * WINDOW_SHARE)
 
 
 SHARING_MACHINES = (PagedWindowMachine, PrefixWindowMachine, BeamWindowMachine, HybridPrefixWindowMachine,
