@@ -626,7 +626,10 @@ class _GroupedAllocator:
         holders: dict[int, tuple[int, list[Sequence]]] = {}
         for seq in seqs:
             tables = self._tables.get(seq)
-            for j, block in enumerate(tables[group][: -(-below // bs)] if tables else ()):
+            if not tables:
+                continue
+            first = self._skipped[seq][group]  # the entries a window freed lead the table: skip them
+            for j, block in enumerate(tables[group][first : -(-below // bs)], start=first):
                 if block is not None and refs.get(block, 0) > 1:
                     holders.setdefault(block, (j * bs, []))[1].append(seq)
         return [(first, tuple(held)) for first, held in holders.values() if len(held) > 1]
