@@ -514,6 +514,7 @@ def test_real_rates_placed_by_the_calibrated_simulator(tmp_path, monkeypatch):
     assert list(folder.glob("cells/*/steps.csv"))  # the real cells keep their rows
     real = json.loads((folder / "sweep.json").read_text())
     assert real["mode"] == "real" and real["sustained"]["extend"] == PLACED_STEPS
+    assert simulated["sustained"]["baseline"] == real["sustained"]["baseline"]  # the same cells
     placed = {engine: tuple(pair) for engine, pair in real["axes"]["engine_rates"]}
     rows = rows_of(folder / "sweep.csv")
     for row in rows_of(folder.with_name("sharegpt-paper.placement") / "sustained.csv"):

@@ -178,7 +178,9 @@ def placed_rates(options: Options, folder: Path, *, count: int, **cells) -> dict
     placed at the highest rate it passed (a lower bound: the steps go up from there).
     """
     s = options.setting
-    simulated = replace(s, real=False, cost_model=s.placement, placement=None, place_only=False)
+    # `placement` kept: the simulated cells take the real ones' baselines (`sweep`); not being
+    # real, they place nothing themselves
+    simulated = replace(s, real=False, cost_model=s.placement, place_only=False)
     result = sweep(replace(options, setting=simulated), folder, bracket=PLACEMENT_BRACKET,
                    requests=(count, count, count), tables=False, **cells)  # fmt: skip
     placed = {}
