@@ -167,6 +167,31 @@ def test_samples_sharing_their_prompt_hold_its_slots_outside_the_window_once():
     assert len(runs[True].steps) == 2  # paged-prefix: the prefill, then one segment of 9 decodes
 
 
+BLOCK_TABLE_ENGINES = ("paged", "paged-prefix", "hybrid", "jenga", "hybrid-prefix", "jenga-prefix")
+
+
+@pytest.mark.parametrize("engine", BLOCK_TABLE_ENGINES)
+def test_coalesced_segments_integrate_shared_slots_as_steps_do(engine):
+    """Samples (three of one prompt, two of a later one) and a beam pair on the window model:
+    where an engine runs decodes as multi-step segments, the shared-slot corrections integrate
+    to the slot-seconds the step-by-step run adds up, outside the window and in token states."""
+    traces = (
+        Trace("samples", (Request(0, 0.0, 9, 30, n=3), Request(1, 2.0, 5, 20, n=2))),
+        Trace("beams", (Request(0, 0.0, 9, 12, beam_width=2),)),
+    )
+    options = EngineOptions(num_slots=400, max_len=64, block_size=BS, watermark=0.0, kv_groups=GEMMA3_TINY)
+    for trace in traces:
+        runs = [
+            Engine(ENGINES[engine].build(options), CostModelRunner(ONE_SECOND_STEPS), coalesce=coalesce,
+                   windows=group_shapes(GEMMA3_TINY)).run(trace)
+            for coalesce in (False, True)
+        ]  # fmt: skip
+        slow, fast = (run.busy.footprint for run in runs)
+        assert slow.outside > 0 and [row.num_steps for row in runs[0].steps] == [1] * len(runs[0].steps)
+        assert fast.outside == pytest.approx(slow.outside, rel=1e-12), trace.name
+        assert fast.tokens == pytest.approx(slow.tokens, rel=1e-12), trace.name
+
+
 def outside_by_slot(alloc, shapes, seqs) -> float:
     """Slots lying behind the window of every sequence mapping them, counted slot by slot from
     the block tables (each window group's share of a slot's bytes): the paged allocators' one
