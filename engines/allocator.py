@@ -8,6 +8,7 @@ run (through `addressing`) and a simulation.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -158,3 +159,21 @@ def measure(allocator: KVAllocator, head: Sequence | None) -> Footprint:
 def snapshot(allocator: KVAllocator, head: Sequence | None = None) -> KVSnapshot:
     """Occupancy categories of the arena now, in slots (they sum to `num_slots`)."""
     return KVSnapshot.of(measure(allocator, head), allocator.num_slots)
+
+
+def shared_holders(
+    tables: Iterable[tuple[Sequence, Seq[int | None], int]], references: Callable[[int | None], int],
+    block_size: int, below: int,
+) -> list[tuple[int, tuple[Sequence, ...]]]:  # fmt: skip
+    """The blocks several of `tables` hold, among those starting before position `below`: (the
+    block's first position, its holders), each block once. `tables`: (sequence, block table,
+    first entry to read: those before it are freed); `references(block)`: what hold it (0 for
+    a freed entry, None). Sharing (forks, beams, prefix-cache hits) maps a block at the same
+    position in every table holding it, but not only in a leading run of a table (a sequence
+    swapped back in takes the blocks still cached and others anew), so every entry is read."""
+    holders: dict[int, tuple[int, list[Sequence]]] = {}
+    for seq, table, start in tables:
+        for j, block in enumerate(table[start : -(-below // block_size)], start=start):
+            if references(block) > 1:
+                holders.setdefault(block, (j * block_size, []))[1].append(seq)
+    return [(first, tuple(held)) for first, held in holders.values() if len(held) > 1]

@@ -68,7 +68,7 @@ from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from engines.allocator import BlockTable
+from engines.allocator import BlockTable, shared_holders
 from kvbench.errors import KvbenchError
 from kvbench.kvspec.layers import KVGroup
 from kvbench.metrics.occupancy import Footprint, Growth
@@ -618,21 +618,11 @@ class _GroupedAllocator:
     def shared_blocks(
         self, seqs: Seq[Sequence], below: int, group: int
     ) -> list[tuple[int, tuple[Sequence, ...]]]:
-        """As `PagedAllocator.shared_blocks`, in group `group`'s tables (forks, prefix-cache hits):
-        (a block's first position, its holders among `seqs`) for blocks starting before `below`."""
-        if not self.sharing_saved():
-            return []
-        bs, refs = self.block_size, self._refs
-        holders: dict[int, tuple[int, list[Sequence]]] = {}
-        for seq in seqs:
-            tables = self._tables.get(seq)
-            if not tables:
-                continue
-            first = self._skipped[seq][group]  # the entries a window freed lead the table: skip them
-            for j, block in enumerate(tables[group][first : -(-below // bs)], start=first):
-                if block is not None and refs.get(block, 0) > 1:
-                    holders.setdefault(block, (j * bs, []))[1].append(seq)
-        return [(first, tuple(held)) for first, held in holders.values() if len(held) > 1]
+        """`shared_holders` of `seqs`' tables of group `group` (`engines.windows.shared_terms`),
+        read past the entries its window freed (they lead the table)."""
+        resident = (seq for seq in seqs if seq in self._tables)
+        tables = ((seq, self._tables[seq][group], self._skipped[seq][group]) for seq in resident)
+        return shared_holders(tables, lambda block: self._refs.get(block, 0), self.block_size, below)
 
     def window_held_from(self, seq: Sequence, group: int) -> int:
         """First position group `group` still holds of `seq` (blocks before it freed): `engines.windows`."""

@@ -25,7 +25,7 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from engines.allocator import BlockTable
+from engines.allocator import BlockTable, shared_holders
 from kvbench.metrics.occupancy import Footprint, Growth
 from kvbench.requests import Request
 from kvbench.sequence import Sequence
@@ -231,25 +231,10 @@ class PagedAllocator:
     def shared_blocks(
         self, seqs: Seq[Sequence], below: int, group: int = 0
     ) -> list[tuple[int, tuple[Sequence, ...]]]:
-        """The blocks several of `seqs` map, among those starting before position `below` of the
-        table holding them: (the block's first position, its holders among `seqs`), each once.
-        One table holds every KV group's K/V here, so `group` changes nothing.
-
-        Sharing (forks, beams, prefix-cache hits) maps a block at the same position in every
-        table holding it. The shared blocks of a table need not be a leading run of it (a
-        sequence swapped back in takes the cached blocks still cached, others anew), so every
-        entry before `below` is read. Only while some block is shared.
-        """
-        if not self.sharing_saved():
-            return []
-        bs, refs = self.block_size, self._refs
-        holders: dict[int, tuple[int, list[Sequence]]] = {}
-        for seq in seqs:
-            table = self._tables.get(seq, ())
-            for j, block in enumerate(table[: -(-below // bs)]):
-                if refs[block] > 1:
-                    holders.setdefault(block, (j * bs, []))[1].append(seq)
-        return [(first, tuple(held)) for first, held in holders.values() if len(held) > 1]
+        """`shared_holders` of `seqs`' tables (`engines.windows.shared_terms`). One table holds
+        every KV group's K/V here, so `group` changes nothing."""
+        tables = ((seq, self._tables.get(seq, ()), 0) for seq in seqs)
+        return shared_holders(tables, self._refs.__getitem__, self.block_size, below)
 
     def external_frag(self, head: Sequence | None) -> int:
         return self.num_slots - self.num_blocks * self.block_size  # the tail past the last block

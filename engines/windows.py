@@ -70,7 +70,7 @@ def shared_terms(allocator: object, shapes: Seq[GroupShape], seqs: Seq[Sequence]
     move one token a step like the sharers', so `window_integral` integrates them as it does those.
     """
     shared = getattr(allocator, "shared_blocks", None)  # block-table allocators
-    if shared is None or not seqs:
+    if shared is None or not seqs or not allocator.sharing_saved():  # nothing shared: no walk
         return WindowTerms(np.empty(0), np.empty(0, dtype=np.int64))
     slot_bytes = sum(s.bytes_per_token for s in shapes)
     bs, furthest = allocator.block_size, max(seq.num_computed for seq in seqs)

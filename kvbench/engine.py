@@ -221,7 +221,7 @@ class Engine:
 
         The batch's sequences computed a token every step; other running ones stood still. A
         static batch's finished sequences are left out: their tokens are no token states any
-        more. A slot paged sequences share counts once (`shared_terms`); the caller bounds both
+        more. A slot sequences share counts once (`shared_terms`); the caller bounds both
         by the token states.
         """
         if not self.windows:
